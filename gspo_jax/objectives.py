@@ -1,0 +1,503 @@
+"""Policy-gradient objectives: GSPO / GSPO-token / GRPO losses, KL estimators, loss aggregation.
+
+Where it sits: `train_step` computes per-token log-probs of the current policy, then calls
+`policy_loss(logprobs, old_logprobs, advantages, mask, ...)` once per micro-batch and sums the
+results (the mini-batch's global token / sequence counts are passed in, so the sum does not
+depend on how the mini-batch is split). The optional KL and entropy terms are aggregated with
+the same `aggregate_loss`. Everything here is a pure, jittable function of arrays; mode names
+are static Python strings (close over them or mark them static in `jax.jit`).
+
+Shape letters: B responses (sequences) in this call, T response tokens.
+
+Paper: Zheng et al., "Group Sequence Policy Optimization", arXiv 2507.18071 (GSPO, §4).
+
+Masks: a position with mask 0 may hold anything in `logprobs` / `old_logprobs` (padding, -inf,
+NaN). Inputs are replaced by 0 there *before* any arithmetic (the "safe where" pattern), so no
+NaN/inf reaches the loss, the metrics or the gradients. A sequence whose mask is all zero never
+counts in any denominator.
+
+To add a mode, register a function in `IMPORTANCE_SAMPLING_MODES`, `LOSS_AGG_MODES` or
+`KL_ESTIMATORS` (the decorators below); config validation lists the keys of these registries.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+# ---------------------------------------------------------------------------------------------
+# Registries.
+# ---------------------------------------------------------------------------------------------
+
+# name -> fn(logprobs_BT, old_logprobs_BT, mask_BT) -> log_ratio_BT. Inputs are already
+# sanitised (0 at masked positions) and float32; the policy loss exponentiates the result.
+IMPORTANCE_SAMPLING_MODES: dict[str, Callable[[Array, Array, Array], Array]] = {}
+# Modes whose ratio is one number per sequence: metrics (ratio stats, clipfrac_seq) are then
+# reported over sequences rather than tokens.
+SEQUENCE_LEVEL_IS_MODES: set[str] = set()
+# name -> fn(masked_loss_BT, mask_BT, *, horizon, num_valid_tokens, num_valid_seqs) -> scalar.
+LOSS_AGG_MODES: dict[str, Callable[..., Array]] = {}
+# name -> fn(log_ratio_BT) -> kl_BT, with log_ratio = logprobs − ref_logprobs.
+KL_ESTIMATORS: dict[str, Callable[[Array], Array]] = {}
+
+
+def _register(registry: dict, name: str):
+    def decorator(fn):
+        if name in registry:
+            raise ValueError(f"duplicate registration of {name!r}")
+        registry[name] = fn
+        return fn
+
+    return decorator
+
+
+def register_importance_sampling(name: str, *, sequence_level: bool):
+    """Decorator adding a log-ratio function to `IMPORTANCE_SAMPLING_MODES`."""
+
+    def decorator(fn):
+        _register(IMPORTANCE_SAMPLING_MODES, name)(fn)
+        if sequence_level:
+            SEQUENCE_LEVEL_IS_MODES.add(name)
+        return fn
+
+    return decorator
+
+
+def _check_mode(kind: str, name: Any, registry) -> None:
+    if name not in registry:
+        raise ValueError(f"unknown {kind} {name!r}; valid: {sorted(registry)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Small masked helpers.
+# ---------------------------------------------------------------------------------------------
+
+
+def _safe_denominator(count: Array) -> Array:
+    """A count used as a divisor: 1 where it is 0 (the numerator is then 0 too)."""
+    count = jnp.asarray(count, jnp.float32)
+    return jnp.where(count > 0, count, 1.0)
+
+
+def _seq_token_counts(mask_BT: Array) -> Array:
+    return jnp.sum(mask_BT, axis=-1)
+
+
+def _masked_mean(x: Array, mask: Array) -> Array:
+    return jnp.sum(jnp.where(mask > 0, x, 0.0)) / _safe_denominator(jnp.sum(mask))
+
+
+# ---------------------------------------------------------------------------------------------
+# Importance-sampling ratios (log form).
+# ---------------------------------------------------------------------------------------------
+
+
+@register_importance_sampling("token", sequence_level=False)
+def token_log_ratio(logprobs_BT: Array, old_logprobs_BT: Array, mask_BT: Array) -> Array:
+    """GRPO / PPO per-token ratio: log r_t = log π_θ(y_t|·) − log π_old(y_t|·)."""
+    return jnp.where(mask_BT > 0, logprobs_BT - old_logprobs_BT, 0.0)
+
+
+def _seq_log_ratio_B(logprobs_BT: Array, old_logprobs_BT: Array, mask_BT: Array) -> Array:
+    diff_BT = jnp.where(mask_BT > 0, logprobs_BT - old_logprobs_BT, 0.0)
+    return jnp.sum(diff_BT, axis=-1) / _safe_denominator(_seq_token_counts(mask_BT))
+
+
+@register_importance_sampling("seq", sequence_level=True)
+def seq_log_ratio(logprobs_BT: Array, old_logprobs_BT: Array, mask_BT: Array) -> Array:
+    """GSPO sequence ratio (paper §4.1), broadcast to every token of the sequence.
+
+        log s_i = (1/|y_i|) Σ_t m_t (log π_θ(y_i,t|·) − log π_old(y_i,t|·)),  |y_i| = Σ_t m_t
+
+    The gradient flows through the masked mean: ∇ log s_i = (1/|y_i|) Σ_t ∇ log π_θ(y_i,t|·).
+    """
+    log_s_B = _seq_log_ratio_B(logprobs_BT, old_logprobs_BT, mask_BT)
+    return jnp.where(mask_BT > 0, log_s_B[:, None], 0.0)
+
+
+@register_importance_sampling("seq_token", sequence_level=True)
+def seq_token_log_ratio(logprobs_BT: Array, old_logprobs_BT: Array, mask_BT: Array) -> Array:
+    """GSPO-token ratio (paper §4.3): s_i,t = sg[s_i] · π_θ(y_i,t) / sg[π_θ(y_i,t)].
+
+    In log form: log s_i,t = sg[log s_i] + log π_θ(y_i,t) − sg[log π_θ(y_i,t)]. Its value is
+    s_i; its gradient is s_i ∇ log π_θ(y_i,t), so per-token advantages weight each token.
+    """
+    log_s_B = jax.lax.stop_gradient(_seq_log_ratio_B(logprobs_BT, old_logprobs_BT, mask_BT))
+    local_BT = logprobs_BT - jax.lax.stop_gradient(logprobs_BT)
+    return jnp.where(mask_BT > 0, log_s_B[:, None] + local_BT, 0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loss aggregation.
+# ---------------------------------------------------------------------------------------------
+
+
+def _num_valid_seqs(mask_BT: Array) -> Array:
+    return jnp.sum((_seq_token_counts(mask_BT) > 0).astype(jnp.float32))
+
+
+@_register(LOSS_AGG_MODES, "token-mean")
+def _agg_token_mean(loss_BT, mask_BT, *, horizon, num_valid_tokens, num_valid_seqs):
+    """Σ_{b,t} m·L / Σ_{b,t} m."""
+    del horizon, num_valid_seqs
+    denom = jnp.sum(mask_BT) if num_valid_tokens is None else num_valid_tokens
+    return jnp.sum(loss_BT) / _safe_denominator(denom)
+
+
+@_register(LOSS_AGG_MODES, "seq-mean-token-sum")
+def _agg_seq_mean_token_sum(loss_BT, mask_BT, *, horizon, num_valid_tokens, num_valid_seqs):
+    """(1/#valid seqs) Σ_b Σ_t m·L."""
+    del horizon, num_valid_tokens
+    denom = _num_valid_seqs(mask_BT) if num_valid_seqs is None else num_valid_seqs
+    return jnp.sum(loss_BT) / _safe_denominator(denom)
+
+
+@_register(LOSS_AGG_MODES, "seq-mean-token-mean")
+def _agg_seq_mean_token_mean(loss_BT, mask_BT, *, horizon, num_valid_tokens, num_valid_seqs):
+    """(1/#valid seqs) Σ_b (Σ_t m·L / Σ_t m)."""
+    del horizon, num_valid_tokens
+    per_seq_B = jnp.sum(loss_BT, axis=-1) / _safe_denominator(_seq_token_counts(mask_BT))
+    denom = _num_valid_seqs(mask_BT) if num_valid_seqs is None else num_valid_seqs
+    return jnp.sum(per_seq_B) / _safe_denominator(denom)
+
+
+@_register(LOSS_AGG_MODES, "seq-mean-token-sum-norm")
+def _agg_seq_mean_token_sum_norm(loss_BT, mask_BT, *, horizon, num_valid_tokens, num_valid_seqs):
+    """(1/#valid seqs) Σ_b Σ_t m·L / horizon  (Dr. GRPO's constant normaliser)."""
+    del num_valid_tokens
+    denom = _num_valid_seqs(mask_BT) if num_valid_seqs is None else num_valid_seqs
+    return jnp.sum(loss_BT) / _safe_denominator(denom) / horizon
+
+
+def aggregate_loss(
+    loss_BT: Array,
+    mask_BT: Array,
+    loss_agg_mode: str,
+    *,
+    horizon: float | None = None,
+    num_valid_tokens: Array | float | None = None,
+    num_valid_seqs: Array | float | None = None,
+) -> Array:
+    """Reduces a per-token loss [B, T] to a scalar under `loss_agg_mode`.
+
+    With m the mask, n_b = Σ_t m_bt and S the set of sequences with n_b > 0:
+
+      token-mean:               Σ_{b,t} m·L / Σ_{b,t} m
+      seq-mean-token-sum:       (1/|S|) Σ_b Σ_t m·L
+      seq-mean-token-mean:      (1/|S|) Σ_{b∈S} (Σ_t m·L / n_b)
+      seq-mean-token-sum-norm:  (1/|S|) Σ_b Σ_t m·L / horizon   (horizon defaults to T)
+
+    `num_valid_tokens` / `num_valid_seqs` replace Σ m / |S| by global counts: the trainer passes
+    the mini-batch's counts to every micro-batch and sums the results, which then equals the
+    loss of the whole mini-batch (n_b is always local: a sequence is never split). A zero
+    denominator gives loss 0. Masked positions of `loss_BT` are ignored in value; for clean
+    gradients, compute `loss_BT` from inputs already sanitised at masked positions.
+    """
+    _check_mode("loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
+    if loss_BT.ndim != 2 or mask_BT.shape != loss_BT.shape:
+        raise ValueError(
+            f"aggregate_loss: loss_BT {loss_BT.shape} and mask_BT {mask_BT.shape} must both be "
+            "[B, T] of the same shape"
+        )
+    mask_BT = jnp.asarray(mask_BT, jnp.float32)
+    loss_BT = jnp.where(mask_BT > 0, loss_BT.astype(jnp.float32) * mask_BT, 0.0)
+    if horizon is None:
+        horizon = loss_BT.shape[-1]
+    elif isinstance(horizon, int | float) and horizon <= 0:
+        raise ValueError(f"aggregate_loss: horizon must be > 0, got {horizon}")
+    return LOSS_AGG_MODES[loss_agg_mode](
+        loss_BT,
+        mask_BT,
+        horizon=horizon,
+        num_valid_tokens=num_valid_tokens,
+        num_valid_seqs=num_valid_seqs,
+    )
+
+
+def entropy_loss(
+    entropy_BT: Array,
+    mask_BT: Array,
+    loss_agg_mode: str,
+    *,
+    horizon: float | None = None,
+    num_valid_tokens: Array | float | None = None,
+    num_valid_seqs: Array | float | None = None,
+) -> Array:
+    """Per-token entropy H_t aggregated like the policy loss (the trainer subtracts
+    entropy_coef × this). Masked positions may hold garbage; they are zeroed first."""
+    entropy_BT = jnp.where(jnp.asarray(mask_BT) > 0, entropy_BT, 0.0)
+    return aggregate_loss(
+        entropy_BT,
+        mask_BT,
+        loss_agg_mode,
+        horizon=horizon,
+        num_valid_tokens=num_valid_tokens,
+        num_valid_seqs=num_valid_seqs,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# KL estimators.
+# ---------------------------------------------------------------------------------------------
+
+
+@_register(KL_ESTIMATORS, "k1")
+def _kl_k1(log_ratio_BT: Array) -> Array:
+    """k1 = log π_θ − log π_ref."""
+    return log_ratio_BT
+
+
+@_register(KL_ESTIMATORS, "k2")
+def _kl_k2(log_ratio_BT: Array) -> Array:
+    """k2 = ½ (log π_θ − log π_ref)²."""
+    return 0.5 * jnp.square(log_ratio_BT)
+
+
+@_register(KL_ESTIMATORS, "k3")
+def _kl_k3(log_ratio_BT: Array) -> Array:
+    """k3 = exp(log π_ref − log π_θ) − (log π_ref − log π_θ) − 1  (≥ 0)."""
+    neg_BT = -log_ratio_BT
+    # expm1 keeps k3 accurate (and exactly >= 0 in practice) for small log-ratios.
+    return jnp.expm1(neg_BT) - neg_BT
+
+
+@_register(KL_ESTIMATORS, "low_var_kl")
+def _kl_low_var(log_ratio_BT: Array) -> Array:
+    """k3 with the log-ratio clamped to [−20, 20] and the result clamped to [−10, 10] (verl)."""
+    return jnp.clip(_kl_k3(jnp.clip(log_ratio_BT, -20.0, 20.0)), -10.0, 10.0)
+
+
+def kl_penalty(
+    logprobs: Array, ref_logprobs: Array, estimator: str, *, mask: Array | None = None
+) -> Array:
+    """Per-token KL(π_θ ‖ π_ref) estimate [B, T] from samples of π_θ (Schulman's k1/k2/k3).
+
+    With d = log π_θ − log π_ref:
+      k1 = d                      (unbiased, high variance, can be negative)
+      k2 = ½ d²
+      k3 = exp(−d) + d − 1        (unbiased, ≥ 0)
+      low_var_kl = clip(k3(clip(d, −20, 20)), −10, 10)   (verl's bounded k3)
+
+    `mask` (optional, [B, T]): positions with mask 0 give 0 and carry no gradient, even when
+    their inputs are -inf/NaN.
+    """
+    _check_mode("kl estimator", estimator, KL_ESTIMATORS)
+    if logprobs.shape != ref_logprobs.shape:
+        raise ValueError(
+            f"kl_penalty: logprobs {logprobs.shape} and ref_logprobs {ref_logprobs.shape} differ"
+        )
+    logprobs = logprobs.astype(jnp.float32)
+    ref_logprobs = ref_logprobs.astype(jnp.float32)
+    if mask is None:
+        return KL_ESTIMATORS[estimator](logprobs - ref_logprobs)
+    valid = jnp.asarray(mask) > 0
+    log_ratio = jnp.where(valid, logprobs, 0.0) - jnp.where(valid, ref_logprobs, 0.0)
+    return jnp.where(valid, KL_ESTIMATORS[estimator](log_ratio), 0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The policy loss.
+# ---------------------------------------------------------------------------------------------
+
+
+def _require_nonnegative(name: str, value: Any) -> None:
+    # Only checkable when concrete; traced values are the caller's responsibility.
+    if isinstance(value, int | float) and value < 0:
+        raise ValueError(f"policy_loss: {name} must be >= 0, got {value}")
+
+
+def policy_loss(
+    logprobs: Array,
+    old_logprobs: Array,
+    advantages: Array,
+    mask: Array,
+    *,
+    importance_sampling: str,
+    clip_low: float,
+    clip_high: float,
+    dual_clip_loss: bool = False,
+    dual_clip_ratio: float = 3.0,
+    loss_agg_mode: str = "seq-mean-token-mean",
+    horizon: float | None = None,
+    num_valid_tokens: Array | float | None = None,
+    num_valid_seqs: Array | float | None = None,
+    log_ratio_clamp: float | None = 20.0,
+) -> tuple[Array, dict[str, Array]]:
+    """Clipped policy-gradient loss for GRPO (token ratio), GSPO and GSPO-token (paper §4).
+
+    Per valid token, with r the ratio chosen by `importance_sampling` (see the registry:
+    "token" r_t = π_θ/π_old per token; "seq" r = s_i, the length-normalised sequence ratio of
+    §4.1 with gradient through the mean; "seq_token" the §4.3 stop-gradient form, equal to s_i
+    in value):
+
+        L_t = max(−A·r, −A·clip(r, 1 − clip_low, 1 + clip_high))
+        dual clip (if dual_clip_loss), for A < 0:  L_t = min(L_t, −A·dual_clip_ratio)
+
+    The loss is `aggregate_loss(L, mask, loss_agg_mode, ...)`. J_GSPO of §4.1 is
+    seq + seq-mean-token-mean: every token of a sequence carries the same L, so the token mean
+    is the sequence's term.
+
+    Args:
+      logprobs: [B, T] log π_θ of the response tokens (the differentiated input).
+      old_logprobs: [B, T] log π_old (sampler's or recomputed); treated as a constant.
+      advantages: [B] (broadcast over T) or [B, T].
+      mask: [B, T], 1 for response tokens that count; 0 positions may hold garbage.
+      importance_sampling, loss_agg_mode: names in the registries (static).
+      clip_low, clip_high: ε_low, ε_high. Paper: 3e-4 / 4e-4 (GSPO), 0.2 / 0.27 (GRPO).
+      horizon, num_valid_tokens, num_valid_seqs: see `aggregate_loss`.
+      log_ratio_clamp: the log-ratio is clamped to ±this before exp (the token log-ratio, or
+        log s_i for seq modes) so an extreme policy drift cannot overflow; its gradient is 0
+        beyond the clamp. None disables.
+
+    Returns:
+      (loss, metrics). metrics is a flat dict of f32 scalars over this call's valid data:
+      clipfrac (valid tokens whose clipped term is active, = clipfrac_low + clipfrac_high),
+      clipfrac_low (r < 1 − clip_low with A < 0), clipfrac_high (r > 1 + clip_high with A > 0),
+      clipfrac_seq (valid sequences with ≥ 1 clipped token), dual_clipfrac (valid tokens
+      capped by the dual clip), ratio_min / ratio_mean / ratio_max (over valid tokens for token
+      modes, over valid sequences for sequence modes; 1.0 when nothing is valid),
+      approx_kl (masked mean of old − logp, k1 of KL(π_old ‖ π_θ)), approx_kl_k3 (masked mean
+      of r_t − 1 − log r_t with the token ratio), pg_loss (= loss), num_valid_tokens and
+      num_valid_seqs (local counts, for weighting metrics across micro-batches).
+    """
+    _check_mode("importance_sampling", importance_sampling, IMPORTANCE_SAMPLING_MODES)
+    _check_mode("loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
+    if logprobs.ndim != 2:
+        raise ValueError(f"policy_loss: logprobs must be [B, T], got shape {logprobs.shape}")
+    for name, x in (("old_logprobs", old_logprobs), ("mask", mask)):
+        if x.shape != logprobs.shape:
+            raise ValueError(
+                f"policy_loss: {name} has shape {x.shape}, expected logprobs' {logprobs.shape}"
+            )
+    num_b, num_t = logprobs.shape
+    if advantages.shape == (num_b,):
+        advantages = advantages[:, None]
+    elif advantages.shape != (num_b, num_t):
+        raise ValueError(
+            f"policy_loss: advantages has shape {advantages.shape}, expected [B]=({num_b},) "
+            f"or [B, T]=({num_b}, {num_t})"
+        )
+    _require_nonnegative("clip_low", clip_low)
+    _require_nonnegative("clip_high", clip_high)
+    if dual_clip_loss and isinstance(dual_clip_ratio, int | float) and dual_clip_ratio <= 1.0:
+        raise ValueError(f"policy_loss: dual_clip_ratio must be > 1, got {dual_clip_ratio}")
+
+    mask_BT = jnp.asarray(mask, jnp.float32)
+    valid_BT = mask_BT > 0
+    # Safe where: garbage (-inf, NaN) at masked positions is replaced before any arithmetic, so
+    # neither values nor gradients (0 · inf) can become NaN.
+    logp_BT = jnp.where(valid_BT, logprobs.astype(jnp.float32), 0.0)
+    old_BT = jax.lax.stop_gradient(jnp.where(valid_BT, old_logprobs.astype(jnp.float32), 0.0))
+    adv_BT = jnp.where(valid_BT, jnp.broadcast_to(advantages, (num_b, num_t)), 0.0)
+    adv_BT = jax.lax.stop_gradient(adv_BT.astype(jnp.float32))
+
+    log_ratio_BT = IMPORTANCE_SAMPLING_MODES[importance_sampling](logp_BT, old_BT, mask_BT)
+    if log_ratio_clamp is not None:
+        log_ratio_BT = jnp.clip(log_ratio_BT, -log_ratio_clamp, log_ratio_clamp)
+    ratio_BT = jnp.where(valid_BT, jnp.exp(log_ratio_BT), 1.0)
+
+    # max(−A·r, −A·clip(r)) written as a select on *when* the clipped term wins, so the metric
+    # and the gradient agree exactly (the clipped term carries no gradient).
+    clipped_low_BT = valid_BT & (adv_BT < 0) & (ratio_BT < 1.0 - clip_low)
+    clipped_high_BT = valid_BT & (adv_BT > 0) & (ratio_BT > 1.0 + clip_high)
+    clipped_BT = clipped_low_BT | clipped_high_BT
+    clipped_ratio_BT = jnp.clip(ratio_BT, 1.0 - clip_low, 1.0 + clip_high)
+    loss_BT = jnp.where(clipped_BT, -adv_BT * clipped_ratio_BT, -adv_BT * ratio_BT)
+    if dual_clip_loss:
+        # verl/ROLL dual clip: a negative-advantage token whose ratio exploded is capped at
+        # −A·c (constant, no gradient) instead of growing without bound.
+        cap_BT = -adv_BT * dual_clip_ratio
+        dual_BT = valid_BT & (adv_BT < 0) & (loss_BT > cap_BT)
+        loss_BT = jnp.where(dual_BT, cap_BT, loss_BT)
+    else:
+        dual_BT = jnp.zeros_like(valid_BT)
+    loss_BT = jnp.where(valid_BT, loss_BT, 0.0)
+
+    loss = aggregate_loss(
+        loss_BT,
+        mask_BT,
+        loss_agg_mode,
+        horizon=horizon,
+        num_valid_tokens=num_valid_tokens,
+        num_valid_seqs=num_valid_seqs,
+    )
+
+    metrics = _policy_metrics(
+        importance_sampling=importance_sampling,
+        loss=loss,
+        logp_BT=logp_BT,
+        old_BT=old_BT,
+        mask_BT=mask_BT,
+        ratio_BT=ratio_BT,
+        clipped_low_BT=clipped_low_BT,
+        clipped_high_BT=clipped_high_BT,
+        dual_BT=dual_BT,
+        log_ratio_clamp=log_ratio_clamp,
+    )
+    return loss, metrics
+
+
+def _policy_metrics(
+    *,
+    importance_sampling,
+    loss,
+    logp_BT,
+    old_BT,
+    mask_BT,
+    ratio_BT,
+    clipped_low_BT,
+    clipped_high_BT,
+    dual_BT,
+    log_ratio_clamp,
+) -> dict[str, Array]:
+    sg = jax.lax.stop_gradient
+    logp_BT, ratio_BT = sg(logp_BT), sg(ratio_BT)
+    valid_BT = mask_BT > 0
+    valid_B = jnp.any(valid_BT, axis=-1)
+    n_tok = jnp.sum(mask_BT)
+    n_seq = jnp.sum(valid_B.astype(jnp.float32))
+
+    def tok_frac(flag_BT):
+        return jnp.sum(flag_BT.astype(jnp.float32)) / _safe_denominator(n_tok)
+
+    clipped_BT = clipped_low_BT | clipped_high_BT
+    clipped_seq_B = jnp.any(clipped_BT, axis=-1) & valid_B
+
+    if importance_sampling in SEQUENCE_LEVEL_IS_MODES:
+        # One ratio per sequence: the max over its valid tokens is that value, exactly.
+        values, valid, count = (
+            jnp.max(jnp.where(valid_BT, ratio_BT, -jnp.inf), axis=-1),
+            valid_B,
+            n_seq,
+        )
+        values = jnp.where(valid, values, 1.0)
+    else:
+        values, valid, count = ratio_BT, valid_BT, n_tok
+    any_valid = count > 0
+    ratio_min = jnp.where(any_valid, jnp.min(jnp.where(valid, values, jnp.inf)), 1.0)
+    ratio_max = jnp.where(any_valid, jnp.max(jnp.where(valid, values, -jnp.inf)), 1.0)
+    ratio_mean = jnp.where(any_valid, _masked_mean(values, valid.astype(jnp.float32)), 1.0)
+
+    token_log_ratio_BT = jnp.where(valid_BT, logp_BT - old_BT, 0.0)
+    clamp = 20.0 if log_ratio_clamp is None else log_ratio_clamp
+    # k3 of KL(π_old ‖ π_θ) from samples of π_old: r − 1 − log r with r = π_θ / π_old.
+    k3_BT = _kl_k3(-jnp.clip(token_log_ratio_BT, -clamp, clamp))
+    metrics = {
+        "pg_loss": loss,
+        "clipfrac": tok_frac(clipped_BT),
+        "clipfrac_low": tok_frac(clipped_low_BT),
+        "clipfrac_high": tok_frac(clipped_high_BT),
+        "clipfrac_seq": jnp.sum(clipped_seq_B.astype(jnp.float32)) / _safe_denominator(n_seq),
+        "dual_clipfrac": tok_frac(dual_BT),
+        "ratio_min": ratio_min,
+        "ratio_mean": ratio_mean,
+        "ratio_max": ratio_max,
+        "approx_kl": _masked_mean(-token_log_ratio_BT, mask_BT),
+        "approx_kl_k3": _masked_mean(k3_BT, mask_BT),
+        "num_valid_tokens": n_tok,
+        "num_valid_seqs": n_seq,
+    }
+    return {k: sg(jnp.asarray(v, jnp.float32)) for k, v in metrics.items()}
