@@ -1,0 +1,84 @@
+"""Data: TFDS builders (synthetic arithmetic, local GSM8K), tokenizers, prompt/SFT pipelines.
+
+Flow: ``build_dataset`` -> ``{split: source}`` -> ``prepare_prompts`` / ``prepare_sft`` (this
+process's shard, templated, tokenized, padded) -> ``.iterator(batch_size, seed=, train=)`` ->
+batch dicts of numpy arrays for the trainer.
+"""
+
+from gspo_jax.data.arithmetic import (
+    ARITHMETIC_CONFIGS,
+    ArithmeticConfig,
+    SyntheticArithmetic,
+    generate_problems,
+)
+from gspo_jax.data.build import DATASETS, DatasetSpec, build_dataset, get_builder, get_spec
+from gspo_jax.data.gsm8k import Gsm8kLocal, check_gsm8k_manual_dir, read_gsm8k_jsonl
+from gspo_jax.data.pipeline import (
+    ANSWER_PREFIX,
+    DEFAULT_INSTRUCTION,
+    DEFAULT_TARGET_TEMPLATE,
+    OVERLONG_POLICIES,
+    BatchIterator,
+    PreparedData,
+    build_messages,
+    decode_record,
+    format_answer,
+    make_prompt_iterator,
+    make_sft_iterator,
+    prepare_prompts,
+    prepare_sft,
+    read_shard,
+    render_prompt,
+    resolve_shard,
+)
+from gspo_jax.data.tokenizer import (
+    CHAT_TEMPLATE,
+    IM_END,
+    IM_START,
+    PAD_TOKEN,
+    SPECIAL_TOKENS,
+    UNK_TOKEN,
+    load_tokenizer,
+    make_char_tokenizer,
+    stop_token_ids,
+)
+
+__all__ = [
+    "ANSWER_PREFIX",
+    "ARITHMETIC_CONFIGS",
+    "CHAT_TEMPLATE",
+    "DATASETS",
+    "DEFAULT_INSTRUCTION",
+    "DEFAULT_TARGET_TEMPLATE",
+    "IM_END",
+    "IM_START",
+    "OVERLONG_POLICIES",
+    "PAD_TOKEN",
+    "SPECIAL_TOKENS",
+    "UNK_TOKEN",
+    "ArithmeticConfig",
+    "BatchIterator",
+    "DatasetSpec",
+    "Gsm8kLocal",
+    "PreparedData",
+    "SyntheticArithmetic",
+    "build_dataset",
+    "build_messages",
+    "check_gsm8k_manual_dir",
+    "decode_record",
+    "format_answer",
+    "generate_problems",
+    "get_builder",
+    "get_spec",
+    "load_tokenizer",
+    "make_char_tokenizer",
+    "make_prompt_iterator",
+    "make_sft_iterator",
+    "prepare_prompts",
+    "prepare_sft",
+    "read_gsm8k_jsonl",
+    "read_shard",
+    "render_prompt",
+    "resolve_shard",
+    "stop_token_ids",
+]

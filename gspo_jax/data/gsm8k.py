@@ -1,0 +1,119 @@
+"""GSM8K as a TFDS builder that reads local JSONL files (no network), array_record output.
+
+The stock TFDS ``gsm8k`` builder downloads from GitHub; runs here must never download, so this
+builder (registered as ``gsm8k_local``) reads the official files from a manual directory:
+
+    <manual_dir>/train.jsonl   one JSON object per line: {"question": ..., "answer": ...}
+    <manual_dir>/test.jsonl    where "answer" is the worked solution ending in "#### <number>"
+
+Records: ``id`` ("train-00042", the 0-based line index among non-blank lines), ``question``,
+``answer`` (the full solution) and ``final_answer`` (the text after the last ``####``, stripped,
+commas removed: "#### 1,200" -> "1200"). ``final_answer`` is the reference the reward compares
+with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import ClassVar
+
+import tensorflow_datasets as tfds
+
+GSM8K_SPLIT_FILES = {"train": "train.jsonl", "test": "test.jsonl"}
+
+_LAYOUT = (
+    "Expected layout: <manual_dir>/train.jsonl and <manual_dir>/test.jsonl, the official GSM8K "
+    "files (https://github.com/openai/grade-school-math, grade_school_math/data/), one JSON "
+    'object per line with "question" and "answer" (the solution ending in "#### <number>").'
+)
+
+
+def check_gsm8k_manual_dir(manual_dir: str | os.PathLike | None) -> None:
+    """Raises FileNotFoundError naming every missing GSM8K file (and the expected layout)."""
+    if manual_dir is None:
+        raise FileNotFoundError(f"GSM8K needs manual_dir (got None). {_LAYOUT}")
+    missing = [
+        os.path.join(os.fspath(manual_dir), name)
+        for name in GSM8K_SPLIT_FILES.values()
+        if not os.path.isfile(os.path.join(os.fspath(manual_dir), name))
+    ]
+    if missing:
+        raise FileNotFoundError(f"GSM8K manual file(s) missing: {', '.join(missing)}. {_LAYOUT}")
+
+
+def final_answer_of(solution: str, *, where: str) -> str:
+    """The text after the last '####' of a GSM8K solution, stripped, commas removed."""
+    if "####" not in solution:
+        raise ValueError(f"{where}: GSM8K answer has no '####' final-answer marker: {solution!r}")
+    final = solution.rsplit("####", 1)[1].strip().replace(",", "")
+    if not final:
+        raise ValueError(f"{where}: GSM8K answer has nothing after '####': {solution!r}")
+    return final
+
+
+def read_gsm8k_jsonl(path: str | os.PathLike, split: str) -> list[dict[str, str]]:
+    """Parses one official GSM8K file into records; errors name the file and line."""
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{os.fspath(path)}:{line_no}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: invalid JSON ({e}).") from e
+            for key in ("question", "answer"):
+                if key not in obj or not isinstance(obj[key], str):
+                    raise ValueError(f"{where}: missing string field {key!r}. {_LAYOUT}")
+            example_id = f"{split}-{len(records):05d}"
+            records.append(
+                {
+                    "id": example_id,
+                    "question": obj["question"],
+                    "answer": obj["answer"],
+                    "final_answer": final_answer_of(obj["answer"], where=where),
+                }
+            )
+    return records
+
+
+class Gsm8kLocal(tfds.core.GeneratorBasedBuilder):
+    """GSM8K from local files; registered in TFDS as ``gsm8k_local``."""
+
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES: ClassVar[dict[str, str]] = {"1.0.0": "Initial release."}
+    MANUAL_DOWNLOAD_INSTRUCTIONS = _LAYOUT
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        return tfds.core.DatasetInfo(
+            builder=self,
+            description=__doc__,
+            features=tfds.features.FeaturesDict(
+                {
+                    "id": tfds.features.Text(),
+                    "question": tfds.features.Text(),
+                    "answer": tfds.features.Text(),
+                    "final_answer": tfds.features.Text(),
+                }
+            ),
+            supervised_keys=None,
+            homepage="https://github.com/openai/grade-school-math",
+        )
+
+    def _split_generators(self, dl_manager):
+        # TFDS's own check only says "missing or empty"; ours names the missing file.
+        try:
+            manual_dir = dl_manager.manual_dir
+        except AssertionError as e:
+            raise FileNotFoundError(f"GSM8K manual_dir unusable: {e}") from e
+        check_gsm8k_manual_dir(manual_dir)
+        return {
+            split: self._generate_examples(split, os.path.join(os.fspath(manual_dir), name))
+            for split, name in GSM8K_SPLIT_FILES.items()
+        }
+
+    def _generate_examples(self, split: str, path: str):
+        for record in read_gsm8k_jsonl(path, split):
+            yield record["id"], record
