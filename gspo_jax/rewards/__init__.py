@@ -1,0 +1,63 @@
+"""Rewards: verifiers (math answers, synthetic arithmetic, answer format), their registry,
+and robust batch scoring.
+
+Data flow: decoded completions (host) -> `score_batch(build_reward(config.reward), ...)`
+-> rewards [B] + failure stats -> advantages. Importing this package registers the
+built-in rewards: math, math_strict, format, boxed_format, arith_exact, arith_digits.
+`gspo_jax.rewards.testing` (test-only, not imported here) adds deliberately broken ones.
+"""
+
+from gspo_jax.rewards import arith, math_rewards  # noqa: F401  (registers the built-ins)
+from gspo_jax.rewards.answers import (
+    answer_value,
+    answers_match,
+    extract_answer,
+    extract_reference_answer,
+    parse_number,
+)
+from gspo_jax.rewards.registry import (
+    Reward,
+    RewardFn,
+    build_reward,
+    get_reward_fn,
+    list_rewards,
+    register_reward,
+)
+from gspo_jax.rewards.scoring import (
+    STATUS_ERROR,
+    STATUS_NAMES,
+    STATUS_NONFINITE,
+    STATUS_NONNUMERIC,
+    STATUS_OK,
+    STATUS_TIMEOUT,
+    RewardPool,
+    get_default_pool,
+    score_batch,
+    shutdown_default_pool,
+    summarize,
+)
+
+__all__ = [
+    "STATUS_ERROR",
+    "STATUS_NAMES",
+    "STATUS_NONFINITE",
+    "STATUS_NONNUMERIC",
+    "STATUS_OK",
+    "STATUS_TIMEOUT",
+    "Reward",
+    "RewardFn",
+    "RewardPool",
+    "answer_value",
+    "answers_match",
+    "build_reward",
+    "extract_answer",
+    "extract_reference_answer",
+    "get_default_pool",
+    "get_reward_fn",
+    "list_rewards",
+    "parse_number",
+    "register_reward",
+    "score_batch",
+    "shutdown_default_pool",
+    "summarize",
+]
