@@ -1,0 +1,172 @@
+"""Every default of gspo_jax, each field commented. Experiment configs override a few.
+
+The algorithm fields use ROLL's GSPO vocabulary (adv_estimator, importance_sampling,
+rollout_batch_size, ...) so a ROLL yaml translates line by line. Paper references are to
+"Group Sequence Policy Optimization" (Qwen team, arXiv 2507.18071).
+
+Run any config with
+
+  python -m gspo_jax.main --config=configs/<name>.py --workdir=/tmp/run --config.ppo_epochs=2
+
+The config is locked: a misspelt `--config.foo=` is an error, never a silently new field.
+`gspo_jax.config.validate(config)` checks it at start-up (modes, divisibility, paper ranges).
+"""
+
+import ml_collections
+from ml_collections import config_dict
+
+_placeholder = config_dict.placeholder
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    del arg
+    c = ml_collections.ConfigDict()
+    c.seed = 0  # one seed for init, data order, sampling and dropout-free training
+    c.num_steps = 100  # RL steps; each samples one rollout batch and trains on it
+
+    # ------------------------------------------------------------------------------------
+    # Algorithm (ROLL names). GSPO = importance_sampling "seq"; GRPO = "token".
+    # ------------------------------------------------------------------------------------
+    c.adv_estimator = "grpo"  # "grpo": group z-score of rewards (paper §2 eq. 3, §4.1);
+    # "reinforce": the processed reward itself (use with whiten_advantages, ROLL's GSPO yaml)
+    c.importance_sampling = "seq"  # "seq": GSPO s_i = exp(mean_t log ratio) (paper §4.1);
+    # "seq_token": GSPO-token, stop-gradient form (paper §4.3); "token": GRPO/PPO ratio (§2)
+    c.rollout_batch_size = 8  # prompts per RL step (N)
+    c.num_return_sequences_in_group = 8  # responses per prompt (G); B = N * G
+    c.prompt_length = 128  # max prompt tokens (left padded); longer prompts are an error
+    c.response_length = 128  # max new tokens per response; also the seq-mean-token-sum-norm horizon
+    c.ppo_epochs = 1  # passes over each rollout batch
+    c.num_mini_batches = 4  # optimizer steps per epoch; paper §5.1 splits each rollout into 4
+    c.micro_batch_size = _placeholder(int)  # responses per gradient-accumulation micro-batch
+    # inside the jitted step (None: the whole mini-batch at once). Never changes the loss.
+    c.loss_agg_mode = "seq-mean-token-mean"  # "token-mean" | "seq-mean-token-sum" |
+    # "seq-mean-token-mean" (GSPO's 1/|y_i| length normalisation, §4.1) | "seq-mean-token-sum-norm"
+    c.clip_low = 3e-4  # lower clip range eps_low: r >= 1 - clip_low (paper §5.1: 3e-4 for GSPO,
+    c.clip_high = 4e-4  # upper eps_high: r <= 1 + clip_high; 4e-4 for GSPO; GRPO uses 0.2 / 0.27)
+    c.dual_clip_loss = False  # cap the loss of negative-advantage samples at -A * dual_clip_ratio
+    c.dual_clip_ratio = 3.0  # dual-clip constant c (Ye et al. 2020); must be > 1
+    c.use_kl_loss = False  # add kl_loss_coef * KL(pi_theta || pi_ref) to the loss (paper: off)
+    c.kl_loss_coef = 0.0  # beta of the KL loss term
+    c.kl_estimator = "k3"  # "k1" | "k2" | "k3" | "low_var_kl" (Schulman's estimators)
+    c.add_token_level_kl = False  # subtract token_level_kl_coef * KL_t from the reward per token
+    c.token_level_kl_coef = 0.0  # beta of the in-reward token-level KL (with reward-to-go)
+    c.entropy_coef = 0.0  # subtract entropy_coef * entropy from the loss (0: off)
+    c.whiten_advantages = False  # z-score advantages over the batch after the estimator
+    c.advantage_clip = _placeholder(float)  # clip advantages to +-advantage_clip (None: off)
+    c.reward_clip = _placeholder(float)  # clip rewards to +-reward_clip after normalising
+    c.reward_norm = _placeholder(str)  # None/"none" | "batch" | "group" | "running"
+    c.reward_shift = False  # with reward_norm: subtract the mean only
+    c.reward_scale = False  # with reward_norm: divide by the std only (both/neither: z-score)
+    c.old_logprobs_source = "recompute"  # pi_old: "recompute" (a forward pass of the rollout
+    # policy) or "sampler" (the sampler's own log-probs, paper §5.4: saves that pass)
+    c.logprob_chunk_size = 256  # tokens per chunk of the chunked log-softmax: [B, T, V] f32
+    # logits never exist (DESIGN.md §5); larger chunks are faster, smaller use less memory
+    c.invalid_reward = "mask"  # NaN / non-numeric / failed-verifier rewards: "mask" (excluded
+    # from group statistics, advantage 0, counted) or "zero" (treated as reward 0, counted)
+
+    # ------------------------------------------------------------------------------------
+    # Policy model.
+    # ------------------------------------------------------------------------------------
+    c.model = ml_collections.ConfigDict()
+    c.model.hf_path = _placeholder(str)  # local Hugging Face checkpoint directory to start from
+    c.model.tokenizer_path = _placeholder(str)  # tokenizer dir (default: hf_path)
+    c.model.param_dtype = "float32"  # master weights
+    c.model.dtype = "float32"  # compute dtype ("bfloat16" for bf16 compute, f32 master weights)
+    c.model.remat = "none"  # rematerialisation of each decoder layer: "none" | "full" | "dots"
+    c.model.moe_impl = "ragged"  # MoE dispatch: "ragged" (sorted, lax.ragged_dot) | "dense"
+    c.model.routing_replay = False  # MoE only: replay the rollout policy's expert choices in
+    # the train step (paper §5.3; GRPO needs it on MoE, GSPO should not)
+    # Architecture of a model trained from scratch (used when hf_path is None):
+    c.model.arch = "qwen3"
+    c.model.hidden_size = 128
+    c.model.intermediate_size = 384
+    c.model.num_layers = 4
+    c.model.num_heads = 4
+    c.model.num_kv_heads = 2
+    c.model.head_dim = 32
+    c.model.rope_theta = 10000.0
+    c.model.tie_word_embeddings = True
+    c.model.num_experts = 0  # > 0 with arch "qwen3_moe"
+    c.model.num_experts_per_tok = 2
+    c.model.moe_intermediate_size = 128
+
+    # ------------------------------------------------------------------------------------
+    # Rollout sampler.
+    # ------------------------------------------------------------------------------------
+    c.sampling = ml_collections.ConfigDict()
+    c.sampling.temperature = 1.0  # 0 is greedy; log-probs are of softmax(logits / temperature)
+    c.sampling.top_k = _placeholder(int)  # filter to the k most likely tokens (None: off)
+    c.sampling.top_p = _placeholder(float)  # nucleus filter (None: off)
+    c.sampling.prompt_buckets = (32, 64, 128, 256, 512, 1024, 2048)  # padded prompt lengths:
+    # prompts of a bucket seen before never recompile
+
+    # ------------------------------------------------------------------------------------
+    # Optimizer (optax AdamW, clip-by-global-norm, warmup + constant/cosine schedule).
+    # ------------------------------------------------------------------------------------
+    c.optim = ml_collections.ConfigDict()
+    c.optim.learning_rate = 1e-6  # peak learning rate
+    c.optim.schedule = "constant"  # "constant" | "cosine" (decays to end_lr_ratio * peak)
+    c.optim.warmup_steps = 0  # linear warm-up, in optimizer updates
+    c.optim.end_lr_ratio = 0.1  # cosine floor as a fraction of the peak
+    c.optim.weight_decay = 0.0
+    c.optim.b1 = 0.9
+    c.optim.b2 = 0.999
+    c.optim.eps = 1e-8
+    c.optim.max_grad_norm = 1.0  # clip by global norm (None or 0: off)
+
+    # ------------------------------------------------------------------------------------
+    # Device mesh. -1 on one axis absorbs the remaining devices.
+    # ------------------------------------------------------------------------------------
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.data = -1  # pure data parallelism (batch)
+    c.mesh.fsdp = 1  # batch + parameter sharding (ZeRO-3 style)
+    c.mesh.tensor = 1  # heads / mlp / vocab sharding
+    c.mesh.expert = 1  # MoE experts
+
+    # ------------------------------------------------------------------------------------
+    # Data: TFDS builders in array_record format, read with grain.
+    # ------------------------------------------------------------------------------------
+    c.data = ml_collections.ConfigDict()
+    c.data.name = "arithmetic"  # "arithmetic" (synthetic, generated locally) | "gsm8k" (manual_dir)
+    c.data.config_name = "add3"  # builder config of the dataset
+    c.data.data_dir = _placeholder(str)  # where TFDS writes the prepared dataset
+    c.data.manual_dir = _placeholder(str)  # GSM8K: the directory with train.jsonl / test.jsonl
+    c.data.train_split = "train"
+    c.data.eval_split = "test"
+    c.data.system_prompt = _placeholder(str)  # optional system message of the chat template
+    c.data.instruction = ""  # appended to every question (e.g. "Give the answer after ####.")
+
+    # ------------------------------------------------------------------------------------
+    # Rewards (host-side verifiers, see gspo_jax/rewards).
+    # ------------------------------------------------------------------------------------
+    c.reward = ml_collections.ConfigDict()
+    c.reward.spec = "math"  # "name" or "name:weight,name:weight" from the reward registry
+    c.reward.timeout_s = 5.0  # per-call verifier timeout; a timeout scores 0 and is counted
+    c.reward.num_workers = 2  # verifier worker processes (0: in-process, no timeout)
+
+    # ------------------------------------------------------------------------------------
+    # Supervised warm start on the task itself (only for models trained from scratch).
+    # ------------------------------------------------------------------------------------
+    c.warm_start = ml_collections.ConfigDict()
+    c.warm_start.steps = 0  # SFT steps before RL (0: off)
+    c.warm_start.batch_size = 64
+    c.warm_start.learning_rate = 1e-3
+
+    # ------------------------------------------------------------------------------------
+    # Evaluation, checkpoints, logging.
+    # ------------------------------------------------------------------------------------
+    c.eval = ml_collections.ConfigDict()
+    c.eval.every_steps = 10  # greedy evaluation on the held-out split (0: only start and end)
+    c.eval.num_prompts = 128  # held-out prompts per evaluation
+
+    c.checkpoint = ml_collections.ConfigDict()
+    c.checkpoint.every_steps = 50  # orbax checkpoint period in RL steps (0: only at the end)
+    c.checkpoint.max_to_keep = 3
+    c.checkpoint.async_save = True
+    c.checkpoint.export_hf = True  # write the final policy with save_pretrained to workdir/hf
+
+    c.log = ml_collections.ConfigDict()
+    c.log.progress_bar = True  # tqdm bar with reward, accuracy, clip fraction, KL
+    c.log.tensorboard = True  # TensorBoard event files in workdir/tb (no TensorFlow needed)
+    c.log.plot = True  # workdir/curves.png at the end
+    return c

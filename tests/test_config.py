@@ -1,0 +1,245 @@
+"""Config system: every default present, paper configs as the paper says, validate() errors."""
+
+import warnings
+
+import pytest
+
+from configs import base, common, default, grpo_paper, gspo_paper
+from gspo_jax.config import ConfigError, ConfigWarning, batch_sizes, mesh_shape, validate
+
+ROLL_FIELDS = (
+    "adv_estimator",
+    "importance_sampling",
+    "rollout_batch_size",
+    "num_return_sequences_in_group",
+    "prompt_length",
+    "response_length",
+    "ppo_epochs",
+    "use_kl_loss",
+    "kl_loss_coef",
+    "loss_agg_mode",
+    "whiten_advantages",
+    "advantage_clip",
+    "dual_clip_loss",
+    "reward_clip",
+    "reward_norm",
+    "reward_shift",
+    "reward_scale",
+    "add_token_level_kl",
+)
+
+
+def _validate_quietly(config, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigWarning)
+        validate(config, **kwargs)
+
+
+def test_base_has_roll_vocabulary_and_paper_knobs():
+    c = base.get_config()
+    for name in ROLL_FIELDS + (
+        "clip_low",
+        "clip_high",
+        "dual_clip_ratio",
+        "kl_estimator",
+        "num_mini_batches",
+        "micro_batch_size",
+        "entropy_coef",
+        "seed",
+    ):
+        assert name in c, name
+    assert "learning_rate" in c.optim and "schedule" in c.optim
+
+
+@pytest.mark.parametrize("module", [base, default, gspo_paper, grpo_paper])
+def test_shipped_configs_validate_without_warnings(module):
+    _validate_quietly(module.get_config(), num_devices=1)
+
+
+def test_paper_configs_match_the_paper():
+    gspo = gspo_paper.get_config()
+    assert (gspo.importance_sampling, gspo.clip_low, gspo.clip_high) == ("seq", 3e-4, 4e-4)
+    assert gspo.num_mini_batches == 4 and not gspo.use_kl_loss
+    assert gspo.loss_agg_mode == "seq-mean-token-mean"
+    grpo = grpo_paper.get_config()
+    assert (grpo.importance_sampling, grpo.clip_low, grpo.clip_high) == ("token", 0.2, 0.27)
+    assert grpo.num_mini_batches == 4 and not grpo.use_kl_loss
+
+
+def test_paper_configs_take_a_checkpoint_and_gsm8k_as_arguments():
+    c = gspo_paper.get_config("hf_path=/ckpt/qwen,manual_dir=/data/gsm8k")
+    assert c.model.hf_path == "/ckpt/qwen" and c.data.manual_dir == "/data/gsm8k"
+    assert c.data.name == "gsm8k" and c.importance_sampling == "seq"
+    g = grpo_paper.get_config("hf_path=/m,manual_dir=/d,routing_replay=true")
+    assert g.model.routing_replay is True
+    with pytest.raises(ValueError, match="valid keys"):
+        gspo_paper.get_config("hf=/typo")
+    with pytest.raises(ValueError, match="manual_dir"):
+        gspo_paper.get_config("hf_path=/ckpt")
+
+
+def test_parse_arg_types():
+    assert common.parse_arg("a=3,b=true,c=x", a=1, b=False, c="") == {"a": 3, "b": True, "c": "x"}
+    with pytest.raises(ValueError, match="not a boolean"):
+        common.parse_arg("b=maybe", b=False)
+
+
+def test_locked_config_rejects_typos():
+    c = base.get_config()
+    c.lock()
+    with pytest.raises(AttributeError):
+        c.clip_hihg = 0.1
+
+
+@pytest.mark.parametrize(
+    "field,value,match",
+    [
+        ("importance_sampling", "sequence", r"importance_sampling='sequence' is not one of \["),
+        ("loss_agg_mode", "mean", "loss_agg_mode='mean' is not one of"),
+        ("adv_estimator", "gae", "adv_estimator='gae'"),
+        ("reward_norm", "global", "reward_norm='global'"),
+        ("kl_estimator", "k4", "kl_estimator='k4'"),
+        ("old_logprobs_source", "vllm", "old_logprobs_source='vllm'"),
+    ],
+)
+def test_unknown_mode_names_list_the_valid_ones(field, value, match):
+    c = base.get_config()
+    c[field] = value
+    with pytest.raises(ConfigError, match=match) as err:
+        validate(c)
+    assert "[" in str(err.value)  # the list of valid values follows
+
+
+def test_unknown_mode_error_lists_valid_modes():
+    c = base.get_config()
+    c.importance_sampling = "bogus"
+    with pytest.raises(ConfigError) as err:
+        validate(c)
+    for mode in ("token", "seq", "seq_token"):
+        assert repr(mode) in str(err.value)
+
+
+def test_reward_norm_none_spellings():
+    for spelling in (None, "none", "None", "null"):
+        c = base.get_config()
+        c.reward_norm = spelling
+        _validate_quietly(c)
+
+
+def test_rollout_not_divisible_into_mini_batches_names_the_numbers():
+    c = base.get_config()
+    c.rollout_batch_size, c.num_return_sequences_in_group, c.num_mini_batches = 5, 3, 4
+    with pytest.raises(
+        ConfigError, match=r"5 x 3 = 15 responses do not split into num_mini_batches=4"
+    ):
+        validate(c)
+
+
+def test_mini_batch_not_divisible_into_micro_batches_names_the_numbers():
+    c = base.get_config()  # 8 x 8 = 64 responses, 4 mini-batches of 16
+    c.micro_batch_size = 6
+    with pytest.raises(
+        ConfigError, match=r"64 / 4 = 16 responses does not split into micro_batch_size=6"
+    ):
+        validate(c)
+
+
+def test_micro_batch_not_divisible_over_devices():
+    c = base.get_config()
+    c.micro_batch_size = 4
+    with pytest.raises(ConfigError, match=r"micro-batch of 4 responses does not split over the 8"):
+        validate(c, num_devices=8)
+    validate(c, num_devices=4)
+
+
+def test_prompts_must_split_over_processes():
+    c = base.get_config()
+    c.rollout_batch_size = 6
+    c.num_mini_batches = 2
+    with pytest.raises(ConfigError, match="rollout_batch_size=6 prompts do not split over 4"):
+        validate(c, num_processes=4)
+
+
+def test_group_normalisation_needs_a_group():
+    c = base.get_config()
+    c.num_return_sequences_in_group = 1
+    c.num_mini_batches = 1
+    with pytest.raises(ConfigError, match="adv_estimator='grpo'.*>= 2"):
+        validate(c)
+    c.adv_estimator = "reinforce"
+    c.reward_norm = "group"
+    with pytest.raises(ConfigError, match="reward_norm='group' needs"):
+        validate(c)
+    c.reward_norm = "batch"
+    _validate_quietly(c)
+
+
+def test_non_positive_sizes_are_errors():
+    c = base.get_config()
+    c.ppo_epochs = 0
+    with pytest.raises(ConfigError, match="ppo_epochs=0 must be a positive integer"):
+        validate(c)
+
+
+def test_gspo_with_grpo_sized_clip_warns_citing_the_paper():
+    c = base.get_config()
+    c.clip_low, c.clip_high = 0.2, 0.27
+    with pytest.warns(ConfigWarning, match=r"3e-4.*4e-4"):
+        validate(c)
+    c.importance_sampling = "token"  # GRPO with GRPO's range: no warning
+    _validate_quietly(c)
+
+
+@pytest.mark.parametrize("mode", ["seq-mean-token-sum", "seq-mean-token-sum-norm"])
+def test_gspo_with_token_sum_aggregation_warns(mode):
+    c = base.get_config()
+    c.loss_agg_mode = mode
+    with pytest.warns(ConfigWarning, match="seq-mean-token-mean"):
+        validate(c)
+
+
+def test_sampler_logprobs_with_filtering_warns_and_greedy_fails():
+    c = base.get_config()
+    c.old_logprobs_source = "sampler"
+    c.sampling.top_k = 20
+    with pytest.warns(ConfigWarning, match="biased"):
+        validate(c)
+    c.sampling.top_k = None
+    c.sampling.temperature = 0.0
+    with pytest.raises(ConfigError, match="temperature > 0"):
+        validate(c)
+
+
+def test_ranges():
+    c = base.get_config()
+    c.dual_clip_loss = True
+    c.dual_clip_ratio = 0.5
+    with pytest.raises(ConfigError, match="dual_clip_ratio=0.5 must be > 1"):
+        validate(c)
+    c = base.get_config()
+    c.advantage_clip = -1.0
+    with pytest.raises(ConfigError, match="advantage_clip=-1.0 must be > 0"):
+        validate(c)
+    c = base.get_config()
+    c.data.name = "gsm8k"
+    with pytest.raises(ConfigError, match="manual_dir"):
+        validate(c)
+
+
+def test_mesh_shape_resolution():
+    c = base.get_config()
+    assert mesh_shape(c, 8) == {"data": 8, "fsdp": 1, "tensor": 1, "expert": 1}
+    c.mesh.tensor = 2
+    assert mesh_shape(c, 8)["data"] == 4
+    c.mesh.tensor = 3
+    with pytest.raises(ConfigError, match="mesh.data"):
+        mesh_shape(c, 8)
+    c.mesh.tensor, c.mesh.fsdp = 2, -1
+    with pytest.raises(ConfigError, match="only one mesh axis may be -1"):
+        mesh_shape(c, 8)
+
+
+def test_batch_sizes():
+    c = base.get_config()
+    c.micro_batch_size = 4
+    assert batch_sizes(c) == {"responses": 64, "mini_batch": 16, "micro_batch": 4}
