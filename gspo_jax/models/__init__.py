@@ -1,0 +1,66 @@
+"""Qwen2 / Qwen3 / Qwen3-MoE decoder in Flax NNX, driven through pure jittable functions.
+
+    config.py       ModelConfig (hashable, static), HF config.json <-> ModelConfig
+    layers.py       NNX modules: RMSNorm, RoPE, GQA attention, SwiGLU, MoE (dense/ragged)
+    transformer.py  Decoder, params (init/abstract/logical axes), forward, hidden_states,
+                    unembedding, routing_disagreement
+    kv_cache.py     KVCache pytree, init_cache, prefill, decode_step, repeat_cache
+    hf_io.py        load_pretrained / save_pretrained (safetensors, no torch); tokenizers load
+                    with gspo_jax.data.load_tokenizer
+
+Params are a plain nested dict of arrays; every function takes
+`(model_config, params, arrays)` with model_config static. The tree (logical axes):
+
+    embed/embedding                    [V, D]     (vocab, embed)
+    layers/{i}/input_norm/scale        [D]        (None,)          i: int keys 0..N-1
+    layers/{i}/attn/q_proj/kernel      [D, H, C]  (embed, heads, None)   (+ bias [H, C])
+    layers/{i}/attn/{k,v}_proj/kernel  [D, K, C]  (embed, kv_heads, None) (+ bias [K, C])
+    layers/{i}/attn/o_proj/kernel      [H, C, D]  (heads, None, embed)
+    layers/{i}/attn/{q,k}_norm/scale   [C]        (None,)          Qwen3 only
+    layers/{i}/post_attn_norm/scale    [D]        (None,)
+    layers/{i}/mlp/{gate,up}_proj/kernel [D, F]   (embed, mlp)     dense layers
+    layers/{i}/mlp/down_proj/kernel    [F, D]     (mlp, embed)
+    layers/{i}/mlp/router/kernel       [D, E]     (embed, None)    MoE layers
+    layers/{i}/mlp/{gate,up}_proj      [E, D, F]  (expert, embed, mlp)
+    layers/{i}/mlp/down_proj           [E, F, D]  (expert, mlp, embed)
+    final_norm/scale                   [D]        (None,)
+    lm_head/kernel                     [D, V]     (embed, vocab)   untied only
+"""
+
+from gspo_jax.models.config import ModelConfig
+from gspo_jax.models.hf_io import load_pretrained, read_hf_config, save_pretrained
+from gspo_jax.models.kv_cache import KVCache, decode_step, init_cache, prefill, repeat_cache
+from gspo_jax.models.transformer import (
+    abstract_params,
+    forward,
+    hidden_states,
+    init_params,
+    logical_axes,
+    logits_from_hidden,
+    param_count,
+    positions_from_mask,
+    routing_disagreement,
+    unembedding,
+)
+
+__all__ = [
+    "KVCache",
+    "ModelConfig",
+    "abstract_params",
+    "decode_step",
+    "forward",
+    "hidden_states",
+    "init_cache",
+    "init_params",
+    "load_pretrained",
+    "logical_axes",
+    "logits_from_hidden",
+    "param_count",
+    "positions_from_mask",
+    "prefill",
+    "read_hf_config",
+    "repeat_cache",
+    "routing_disagreement",
+    "save_pretrained",
+    "unembedding",
+]

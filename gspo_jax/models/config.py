@@ -1,0 +1,411 @@
+"""`ModelConfig`: one frozen, hashable description of a Qwen2 / Qwen3 / Qwen3-MoE decoder.
+
+Where it sits: `load_pretrained` builds it from a checkpoint's config.json
+(`ModelConfig.from_hf_config`), every model function takes it as its first, static
+(jit-hashable) argument, and `save_pretrained` writes it back (`to_hf_config`). Anything
+the model code does not implement (sliding-window attention, other activations, RoPE
+variants Qwen never shipped, other architectures) is rejected here with a message naming
+the field, so a checkpoint is never silently run with the wrong maths.
+
+Supported RoPE types (`rope_scaling`): "default" (stored as None), "linear" and "yarn"
+(the long-context recipe in the Qwen2.5 / Qwen3 model cards). "dynamic" NTK depends on
+the running sequence length and "longrope"/"llama3" are not Qwen's; they are refused.
+
+Both spellings of the fields that moved between transformers versions are read:
+`rope_theta` at top level (published Qwen checkpoints) or inside `rope_parameters`
+(transformers 5), `rope_scaling` (old) or `rope_parameters` (new), `num_experts`
+(Qwen) or `num_local_experts` (transformers 5), `dtype` or `torch_dtype`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+ARCHS = ("qwen2", "qwen3", "qwen3_moe")
+HF_ARCHITECTURES = {
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+}
+REMAT_POLICIES = ("none", "full", "dots")
+MOE_IMPLS = ("dense", "ragged")
+DTYPES = ("float32", "bfloat16", "float16")
+ROPE_TYPES = ("linear", "yarn")
+# Keys allowed inside a rope dict, per type (besides rope_type/type/rope_theta).
+_ROPE_KEYS = {
+    "default": set(),
+    "linear": {"factor"},
+    "yarn": {
+        "factor",
+        "original_max_position_embeddings",
+        "attention_factor",
+        "beta_fast",
+        "beta_slow",
+        "mscale",
+        "mscale_all_dim",
+        "truncate",
+    },
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Architecture + numerics of one decoder. Frozen and hashable: pass it as a static arg.
+
+    Fields mirror the Hugging Face config names where one exists (renamed to short forms:
+    num_layers = num_hidden_layers, num_heads = num_attention_heads, num_kv_heads =
+    num_key_value_heads). Beyond the architecture:
+
+    - `param_dtype`: dtype the parameters are stored in ("float32" | "bfloat16").
+    - `dtype`: compute dtype of matmuls and activations. Softmaxes, norms' statistics,
+      RoPE angles, the MoE router and the returned logits are always float32.
+    - `remat`: rematerialisation of each decoder layer in the backward pass:
+      "none" (keep all activations), "full" (keep only each layer's input, recompute
+      the layer), "dots" (keep the outputs of weight matmuls, recompute attention
+      scores/softmax and elementwise ops: `dots_with_no_batch_dims_saveable`).
+    - `moe_impl`: "ragged" (tokens sorted by expert, `jax.lax.ragged_dot` per expert
+      group: compute proportional to top-k) or "dense" (every expert on every token,
+      weighted by the sparse gates: an exact reference for tests and tiny models).
+    - `rope_scaling`: None for plain RoPE, else a sorted tuple of (key, value) pairs
+      with "rope_type" in ("linear", "yarn") — hashable form of the HF dict.
+    - `eos_token_ids`: tuple (HF allows an int or a list); empty when unknown.
+    """
+
+    arch: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float = 10000.0
+    rope_scaling: tuple[tuple[str, Any], ...] | None = None
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+    # Mixture of experts (qwen3_moe only).
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    max_position_embeddings: int = 32768
+    # Numerics and implementation choices (not part of the checkpoint).
+    param_dtype: str = "float32"
+    dtype: str = "float32"
+    remat: str = "none"
+    moe_impl: str = "ragged"
+    # Special tokens, when the checkpoint's config names them.
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    pad_token_id: int | None = None
+
+    def __post_init__(self):
+        def bad(field, why):
+            raise ValueError(f"ModelConfig.{field}={getattr(self, field)!r}: {why}")
+
+        if self.arch not in ARCHS:
+            bad("arch", f"unsupported architecture; supported: {ARCHS}")
+        for f in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads"):
+            if int(getattr(self, f)) <= 0:
+                bad(f, "must be positive")
+        if self.head_dim <= 0 or self.head_dim % 2:
+            bad("head_dim", "must be a positive even number (RoPE rotates pairs)")
+        if self.num_heads % self.num_kv_heads:
+            bad("num_kv_heads", f"must divide num_heads={self.num_heads} (grouped-query)")
+        if self.remat not in REMAT_POLICIES:
+            bad("remat", f"expected one of {REMAT_POLICIES}")
+        if self.moe_impl not in MOE_IMPLS:
+            bad("moe_impl", f"expected one of {MOE_IMPLS}")
+        for f in ("param_dtype", "dtype"):
+            if getattr(self, f) not in DTYPES:
+                bad(f, f"expected one of {DTYPES}")
+        if self.rope_scaling is not None:
+            rope = dict(self.rope_scaling)
+            if rope.get("rope_type") not in ROPE_TYPES:
+                bad("rope_scaling", f"rope_type must be one of {ROPE_TYPES}")
+            if "factor" not in rope:
+                bad("rope_scaling", "needs a 'factor'")
+        if not isinstance(self.mlp_only_layers, tuple):
+            bad("mlp_only_layers", "must be a tuple (hashable)")
+        if not isinstance(self.eos_token_ids, tuple):
+            bad("eos_token_ids", "must be a tuple (hashable)")
+        if self.arch == "qwen3_moe":
+            if self.num_experts <= 0 or self.moe_intermediate_size <= 0:
+                bad("num_experts", "qwen3_moe needs num_experts > 0 and moe_intermediate_size > 0")
+            if not 0 < self.num_experts_per_tok <= self.num_experts:
+                bad("num_experts_per_tok", f"must be in [1, num_experts={self.num_experts}]")
+            if self.decoder_sparse_step <= 0:
+                bad("decoder_sparse_step", "must be positive")
+        elif self.num_experts:
+            bad("num_experts", f"only qwen3_moe has experts, not {self.arch}")
+
+    # ------------------------------------------------------------------ derived
+    def is_moe_layer(self, i: int) -> bool:
+        """Qwen3-MoE placement rule: MoE unless listed in mlp_only_layers, every
+        decoder_sparse_step-th layer (1-based), when there are experts at all."""
+        return (
+            self.arch == "qwen3_moe"
+            and self.num_experts > 0
+            and i not in self.mlp_only_layers
+            and (i + 1) % self.decoder_sparse_step == 0
+        )
+
+    @property
+    def moe_layers(self) -> tuple[int, ...]:
+        """Indices of the MoE layers; routing arrays are stacked in this order."""
+        return tuple(i for i in range(self.num_layers) if self.is_moe_layer(i))
+
+    @property
+    def num_moe_layers(self) -> int:
+        return len(self.moe_layers)
+
+    @property
+    def rope_type(self) -> str:
+        return "default" if self.rope_scaling is None else dict(self.rope_scaling)["rope_type"]
+
+    def rope_inv_freq_and_scale(self) -> tuple[np.ndarray, float]:
+        """Inverse frequencies [head_dim/2] (float32) and the cos/sin scale of RoPE.
+
+        default: inv_freq_i = θ^(-2i/d).
+        linear:  inv_freq_i / factor (positions interpolated by `factor`).
+        yarn (arXiv 2309.00071): per dimension, blend interpolated (inv/factor) and
+            extrapolated (inv) frequencies with a linear ramp between the dims whose
+            wavelength makes beta_fast resp. beta_slow rotations over the original
+            context; cos/sin scaled by attention_factor (default 0.1·ln(factor)+1).
+        The float32 arithmetic mirrors transformers so that logits agree to ~1e-6.
+        """
+        d = self.head_dim
+        base = np.float32(self.rope_theta)
+        exponents = np.arange(0, d, 2, dtype=np.float32) / np.float32(d)
+        pos_freqs = base**exponents
+        inv_freq = (np.float32(1.0) / pos_freqs).astype(np.float32)
+        rope = {} if self.rope_scaling is None else dict(self.rope_scaling)
+        kind = rope.get("rope_type", "default")
+        if kind == "default":
+            return inv_freq, 1.0
+        factor = float(rope["factor"])
+        if kind == "linear":
+            return (inv_freq / np.float32(factor)).astype(np.float32), 1.0
+        # yarn
+        original = rope.get("original_max_position_embeddings") or self.max_position_embeddings
+
+        def get_mscale(scale, mscale=1.0):
+            return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+        attention_factor = rope.get("attention_factor")
+        if attention_factor is None:
+            mscale, mscale_all_dim = rope.get("mscale"), rope.get("mscale_all_dim")
+            if mscale and mscale_all_dim:
+                attention_factor = get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)
+            else:
+                attention_factor = get_mscale(factor)
+        beta_fast = rope.get("beta_fast") or 32
+        beta_slow = rope.get("beta_slow") or 1
+
+        def correction_dim(num_rotations):
+            return (d * math.log(original / (num_rotations * 2 * math.pi))) / (
+                2 * math.log(self.rope_theta)
+            )
+
+        low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+        if rope.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, d - 1)
+        if low == high:
+            high += 0.001  # avoid a zero-width ramp
+        ramp = np.clip((np.arange(d // 2, dtype=np.float32) - low) / (high - low), 0, 1)
+        extrapolation_weight = (1 - ramp).astype(np.float32)
+        interp = np.float32(1.0) / (np.float32(factor) * pos_freqs)
+        inv = interp * (1 - extrapolation_weight) + inv_freq * extrapolation_weight
+        return inv.astype(np.float32), float(attention_factor)
+
+    # --------------------------------------------------------------- HF mapping
+    @classmethod
+    def from_hf_config(cls, hf: dict[str, Any], **overrides) -> ModelConfig:
+        """Reads a Hugging Face config.json dict (published-Qwen or transformers-5 spelling).
+
+        `overrides` set the non-checkpoint fields (param_dtype, dtype, remat, moe_impl) or
+        any other field. Raises ValueError naming the unsupported architecture / field.
+        """
+        model_type = hf.get("model_type")
+        architectures = hf.get("architectures") or []
+        if model_type not in ARCHS:
+            raise ValueError(
+                f"unsupported architecture: model_type={model_type!r}, "
+                f"architectures={architectures!r}; supported model_type: {ARCHS}"
+            )
+        expected = HF_ARCHITECTURES[model_type]
+        if architectures and list(architectures) != [expected]:
+            raise ValueError(
+                f"unsupported architecture: architectures={architectures!r} for "
+                f"model_type={model_type!r}; only [{expected!r}] (causal LM) is supported"
+            )
+
+        def need(key):
+            if hf.get(key) is None:
+                raise ValueError(f"config.json for {model_type!r} lacks required field {key!r}")
+            return hf[key]
+
+        act = hf.get("hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"unsupported hidden_act={act!r} (only 'silu' / SwiGLU)")
+        if hf.get("use_sliding_window"):
+            raise ValueError(
+                f"unsupported: use_sliding_window=true (sliding_window={hf.get('sliding_window')})"
+                " — sliding-window attention is not implemented"
+            )
+        layer_types = hf.get("layer_types") or []
+        other = sorted({t for t in layer_types if t != "full_attention"})
+        if other:
+            raise ValueError(f"unsupported layer_types {other}: only 'full_attention' layers")
+        partial = hf.get("partial_rotary_factor")
+        if partial not in (None, 1, 1.0):
+            raise ValueError(f"unsupported partial_rotary_factor={partial!r} (only 1.0)")
+
+        rope_theta, rope_scaling = _parse_rope(hf)
+        hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
+        head_dim = hf.get("head_dim") or hidden // heads
+        kv_heads = hf.get("num_key_value_heads") or heads
+        is_qwen3 = model_type in ("qwen3", "qwen3_moe")
+        attention_bias = bool(hf.get("attention_bias", False))
+        eos = hf.get("eos_token_id")
+        eos_ids = () if eos is None else (tuple(eos) if isinstance(eos, list) else (int(eos),))
+        fields: dict[str, Any] = {
+            "arch": model_type,
+            "vocab_size": int(need("vocab_size")),
+            "hidden_size": hidden,
+            "intermediate_size": int(need("intermediate_size")),
+            "num_layers": int(need("num_hidden_layers")),
+            "num_heads": heads,
+            "num_kv_heads": int(kv_heads),
+            "head_dim": int(head_dim),
+            "rope_theta": float(rope_theta),
+            "rope_scaling": rope_scaling,
+            "rms_norm_eps": float(hf.get("rms_norm_eps", 1e-6)),
+            "tie_word_embeddings": bool(hf.get("tie_word_embeddings", False)),
+            # Qwen2 hard-codes bias on q/k/v (not o); Qwen3 follows attention_bias on all four.
+            "qkv_bias": True if model_type == "qwen2" else attention_bias,
+            "o_bias": False if model_type == "qwen2" else attention_bias,
+            "qk_norm": is_qwen3,
+            "max_position_embeddings": int(hf.get("max_position_embeddings", 32768)),
+            "bos_token_id": hf.get("bos_token_id"),
+            "eos_token_ids": eos_ids,
+            "pad_token_id": hf.get("pad_token_id"),
+        }
+        if model_type == "qwen3_moe":
+            num_experts = hf.get("num_experts", hf.get("num_local_experts"))
+            if num_experts is None:
+                raise ValueError("config.json for 'qwen3_moe' lacks num_experts/num_local_experts")
+            fields.update(
+                num_experts=int(num_experts),
+                num_experts_per_tok=int(need("num_experts_per_tok")),
+                moe_intermediate_size=int(need("moe_intermediate_size")),
+                norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+                decoder_sparse_step=int(hf.get("decoder_sparse_step", 1)),
+                mlp_only_layers=tuple(int(i) for i in (hf.get("mlp_only_layers") or [])),
+            )
+        fields.update(overrides)
+        return cls(**fields)
+
+    def to_hf_config(self, dtype: str | None = None) -> dict[str, Any]:
+        """The config.json dict transformers 5.23 writes for this model (same keys).
+
+        `dtype`: the checkpoint dtype to record (default: param_dtype).
+        """
+        rope: dict[str, Any] = {"rope_theta": self.rope_theta, "rope_type": "default"}
+        if self.rope_scaling is not None:
+            rope.update(dict(self.rope_scaling))
+        eos = self.eos_token_ids
+        hf: dict[str, Any] = {
+            "architectures": [HF_ARCHITECTURES[self.arch]],
+            "attention_dropout": 0.0,
+            "bos_token_id": self.bos_token_id,
+            "dtype": dtype or self.param_dtype,
+            "eos_token_id": None if not eos else (eos[0] if len(eos) == 1 else list(eos)),
+            "hidden_act": "silu",
+            "hidden_size": self.hidden_size,
+            "initializer_range": 0.02,
+            "intermediate_size": self.intermediate_size,
+            "max_position_embeddings": self.max_position_embeddings,
+            "model_type": self.arch,
+            "num_attention_heads": self.num_heads,
+            "num_hidden_layers": self.num_layers,
+            "num_key_value_heads": self.num_kv_heads,
+            "pad_token_id": self.pad_token_id,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_parameters": dict(sorted(rope.items())),
+            "sliding_window": None,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "transformers_version": "5.23.0",
+            "use_cache": True,
+            "use_sliding_window": False,
+            "vocab_size": self.vocab_size,
+        }
+        if self.arch in ("qwen2", "qwen3"):
+            hf["layer_types"] = ["full_attention"] * self.num_layers
+            hf["max_window_layers"] = self.num_layers
+        else:
+            if self.qkv_bias != self.o_bias:
+                raise ValueError("qwen3_moe has one attention_bias for q/k/v/o")
+        if self.arch == "qwen2":
+            if not self.qkv_bias or self.o_bias or self.qk_norm:
+                raise ValueError("qwen2 needs qkv_bias=True, o_bias=False, qk_norm=False")
+            if self.head_dim != self.hidden_size // self.num_heads:
+                hf["head_dim"] = self.head_dim
+        else:
+            if self.qkv_bias != self.o_bias or not self.qk_norm:
+                raise ValueError(f"{self.arch} needs qkv_bias == o_bias and qk_norm=True")
+            hf["attention_bias"] = self.qkv_bias
+            hf["head_dim"] = self.head_dim
+        if self.arch == "qwen3_moe":
+            hf.update(
+                decoder_sparse_step=self.decoder_sparse_step,
+                mlp_only_layers=list(self.mlp_only_layers),
+                moe_intermediate_size=self.moe_intermediate_size,
+                norm_topk_prob=self.norm_topk_prob,
+                num_experts_per_tok=self.num_experts_per_tok,
+                num_local_experts=self.num_experts,
+                output_router_logits=False,
+                router_aux_loss_coef=0.001,
+            )
+        return dict(sorted(hf.items()))
+
+
+def _parse_rope(hf: dict[str, Any]) -> tuple[float, tuple[tuple[str, Any], ...] | None]:
+    """(rope_theta, hashable rope_scaling) from either HF spelling."""
+    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    if not isinstance(params, dict):
+        raise TypeError(f"unsupported rope_parameters/rope_scaling={params!r} (expected a dict)")
+    if any(isinstance(v, dict) for v in params.values()):
+        raise ValueError(f"unsupported per-layer-type rope_parameters {sorted(params)}")
+    theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in _ROPE_KEYS:
+        raise ValueError(
+            f"unsupported rope type {kind!r} in rope_parameters/rope_scaling; "
+            f"supported: {sorted(_ROPE_KEYS)}"
+        )
+    extra = set(params) - {"rope_type", "type", "rope_theta"} - _ROPE_KEYS[kind]
+    extra -= {"partial_rotary_factor"} if params.get("partial_rotary_factor") in (1, 1.0) else set()
+    if extra:
+        raise ValueError(f"unsupported keys {sorted(extra)} for rope type {kind!r}")
+    if kind == "default":
+        return theta, None
+    scaling = {k: params[k] for k in _ROPE_KEYS[kind] if params.get(k) is not None}
+    if "factor" not in scaling:
+        raise ValueError(f"rope type {kind!r} needs a 'factor'")
+    if kind == "yarn":
+        scaling.setdefault(
+            "original_max_position_embeddings", hf.get("max_position_embeddings", 32768)
+        )
+    scaling["rope_type"] = kind
+    return theta, tuple(sorted(scaling.items()))

@@ -1,0 +1,392 @@
+"""Hugging Face checkpoint directories in and out, without torch.
+
+Where it sits: `train.py` starts from `load_pretrained(path)` and hands the trained policy
+back with `save_pretrained(model_config, params, path)` (tokenizers: `gspo_jax.data.load_tokenizer`).
+The model code never sees file names.
+
+On disk (transformers' layout): `config.json`; `model.safetensors` or shards
+`model-0000i-of-0000n.safetensors` plus `model.safetensors.index.json`; weights in torch
+(out, in) layout; MoE experts stored per expert (`mlp.experts.{e}.{gate,up,down}_proj.weight`)
+with the router at `mlp.gate.weight`; tied models have no `lm_head.weight`.
+
+In memory the parameters are (in, out) kernels with heads split out ([D, H, C] for q_proj,
+[H, C, D] for o_proj) and experts stacked ([E, D, F]); `_tensor_specs` is the one table
+mapping both ways. Loading reads tensor by tensor (each file opened once, experts written
+into one preallocated stack) and fails — naming the file, tensor or field — on anything
+missing, misshapen, unexpected or unreadable; nothing is ever randomly initialised.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jax
+import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy before safetensors reads bf16)
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from gspo_jax.models.config import ModelConfig
+from gspo_jax.models.transformer import abstract_params
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+# Present in some older exports; derived from the config, never a weight.
+_IGNORABLE_SUFFIXES = ("rotary_emb.inv_freq",)
+_FLOAT_DTYPES = ("F32", "BF16", "F16", "F64")
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """One parameter leaf and the HF tensor(s) holding it.
+
+    kind "copy": same values (HF shape = flattened leaf for [H, C] biases, else the same).
+    kind "linear": HF [out, in] = leaf.reshape(in, out).T, where the leaf's first `n_in`
+        dims are the input dims.
+    kind "experts": leaf [E, in, out]; HF tensor e = leaf[e].T (one name per expert).
+    """
+
+    path: tuple
+    hf_names: tuple[str, ...]
+    hf_shape: tuple[int, ...]
+    shape: tuple[int, ...]
+    kind: str
+
+
+def _tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
+    """All parameters of `cfg` with their HF names and shapes, in HF order."""
+    abstract = abstract_params(cfg)
+    specs: list[TensorSpec] = []
+
+    def leaf(path):
+        node = abstract
+        for key in path:
+            node = node[key]
+        return tuple(node.shape)
+
+    def add(path, name, kind, n_in=1):
+        shape = leaf(path)
+        if kind == "copy":
+            hf_shape = (math.prod(shape),) if path[-1] == "bias" else shape
+        elif kind == "linear":
+            hf_shape = (math.prod(shape[n_in:]), math.prod(shape[:n_in]))
+        else:
+            raise AssertionError(kind)
+        specs.append(TensorSpec(path, (name,), hf_shape, shape, kind))
+
+    add(("embed", "embedding"), "model.embed_tokens.weight", "copy")
+    for i in range(cfg.num_layers):
+        pre = f"model.layers.{i}."
+        attn = ("layers", i, "attn")
+        add(("layers", i, "input_norm", "scale"), pre + "input_layernorm.weight", "copy")
+        for n in "qkv":
+            add(attn + (f"{n}_proj", "kernel"), pre + f"self_attn.{n}_proj.weight", "linear")
+            if cfg.qkv_bias:
+                add(attn + (f"{n}_proj", "bias"), pre + f"self_attn.{n}_proj.bias", "copy")
+        add(attn + ("o_proj", "kernel"), pre + "self_attn.o_proj.weight", "linear", n_in=2)
+        if cfg.o_bias:
+            add(attn + ("o_proj", "bias"), pre + "self_attn.o_proj.bias", "copy")
+        if cfg.qk_norm:
+            add(attn + ("q_norm", "scale"), pre + "self_attn.q_norm.weight", "copy")
+            add(attn + ("k_norm", "scale"), pre + "self_attn.k_norm.weight", "copy")
+        add(
+            ("layers", i, "post_attn_norm", "scale"),
+            pre + "post_attention_layernorm.weight",
+            "copy",
+        )
+        mlp = ("layers", i, "mlp")
+        if cfg.is_moe_layer(i):
+            add(mlp + ("router", "kernel"), pre + "mlp.gate.weight", "linear")
+            for n in ("gate_proj", "up_proj", "down_proj"):
+                shape = leaf(mlp + (n,))
+                names = tuple(pre + f"mlp.experts.{e}.{n}.weight" for e in range(cfg.num_experts))
+                specs.append(TensorSpec(mlp + (n,), names, (shape[2], shape[1]), shape, "experts"))
+        else:
+            for n in ("gate_proj", "up_proj", "down_proj"):
+                add(mlp + (n, "kernel"), pre + f"mlp.{n}.weight", "linear")
+    add(("final_norm", "scale"), "model.norm.weight", "copy")
+    if not cfg.tie_word_embeddings:
+        add(("lm_head", "kernel"), "lm_head.weight", "linear")
+    return specs
+
+
+def _to_ours(spec: TensorSpec, hf_array: np.ndarray) -> np.ndarray:
+    if spec.kind == "copy":
+        return hf_array.reshape(spec.shape)
+    if spec.kind == "linear":
+        return hf_array.T.reshape(spec.shape)
+    return hf_array.T  # one expert
+
+
+def _to_hf(spec: TensorSpec, leaf: np.ndarray) -> Iterator[tuple[str, np.ndarray]]:
+    if spec.kind == "copy":
+        yield spec.hf_names[0], leaf.reshape(spec.hf_shape)
+    elif spec.kind == "linear":
+        out_dim, in_dim = spec.hf_shape
+        yield spec.hf_names[0], np.ascontiguousarray(leaf.reshape(in_dim, out_dim).T)
+    else:
+        for e, name in enumerate(spec.hf_names):
+            yield name, np.ascontiguousarray(leaf[e].T)
+
+
+# ------------------------------------------------------------------------------- load
+
+
+def read_hf_config(path: str | os.PathLike) -> dict[str, Any]:
+    """config.json of a checkpoint directory, with errors that name the file."""
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"checkpoint directory {str(path)!r} does not exist")
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(
+            f"{str(config_file)!r} not found: not a Hugging Face checkpoint directory"
+        )
+    try:
+        return json.loads(config_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot parse {str(config_file)!r}: {e}") from e
+
+
+def _weight_map(path: Path) -> dict[str, str]:
+    """Tensor name -> safetensors file name (from the index, or the single file's keys)."""
+    index_file = path / INDEX_FILE
+    if index_file.is_file():
+        try:
+            weight_map = json.loads(index_file.read_text())["weight_map"]
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"cannot read weight_map from {str(index_file)!r}: {e!r}") from e
+        for file in sorted(set(weight_map.values())):
+            if not (path / file).is_file():
+                raise FileNotFoundError(
+                    f"{str(path / file)!r} (listed in {INDEX_FILE}) does not exist"
+                )
+        return dict(weight_map)
+    single = path / SINGLE_FILE
+    if not single.is_file():
+        raise FileNotFoundError(
+            f"no {SINGLE_FILE} or {INDEX_FILE} in {str(path)!r} (only safetensors are read)"
+        )
+    with _open(single) as f:
+        return {name: SINGLE_FILE for name in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
+
+
+def _open(file: Path):
+    try:
+        return safe_open(str(file), framework="numpy")
+    except Exception as e:  # SafetensorError, OSError: corrupt header, truncated file, ...
+        raise ValueError(f"cannot read safetensors file {str(file)!r}: {e}") from e
+
+
+def load_pretrained(
+    path: str | os.PathLike,
+    *,
+    dtype: str = "float32",
+    compute_dtype: str | None = None,
+    shardings: Any = None,
+    **config_overrides,
+) -> tuple[ModelConfig, dict]:
+    """Reads a local HF Qwen2 / Qwen3 / Qwen3-MoE checkpoint directory (no torch).
+
+    Returns (model_config, params) with params in `dtype` (the parameter dtype) and
+    model_config.dtype = `compute_dtype` (default: `dtype`). `shardings`: optional
+    pytree like the params of `jax.sharding.Sharding`s, to place each tensor directly
+    where it belongs (never the whole model on one device first). `config_overrides`
+    set other non-checkpoint ModelConfig fields (remat, moe_impl, ...).
+    Raises (naming the file / tensor / field) on an unsupported architecture, a missing
+    config.json, an unreadable file, a missing, unexpected or misshapen tensor.
+    """
+    path = Path(path)
+    hf_config = read_hf_config(path)
+    cfg = ModelConfig.from_hf_config(
+        hf_config, param_dtype=dtype, dtype=compute_dtype or dtype, **config_overrides
+    )
+    weight_map = _weight_map(path)
+    specs = _tensor_specs(cfg)
+    wanted = {name: (spec, e) for spec in specs for e, name in enumerate(spec.hf_names)}
+
+    missing = [name for name in wanted if name not in weight_map]
+    if missing:
+        raise KeyError(
+            f"checkpoint {str(path)!r} ({cfg.arch}) is missing {len(missing)} tensor(s), "
+            f"e.g. {missing[:5]}"
+        )
+    unexpected = [
+        name
+        for name in weight_map
+        if name not in wanted
+        and not name.endswith(_IGNORABLE_SUFFIXES)
+        # Some tied checkpoints still carry the (identical) head; the embedding wins.
+        and not (cfg.tie_word_embeddings and name == "lm_head.weight")
+    ]
+    if unexpected:
+        raise KeyError(
+            f"checkpoint {str(path)!r} has {len(unexpected)} tensor(s) that a {cfg.arch} model "
+            f"with this config.json does not use, e.g. {sorted(unexpected)[:5]}"
+        )
+
+    np_dtype = np.dtype(jax.numpy.dtype(dtype))
+    flat_shardings = {}
+    if shardings is not None:
+        for kp, s in jax.tree_util.tree_flatten_with_path(shardings)[0]:
+            flat_shardings[tuple(getattr(k, "key", getattr(k, "idx", None)) for k in kp)] = s
+    params: dict = {}
+    expert_buffers: dict[tuple, list] = {}  # path -> [stack, experts filled]
+
+    def place(spec: TensorSpec, value: np.ndarray):
+        sharding = flat_shardings.get(spec.path)
+        array = (
+            jax.device_put(value, sharding) if sharding is not None else jax.numpy.asarray(value)
+        )
+        node = params
+        for key in spec.path[:-1]:
+            node = node.setdefault(key, {})
+        node[spec.path[-1]] = array
+
+    by_file: dict[str, list[str]] = {}
+    for name in wanted:
+        by_file.setdefault(weight_map[name], []).append(name)
+    for file_name, names in sorted(by_file.items()):
+        file = path / file_name
+        with _open(file) as f:
+            available = set(f.keys())
+            for name in names:
+                spec, e = wanted[name]
+                if name not in available:
+                    raise KeyError(f"tensor {name!r} is not in {str(file)!r} (index says it is)")
+                tensor_slice = f.get_slice(name)
+                shape, file_dtype = tuple(tensor_slice.get_shape()), tensor_slice.get_dtype()
+                if shape != spec.hf_shape:
+                    raise ValueError(
+                        f"tensor {name!r} in {str(file)!r} has shape {list(shape)}, expected "
+                        f"{list(spec.hf_shape)} for this config.json ({cfg.arch})"
+                    )
+                if file_dtype not in _FLOAT_DTYPES:
+                    raise ValueError(
+                        f"tensor {name!r} in {str(file)!r} has dtype {file_dtype}, expected "
+                        f"a float dtype {_FLOAT_DTYPES}"
+                    )
+                try:
+                    hf_array = f.get_tensor(name)
+                except Exception as err:
+                    raise ValueError(
+                        f"cannot read tensor {name!r} from {str(file)!r}: {err}"
+                    ) from err
+                if spec.kind != "experts":
+                    place(spec, _to_ours(spec, hf_array).astype(np_dtype))
+                    continue
+                buf = expert_buffers.setdefault(spec.path, [np.empty(spec.shape, np_dtype), 0])
+                buf[0][e] = _to_ours(spec, hf_array)
+                buf[1] += 1
+                if buf[1] == len(spec.hf_names):
+                    place(spec, expert_buffers.pop(spec.path)[0])
+    return cfg, params
+
+
+def _host_array(x) -> np.ndarray:
+    """Full value of a (possibly multi-host sharded) array on this host."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        x = multihost_utils.process_allgather(x, tiled=True)
+    return np.asarray(x)
+
+
+def save_pretrained(
+    model_config: ModelConfig,
+    params,
+    path: str | os.PathLike,
+    *,
+    dtype: str | None = None,
+    max_shard_size: int = 5 * 2**30,
+    tokenizer=None,
+) -> None:
+    """Writes an HF checkpoint directory that transformers' AutoModelForCausalLM loads.
+
+    Tensors in `dtype` (default model_config.param_dtype), torch (out, in) layout, experts
+    per expert; shards of at most `max_shard_size` bytes with an index when needed;
+    config.json as transformers 5.23 writes it; generation_config.json with the special
+    token ids when known; the tokenizer's files when one is given. Stale `model*.safetensors`
+    files in `path` are removed first. Every process must call this (multi-host arrays are
+    gathered); only process 0 writes.
+    """
+    cfg = model_config
+    dtype = dtype or cfg.param_dtype
+    np_dtype = np.dtype(jax.numpy.dtype(dtype))
+    specs = _tensor_specs(cfg)
+    for spec in specs:
+        node = params
+        for key in spec.path:
+            if not isinstance(node, dict) or key not in node:
+                raise KeyError(f"params lack {'/'.join(map(str, spec.path))} needed for {cfg.arch}")
+            node = node[key]
+        if tuple(node.shape) != spec.shape:
+            raise ValueError(
+                f"param {'/'.join(map(str, spec.path))} has shape {tuple(node.shape)}, "
+                f"expected {spec.shape}"
+            )
+
+    # Shard plan from shapes alone, so tensors are converted one shard at a time.
+    itemsize = np_dtype.itemsize
+    shards: list[list[TensorSpec]] = [[]]
+    size = 0
+    for spec in specs:
+        nbytes = math.prod(spec.shape) * itemsize
+        if shards[-1] and size + nbytes > max_shard_size:
+            shards.append([])
+            size = 0
+        shards[-1].append(spec)
+        size += nbytes
+    n = len(shards)
+    file_names = (
+        [SINGLE_FILE] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+    )
+
+    writer = jax.process_index() == 0
+    path = Path(path)
+    if writer:
+        path.mkdir(parents=True, exist_ok=True)
+        for stale in list(path.glob("model*.safetensors")) + [path / INDEX_FILE]:
+            if stale.exists():
+                stale.unlink()
+    weight_map: dict[str, str] = {}
+    total_size = 0
+    for file_name, shard in zip(file_names, shards):
+        tensors: dict[str, np.ndarray] = {}
+        for spec in shard:
+            node = params
+            for key in spec.path:
+                node = node[key]
+            leaf = _host_array(node).astype(np_dtype)
+            for name, array in _to_hf(spec, leaf):
+                tensors[name] = array
+                weight_map[name] = file_name
+                total_size += array.nbytes
+        if writer:
+            save_file(tensors, str(path / file_name), metadata={"format": "pt"})
+        del tensors
+    if not writer:
+        return
+    if n > 1:
+        index = {
+            "metadata": {"total_size": total_size},
+            "weight_map": dict(sorted(weight_map.items())),
+        }
+        (path / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+    (path / "config.json").write_text(json.dumps(cfg.to_hf_config(dtype=dtype), indent=2) + "\n")
+    generation = {
+        k: v
+        for k, v in cfg.to_hf_config().items()
+        if k in ("bos_token_id", "eos_token_id", "pad_token_id") and v is not None
+    }
+    if generation:
+        generation["transformers_version"] = "5.23.0"
+        (path / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(path))
