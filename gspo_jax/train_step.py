@@ -1,0 +1,390 @@
+"""The single jitted GSPO/GRPO train step: (state, batch) -> (state, metrics).
+
+One call consumes one rollout batch of B = N·G responses:
+
+  for epoch in range(ppo_epochs):                  # lax.scan over E·M updates
+    for mini-batch m in range(num_mini_batches):   # one optimizer update each
+      for micro-batch k:                           # lax.scan, gradient accumulation
+        loss_k = policy_loss(...) + kl_loss_coef·KL − entropy_coef·H   (global denominators)
+      grads = Σ_k ∇loss_k ;  skip the update if grads are not finite
+      params, opt_state = AdamW(clip(grads))
+
+Denominators (valid tokens / valid sequences) are those of the whole mini-batch, so the loss
+and gradient of a mini-batch do not depend on how it is split into micro-batches or over how
+many devices it is sharded (DESIGN.md §4). From the second mini-batch on, params differ from
+π_old, so ratios leave 1 and the clip range acts (paper §5.1 splits each rollout into 4).
+
+Mini-batch m holds rows {m, m+M, m+2M, ...} (and micro-batches likewise stride through a
+mini-batch): every device then holds an equal share of every mini-batch, so no rows move
+between devices. Advantages are precomputed, so groups need not stay together.
+
+Shapes: B responses, P prompt tokens (left padded), T response tokens, L = P + T,
+U = ppo_epochs · num_mini_batches updates, D model width.
+
+Batch (a dict of arrays, leading axis B):
+  tokens          int32 [B, L]   prompt (left padded) then response (right padded)
+  attention_mask  int32 [B, L]   1 for real prompt tokens and valid response tokens
+  response_mask   f32   [B, T]   1 for generated tokens up to and including the end token
+  old_logprobs    f32   [B, T]   log π_old of each response token (sampler or recomputed)
+  advantages      f32   [B] or [B, T]
+  ref_logprobs    f32   [B, T]   only with use_kl_loss
+  routing         int32 [B, layers, L, k]  only with routing replay (MoE, paper §5.3)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from gspo_jax import logprobs as logprobs_lib
+from gspo_jax import models, objectives
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: jax.Array  # optimizer updates applied so far (int32 scalar)
+    params: Any
+    opt_state: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+    """Everything static the train step needs (hashable: part of the compilation key)."""
+
+    model: models.ModelConfig
+    importance_sampling: str = "seq"
+    clip_low: float = 3e-4
+    clip_high: float = 4e-4
+    dual_clip_loss: bool = False
+    dual_clip_ratio: float = 3.0
+    loss_agg_mode: str = "seq-mean-token-mean"
+    horizon: int | None = None  # seq-mean-token-sum-norm constant: the configured response_length
+    ppo_epochs: int = 1
+    num_mini_batches: int = 4
+    micro_batch_size: int | None = None
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.0
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0
+    temperature: float = 1.0  # log-probs are of softmax(logits / temperature), as sampled
+    logprob_chunk_size: int = 256
+    routing_replay: bool = False
+
+    @classmethod
+    def from_config(cls, config, model_config: models.ModelConfig) -> StepConfig:
+        temperature = config.sampling.temperature
+        return cls(
+            model=model_config,
+            importance_sampling=config.importance_sampling,
+            clip_low=float(config.clip_low),
+            clip_high=float(config.clip_high),
+            dual_clip_loss=bool(config.dual_clip_loss),
+            dual_clip_ratio=float(config.dual_clip_ratio),
+            loss_agg_mode=config.loss_agg_mode,
+            horizon=int(config.response_length),
+            ppo_epochs=int(config.ppo_epochs),
+            num_mini_batches=int(config.num_mini_batches),
+            micro_batch_size=config.micro_batch_size,
+            use_kl_loss=bool(config.use_kl_loss),
+            kl_loss_coef=float(config.kl_loss_coef),
+            kl_estimator=config.kl_estimator,
+            entropy_coef=float(config.entropy_coef),
+            temperature=float(temperature) if temperature > 0 else 1.0,
+            logprob_chunk_size=int(config.logprob_chunk_size),
+            routing_replay=bool(config.model.routing_replay),
+        )
+
+
+# Metrics of one micro-batch are combined over micro-batches by these rules; anything not
+# listed is a mean over valid tokens. (ratio_mean is over sequences in sequence-level IS
+# modes: see _seq_weighted.)
+_SEQ_WEIGHTED = ("clipfrac_seq",)
+_MIN_KEYS = ("ratio_min",)
+_MAX_KEYS = ("ratio_max",)
+_SUMMED = ("num_valid_tokens", "num_valid_seqs", "loss", "pg_loss", "kl_loss", "entropy_loss")
+
+
+def response_logprobs(
+    step_config: StepConfig,
+    params,
+    tokens_BL,
+    attention_mask_BL,
+    response_len: int,
+    *,
+    routing=None,
+    return_routing: bool = False,
+):
+    """log π(response token) [B, T] (+ entropy [B, T]) without materialising [B, L, V] logits.
+
+    The hidden state at position j predicts token j+1, so the T response tokens (the last T
+    of the row) are predicted by hidden states L−T−1 … L−2.
+    """
+    out = models.hidden_states(
+        step_config.model,
+        params,
+        tokens_BL,
+        attention_mask_BL,
+        routing=routing,
+        return_routing=return_routing,
+    )
+    hidden_BLD, new_routing = out if return_routing else (out, None)
+    length = tokens_BL.shape[1]
+    prompt_len = length - response_len
+    hidden_BTD = hidden_BLD[:, prompt_len - 1 : length - 1]
+    targets_BT = tokens_BL[:, prompt_len:]
+    logp_BT, entropy_BT = logprobs_lib.token_logprobs(
+        hidden_BTD,
+        models.unembedding(step_config.model, params),
+        targets_BT,
+        temperature=step_config.temperature,
+        chunk_size=step_config.logprob_chunk_size,
+        return_entropy=True,
+    )
+    if return_routing:
+        return logp_BT, entropy_BT, new_routing
+    return logp_BT, entropy_BT
+
+
+def _micro_loss(step_config: StepConfig, params, mb, num_valid_tokens, num_valid_seqs):
+    """Loss of one micro-batch, divided by the whole mini-batch's denominators."""
+    response_len = mb["response_mask"].shape[1]
+    routing = None
+    if step_config.routing_replay:
+        routing = jnp.moveaxis(mb["routing"], 0, 1)  # [B, layers, ...] -> [layers, B, ...]
+    logp_BT, entropy_BT = response_logprobs(
+        step_config, params, mb["tokens"], mb["attention_mask"], response_len, routing=routing
+    )
+    mask_BT = mb["response_mask"]
+    denominators = {
+        "horizon": step_config.horizon,
+        "num_valid_tokens": num_valid_tokens,
+        "num_valid_seqs": num_valid_seqs,
+    }
+    pg_loss, metrics = objectives.policy_loss(
+        logp_BT,
+        mb["old_logprobs"],
+        mb["advantages"],
+        mask_BT,
+        importance_sampling=step_config.importance_sampling,
+        clip_low=step_config.clip_low,
+        clip_high=step_config.clip_high,
+        dual_clip_loss=step_config.dual_clip_loss,
+        dual_clip_ratio=step_config.dual_clip_ratio,
+        loss_agg_mode=step_config.loss_agg_mode,
+        **denominators,
+    )
+    loss = pg_loss
+    metrics = dict(metrics)
+    metrics["pg_loss"] = pg_loss
+    if step_config.use_kl_loss:
+        kl_BT = objectives.kl_penalty(logp_BT, mb["ref_logprobs"], step_config.kl_estimator)
+        kl_loss = objectives.aggregate_loss(
+            kl_BT, mask_BT, step_config.loss_agg_mode, **denominators
+        )
+        loss = loss + step_config.kl_loss_coef * kl_loss
+        metrics["kl_loss"] = kl_loss
+        metrics["kl_ref"] = _masked_mean(logp_BT - mb["ref_logprobs"], mask_BT)
+    # Entropy is always reported; it only carries gradient when it is part of the loss.
+    entropy_for_loss = entropy_BT if step_config.entropy_coef else jax.lax.stop_gradient(entropy_BT)
+    entropy_loss = objectives.entropy_loss(
+        entropy_for_loss, mask_BT, step_config.loss_agg_mode, **denominators
+    )
+    if step_config.entropy_coef:
+        loss = loss - step_config.entropy_coef * entropy_loss
+    metrics["entropy_loss"] = entropy_loss
+    metrics["entropy"] = _masked_mean(jax.lax.stop_gradient(entropy_BT), mask_BT)
+    metrics["loss"] = loss
+    return loss, metrics
+
+
+def _masked_mean(x, mask):
+    return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def _seq_weighted(step_config: StepConfig) -> tuple[str, ...]:
+    if step_config.importance_sampling in objectives.SEQUENCE_LEVEL_IS_MODES:
+        return (*_SEQ_WEIGHTED, "ratio_mean")
+    return _SEQ_WEIGHTED
+
+
+def _combine_micro(acc: dict, new: dict, new_tokens, new_seqs, seq_weighted) -> dict:
+    """Fold one micro-batch's metrics into running weighted sums / mins / maxes."""
+    out = {}
+    for key, value in new.items():
+        value = jnp.asarray(value, jnp.float32)
+        if key in _SUMMED:
+            out[key] = acc[key] + value
+        elif key in _MIN_KEYS:
+            out[key] = jnp.minimum(acc[key], jnp.where(new_tokens > 0, value, jnp.inf))
+        elif key in _MAX_KEYS:
+            out[key] = jnp.maximum(acc[key], jnp.where(new_tokens > 0, value, -jnp.inf))
+        elif key in seq_weighted:
+            out[key] = acc[key] + value * new_seqs
+        else:
+            out[key] = acc[key] + value * new_tokens
+    return out
+
+
+def _finish_micro(acc: dict, seq_weighted) -> dict:
+    tokens = jnp.maximum(acc["num_valid_tokens"], 1.0)
+    seqs = jnp.maximum(acc["num_valid_seqs"], 1.0)
+    out = {}
+    for key, value in acc.items():
+        if key in _SUMMED or key in _MIN_KEYS or key in _MAX_KEYS:
+            out[key] = value
+        elif key in seq_weighted:
+            out[key] = value / seqs
+        else:
+            out[key] = value / tokens
+    return out
+
+
+def _strided_split(x, parts: int):
+    """[B, ...] -> [parts, B/parts, ...] with part p = rows p, p+parts, p+2·parts, ..."""
+    b = x.shape[0]
+    return jnp.swapaxes(x.reshape((b // parts, parts) + x.shape[1:]), 0, 1)
+
+
+def _mini_batch_grads(step_config: StepConfig, params, mini):
+    """Accumulated gradient and metrics of one mini-batch over its micro-batches."""
+    mini_size = mini["tokens"].shape[0]
+    micro = step_config.micro_batch_size or mini_size
+    num_micro = mini_size // micro
+    mask_BT = mini["response_mask"]
+    num_valid_tokens = jnp.sum(mask_BT)
+    num_valid_seqs = jnp.sum(jnp.any(mask_BT > 0, axis=-1).astype(jnp.float32))
+    seq_weighted = _seq_weighted(step_config)
+    loss_fn = functools.partial(_micro_loss, step_config)
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    micro_batches = jax.tree.map(lambda x: _strided_split(x, num_micro), mini)
+    # Initial accumulators come from the metric names of one (abstract) call.
+    metrics_shape = jax.eval_shape(
+        lambda: loss_fn(params, jax.tree.map(lambda x: x[0], micro_batches), 1.0, 1.0)[1]
+    )
+    init_metrics = {}
+    for key in metrics_shape:
+        if key in _MIN_KEYS:
+            init_metrics[key] = jnp.array(jnp.inf, jnp.float32)
+        elif key in _MAX_KEYS:
+            init_metrics[key] = jnp.array(-jnp.inf, jnp.float32)
+        else:
+            init_metrics[key] = jnp.zeros((), jnp.float32)
+    zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+
+    def body(carry, mb):
+        grads_acc, metrics_acc = carry
+        (_, metrics), grads = grad_fn(params, mb, num_valid_tokens, num_valid_seqs)
+        grads_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_acc, grads)
+        mb_mask = mb["response_mask"]
+        mb_tokens = jnp.sum(mb_mask)
+        mb_seqs = jnp.sum(jnp.any(mb_mask > 0, axis=-1).astype(jnp.float32))
+        metrics_acc = _combine_micro(metrics_acc, metrics, mb_tokens, mb_seqs, seq_weighted)
+        return (grads_acc, metrics_acc), None
+
+    if num_micro == 1:
+        (grads, metrics), _ = body(
+            (zero_grads, init_metrics), jax.tree.map(lambda x: x[0], micro_batches)
+        )
+    else:
+        (grads, metrics), _ = jax.lax.scan(body, (zero_grads, init_metrics), micro_batches)
+    return grads, _finish_micro(metrics, seq_weighted)
+
+
+def train_step(step_config: StepConfig, tx: optax.GradientTransformation, state: TrainState, batch):
+    """ppo_epochs × num_mini_batches optimizer updates on one rollout batch.
+
+    Returns the new state and a flat dict of f32 scalars (means over updates, except
+    `skipped_updates` and `updates`, which count) plus `updates/*` arrays of shape [U] with
+    per-update values (ratio range, clip fraction, grad norm) for diagnostics.
+    """
+    num_mini = step_config.num_mini_batches
+    num_updates = step_config.ppo_epochs * num_mini
+    mini_batches = jax.tree.map(lambda x: _strided_split(x, num_mini), batch)
+
+    def update(carry, u):
+        step, params, opt_state = carry
+        mini = jax.tree.map(lambda x: x[u % num_mini], mini_batches)
+        grads, metrics = _mini_batch_grads(step_config, params, mini)
+        grad_norm = optax.tree.norm(grads)
+        finite = jnp.isfinite(grad_norm)
+        updates, new_opt_state = tx.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        # A non-finite gradient never reaches the params or the Adam moments.
+        params = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_params, params)
+        opt_state = jax.tree.map(
+            lambda new, old: jnp.where(finite, new, old), new_opt_state, opt_state
+        )
+        update_norm = jnp.where(finite, optax.tree.norm(updates), 0.0)
+        metrics = dict(
+            metrics,
+            grad_norm=grad_norm,
+            update_norm=update_norm,
+            skipped=1.0 - finite.astype(jnp.float32),
+        )
+        return (step + finite.astype(step.dtype), params, opt_state), metrics
+
+    (step, params, opt_state), per_update = jax.lax.scan(
+        update, (state.step, state.params, state.opt_state), jnp.arange(num_updates)
+    )
+    metrics = {}
+    for key, values in per_update.items():
+        if key in _MIN_KEYS:
+            metrics[key] = jnp.min(values)
+        elif key in _MAX_KEYS:
+            metrics[key] = jnp.max(values)
+        elif key == "skipped":
+            metrics["skipped_updates"] = jnp.sum(values)
+        else:
+            metrics[key] = jnp.mean(values)
+    metrics["updates"] = jnp.float32(num_updates)
+    for key in ("ratio_min", "ratio_max", "ratio_mean", "clipfrac", "grad_norm", "loss"):
+        if key in per_update:
+            metrics[f"updates/{key}"] = per_update[key]
+    return TrainState(step=step, params=params, opt_state=opt_state), metrics
+
+
+def make_train_step(
+    step_config: StepConfig,
+    tx: optax.GradientTransformation,
+    *,
+    state_shardings=None,
+    batch_shardings=None,
+    donate: bool = True,
+):
+    """jax.jit(train_step) with explicit shardings (when given) and the state donated."""
+    fn = functools.partial(train_step, step_config, tx)
+    kwargs = {}
+    if state_shardings is not None:
+        kwargs["in_shardings"] = (state_shardings, batch_shardings)
+        kwargs["out_shardings"] = (state_shardings, None)
+    return jax.jit(fn, donate_argnums=(0,) if donate else (), **kwargs)
+
+
+def make_logprobs_fn(step_config: StepConfig, *, return_routing: bool = False):
+    """Jitted log π(response tokens) [B, T] of any params (π_old recompute, reference policy).
+
+    Returns (logprobs, entropy) or, with return_routing, (logprobs, entropy, routing [B, ...]).
+    """
+
+    def fn(params, tokens_BL, attention_mask_BL, response_len):
+        out = response_logprobs(
+            step_config,
+            params,
+            tokens_BL,
+            attention_mask_BL,
+            response_len,
+            return_routing=return_routing,
+        )
+        if return_routing:
+            logp, ent, routing = out
+            return logp, ent, jnp.moveaxis(routing, 1, 0)
+        return out
+
+    return jax.jit(fn, static_argnums=(3,))

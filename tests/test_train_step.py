@@ -1,0 +1,238 @@
+"""The single jitted train step: updates, clipping from the 2nd mini-batch, invariances."""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+
+from gspo_jax import models, sharding
+from gspo_jax.train_step import StepConfig, TrainState, make_logprobs_fn, make_train_step
+
+FIXTURE = "tests/fixtures/models/qwen3"
+N, G, P, T = 4, 4, 6, 8  # prompts, group, prompt tokens, response tokens
+B = N * G
+
+
+@pytest.fixture(scope="module")
+def model():
+    cfg, params = models.load_pretrained(FIXTURE)
+    return cfg, params
+
+
+def _batch(cfg, params, step_config, seed=0, *, advantages=None):
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(3, cfg.vocab_size, (B, P + T)).astype(np.int32)
+    attn = np.ones((B, P + T), np.int32)
+    attn[::3, :2] = 0  # some left padding
+    lengths = rng.integers(1, T + 1, B)
+    resp_mask = (np.arange(T)[None] < lengths[:, None]).astype(np.float32)
+    attn[:, P:] = resp_mask
+    del step_config  # π_old depends only on the model (temperature 1, default chunking)
+    old, _ = _logprobs_fn(StepConfig(model=cfg))(params, tokens, attn, T)
+    if advantages is None:
+        advantages = rng.normal(size=B).astype(np.float32)
+    return {
+        "tokens": jnp.asarray(tokens),
+        "attention_mask": jnp.asarray(attn),
+        "response_mask": jnp.asarray(resp_mask),
+        "old_logprobs": old,
+        "advantages": jnp.asarray(advantages),
+    }
+
+
+def _state(params, tx):
+    params = jax.tree.map(jnp.copy, params)
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+
+def _optim(lr=1e-2, max_grad_norm=1.0):
+    return ml_collections.ConfigDict(
+        {
+            "learning_rate": lr,
+            "schedule": "constant",
+            "warmup_steps": 0,
+            "end_lr_ratio": 0.1,
+            "weight_decay": 0.0,
+            "b1": 0.9,
+            "b2": 0.999,
+            "eps": 1e-8,
+            "max_grad_norm": max_grad_norm,
+        }
+    )
+
+
+@functools.cache
+def _tx(lr=1e-2):
+    from gspo_jax.optim import make_optimizer
+
+    return make_optimizer(_optim(lr), 100)
+
+
+@functools.cache
+def _step_fn(sc: StepConfig, tx):
+    """One compiled train step per (config, optimizer), shared across tests."""
+    return make_train_step(sc, tx, donate=False)
+
+
+@functools.cache
+def _logprobs_fn(sc: StepConfig, return_routing=False):
+    return make_logprobs_fn(sc, return_routing=return_routing)
+
+
+@functools.cache
+def _sgd():
+    return optax.sgd(1.0)
+
+
+@pytest.fixture(scope="module")
+def gspo_run(model):
+    """One GSPO step at the paper's ε with 4 mini-batches (shared by several tests)."""
+    cfg, params = model
+    sc = StepConfig(model=cfg, num_mini_batches=4, horizon=T)
+    tx = _tx(1e-2)
+    batch = _batch(cfg, params, sc)
+    state, metrics = _step_fn(sc, tx)(_state(params, tx), batch)
+    return params, state, jax.device_get(metrics)
+
+
+def test_one_step_changes_params_and_metrics_are_finite(gspo_run):
+    params, state, metrics = gspo_run
+    diff = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))), params, state.params)
+    assert max(jax.tree.leaves(diff)) > 0
+    for key, value in metrics.items():
+        assert np.all(np.isfinite(value)), key
+
+
+def test_number_of_updates_is_epochs_times_mini_batches(model):
+    cfg, params = model
+    for epochs, minis in [(2, 2), (1, 4)]:
+        sc = StepConfig(model=cfg, num_mini_batches=minis, ppo_epochs=epochs, horizon=T)
+        tx = _tx()
+        state, metrics = _step_fn(sc, tx)(_state(params, tx), _batch(cfg, params, sc))
+        assert int(state.step) == epochs * minis
+        assert metrics["updates"] == epochs * minis
+        assert metrics["updates/ratio_max"].shape == (epochs * minis,)
+        # Adam's own counter agrees: every update really went through the optimizer.
+        counts = [int(x) for x in jax.tree.leaves(state.opt_state) if np.ndim(x) == 0]
+        assert epochs * minis in counts
+
+
+def test_first_mini_batch_is_on_policy_later_ones_clip_at_paper_eps(gspo_run):
+    _, _, metrics = gspo_run
+    rmin, rmax = metrics["updates/ratio_min"], metrics["updates/ratio_max"]
+    clip = metrics["updates/clipfrac"]
+    # Update 0 sees π_θ = π_old: the ratio is 1 (up to float rounding) and nothing clips.
+    assert abs(rmin[0] - 1) < 1e-5 and abs(rmax[0] - 1) < 1e-5 and clip[0] == 0
+    # Later mini-batches are off-policy: ratios leave 1 by more than GSPO's ε, so it clips.
+    assert np.all(np.maximum(rmax[1:] - 1, 1 - rmin[1:]) > 4e-4)
+    assert np.all(clip[1:] > 0)
+    assert metrics["clipfrac_seq"] > 0
+
+
+def test_grpo_clips_far_less_than_gspo_on_the_same_batch(model):
+    """The paper's Fig. 4 direction: GSPO's sequence-level ε clips much more than GRPO's."""
+    cfg, params = model
+    fractions = {}
+    for mode, lo, hi in [("seq", 3e-4, 4e-4), ("token", 0.2, 0.27)]:
+        sc = StepConfig(model=cfg, importance_sampling=mode, clip_low=lo, clip_high=hi, horizon=T)
+        tx = _tx(1e-3)
+        _, metrics = _step_fn(sc, tx)(_state(params, tx), _batch(cfg, params, sc, seed=3))
+        fractions[mode] = float(metrics["clipfrac"])
+    assert fractions["seq"] > 10 * max(fractions["token"], 1e-6)
+
+
+def test_micro_batching_does_not_change_the_step(model):
+    """Plain SGD (lr 1): the param change *is* the accumulated gradient, so this compares the
+    mini-batch gradients exactly (Adam would amplify float-order noise where grads are ~0)."""
+    cfg, params = model
+    results = []
+    for micro in (None, 2):
+        sc = StepConfig(model=cfg, num_mini_batches=2, micro_batch_size=micro, horizon=T)
+        tx = _sgd()
+        state, metrics = _step_fn(sc, tx)(_state(params, tx), _batch(cfg, params, sc))
+        results.append((state.params, metrics))
+    (p0, m0), (p1, m1) = results
+    for a, b in zip(jax.tree.leaves(p0), jax.tree.leaves(p1)):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    for key in ("loss", "pg_loss", "clipfrac", "ratio_max", "grad_norm", "entropy"):
+        np.testing.assert_allclose(m0[key], m1[key], rtol=1e-4, atol=1e-6, err_msg=key)
+
+
+def test_sharding_8_ways_does_not_change_the_step(model):
+    cfg, params = model
+    sc = StepConfig(model=cfg, num_mini_batches=2, horizon=T)
+    tx = _sgd()  # compare gradients, see the micro-batch test
+    batch = _batch(cfg, params, sc)
+    ref_state, ref_metrics = _step_fn(sc, tx)(_state(params, tx), batch)
+
+    mesh = sharding.make_mesh({"data": 4, "fsdp": 2, "tensor": 1, "expert": 1})
+    abstract = models.abstract_params(cfg)
+    p_shard = sharding.tree_shardings(abstract, models.logical_axes(cfg), mesh)
+    state_shardings = TrainState(
+        step=sharding.replicated(mesh),
+        params=p_shard,
+        opt_state=sharding.optimizer_state_shardings(tx, abstract, p_shard, mesh),
+    )
+    state = jax.device_put(_state(params, tx), state_shardings)
+    sharded_batch = jax.device_put(batch, sharding.batch_shardings(mesh, batch))
+    fn = make_train_step(sc, tx, state_shardings=state_shardings, donate=False)
+    new_state, metrics = fn(state, sharded_batch)
+    embed = new_state.params["embed"]["embedding"]
+    assert len(embed.sharding.device_set) == 8  # really spread over the mesh
+    for a, b in zip(jax.tree.leaves(ref_state.params), jax.tree.leaves(new_state.params)):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    np.testing.assert_allclose(ref_metrics["loss"], metrics["loss"], rtol=1e-4, atol=1e-7)
+
+
+def test_non_finite_gradient_skips_the_update(model):
+    cfg, params = model
+    sc = StepConfig(model=cfg, num_mini_batches=2, horizon=T)
+    tx = _tx()
+    adv = np.ones(B, np.float32)
+    adv[1::2] = np.nan  # rows 1, 3, ... : with strided mini-batches, only mini-batch 1 is bad
+    state, metrics = _step_fn(sc, tx)(_state(params, tx), _batch(cfg, params, sc, advantages=adv))
+    assert metrics["skipped_updates"] == 1
+    assert int(state.step) == 1
+    for leaf in jax.tree.leaves(state.params) + jax.tree.leaves(state.opt_state):
+        assert np.all(np.isfinite(leaf))
+
+
+def test_kl_and_entropy_terms(model):
+    cfg, params = model
+    base = StepConfig(model=cfg, num_mini_batches=1, horizon=T)
+    batch = _batch(cfg, params, base)
+    tx = _tx(0.0)
+    # (lr 0: params stay π_old, so the policy's log-probs equal old_logprobs.)
+    # Reference = current policy: the KL term is 0.
+    sc = dataclasses.replace(base, use_kl_loss=True, kl_loss_coef=0.5, kl_estimator="k1")
+    _, m = _step_fn(sc, tx)(_state(params, tx), dict(batch, ref_logprobs=batch["old_logprobs"]))
+    assert abs(float(m["kl_loss"])) < 1e-6
+    # A reference 0.1 nat below: k1 = 0.1 on every token, added to the loss with coef 0.5.
+    shifted = dict(batch, ref_logprobs=batch["old_logprobs"] - 0.1)
+    _, m = _step_fn(sc, tx)(_state(params, tx), shifted)
+    np.testing.assert_allclose(m["kl_loss"], 0.1, rtol=1e-4)
+    np.testing.assert_allclose(m["loss"], m["pg_loss"] + 0.5 * 0.1, rtol=1e-4)
+    # Entropy bonus: loss = pg − c·H.
+    sc = dataclasses.replace(base, entropy_coef=0.01)
+    _, m = _step_fn(sc, tx)(_state(params, tx), batch)
+    assert m["entropy"] > 0
+    np.testing.assert_allclose(m["loss"], m["pg_loss"] - 0.01 * m["entropy_loss"], rtol=1e-5)
+
+
+def test_routing_replay_on_moe(model):
+    cfg, params = models.load_pretrained("tests/fixtures/models/qwen3_moe")
+    sc = StepConfig(model=cfg, num_mini_batches=2, horizon=T, routing_replay=True)
+    batch = _batch(cfg, params, dataclasses.replace(sc, routing_replay=False))
+    logp, _, routing = _logprobs_fn(sc, return_routing=True)(
+        params, batch["tokens"], batch["attention_mask"], T
+    )
+    assert routing.shape[:2] == (B, cfg.num_moe_layers)
+    np.testing.assert_allclose(logp, batch["old_logprobs"], atol=1e-6)
+    tx = _tx()
+    state, metrics = _step_fn(sc, tx)(_state(params, tx), dict(batch, routing=routing))
+    assert int(state.step) == 2 and np.isfinite(metrics["loss"])
