@@ -1,0 +1,389 @@
+"""Rollout-sampler speed: decode ms/step against its FLOP floor, prefill sharing, tokens/s.
+
+Everything is measured in one run and reported as ratios (absolute times on a shared
+machine drift; ratios within a run do not):
+
+  matmul rate   f32 1024×1024 matmul FLOP/s of this machine, the floor's yardstick
+  decode        ms per decode step of `sampling._decode` (B = N·G rows, eos_ids=() so every
+                row runs all T steps; T − 1 model steps, token 0 comes from the prefill)
+  floor         per step 2·(matmul params)·B + 4·layers·H·C·S·B (q·k and p·v over the whole
+                cache of S = P + T slots), divided by the matmul rate. Matmul params = q/k/v/o,
+                MLP and the unembedding (not the embedding lookup)
+  matmuls only  the step's weight matmuls alone (same shapes, same while_loop, nothing else):
+                what this machine's XLA:CPU reaches on [B, D] × [D, F] products
+  prefill       `sampling._prefill` at G = 8 with the shared prefix vs G = 1 (~1: the group
+                costs nothing), and G = 8 without sharing vs with
+  tokens/s      whole `sample` calls (prefill + decode) vs (a) a naive loop: T jitted steps,
+                each re-running `models.forward` over the fixed padded [B, P + T] sequence
+                (one compile; 8 of its T steps timed, all cost the same) and (b) a per-token Python loop over `models.decode_step` (KV
+                cache, one dispatch per token: the dispatch-bound style)
+
+Decode rows are measured in interleaved rounds — each round times the matmul rate and then
+the decode — and report the median over rounds of the per-round ratio.
+
+Benchmark model: Qwen3-style, d = 256, 4 layers, 4 query heads × 64, 2 kv heads, MLP 512,
+vocab 4096, tied embeddings (3.4 M parameters), random init.
+
+    python benchmarks/sampler.py              # N=4, G=8, P=64, T=128; about 2 minutes
+    python benchmarks/sampler.py --profile    # also: the top XLA ops of one decode step
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import os
+import re
+import statistics
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gspo_jax import models, sampling
+
+MODEL = models.ModelConfig(
+    arch="qwen3",
+    vocab_size=4096,
+    hidden_size=256,
+    intermediate_size=512,
+    num_layers=4,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=64,
+    qk_norm=True,
+    tie_word_embeddings=True,
+    max_position_embeddings=4096,
+)
+
+
+def median_time(fn, reps: int) -> float:
+    """Median wall seconds of fn() (fn blocks) after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def matmul_flops_per_s(n: int = 1024, reps: int = 3) -> float:
+    """Best of `reps` n×n f32 matmuls (the machine's rate when this process gets the cores)."""
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+    mm = jax.jit(jnp.matmul)
+    jax.block_until_ready(mm(a, a))
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(mm(a, a))
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best
+
+
+def matmul_params(cfg: models.ModelConfig) -> int:
+    """Parameters a decoded token multiplies: every kernel, plus the unembedding when tied."""
+    flat = jax.tree_util.tree_flatten_with_path(models.abstract_params(cfg))[0]
+    total = 0
+    for path, leaf in flat:
+        name = getattr(path[-1], "key", None)
+        if name == "kernel" or (name == "embedding" and cfg.tie_word_embeddings):
+            total += int(np.prod(leaf.shape))
+    return total
+
+
+def decode_floor_flops(cfg: models.ModelConfig, batch: int, cache_len: int) -> float:
+    attention = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * cache_len
+    return batch * (2 * matmul_params(cfg) + attention)
+
+
+def make_prompts(n: int, length: int, vocab: int):
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(3, vocab, (n, length)).astype(np.int32)
+    return jnp.asarray(tokens), jnp.ones((n, length), jnp.int32)
+
+
+def prefill_fn(cfg, params, tokens, mask, g, share, t, segments=1):
+    key = jax.random.key(1)
+
+    def run():
+        return sampling._prefill(
+            cfg,
+            params,
+            tokens,
+            mask,
+            key,
+            num_samples=g,
+            share_prefix=share,
+            max_new_tokens=t,
+            segments=segments,
+        )
+
+    return run
+
+
+def decode_fn(cfg, params):
+    eos, pad = jnp.zeros((0,), jnp.int32), jnp.asarray(0, jnp.int32)
+
+    def run(prompt, state, logits):
+        out = sampling._decode(
+            cfg, params, prompt, state, logits, eos, pad, temperature=1.0, top_k=None, top_p=None
+        )
+        return jax.block_until_ready(out)
+
+    return run
+
+
+def time_decode_once(prefill, run, t) -> float:
+    """Seconds per model step of one `_decode` call (its donated state comes fresh)."""
+    args = jax.block_until_ready(prefill()[:3])
+    t0 = time.perf_counter()
+    out = run(*args)
+    elapsed = time.perf_counter() - t0
+    assert int(out[0].step) == t, "decode stopped early: expected all T steps"
+    return elapsed / (t - 1)
+
+
+def matmul_chain_fn(cfg, params, batch, steps):
+    """The decode step's weight matmuls alone, chained through a while_loop."""
+    layers = [params["layers"][i] for i in range(cfg.num_layers)]
+    D = cfg.hidden_size
+    emb = params["embed"]["embedding"]
+
+    @jax.jit
+    def run(x_BD):
+        def body(_, x):
+            for p in layers:
+                a, m = p["attn"], p["mlp"]
+                q = x @ a["q_proj"]["kernel"].reshape(D, -1)
+                k = x @ a["k_proj"]["kernel"].reshape(D, -1)
+                v = x @ a["v_proj"]["kernel"].reshape(D, -1)
+                kv = jnp.concatenate([k, v], axis=-1)
+                x = x + (q + kv[:, : q.shape[1]]) @ a["o_proj"]["kernel"].reshape(-1, D)
+                g = x @ m["gate_proj"]["kernel"]
+                u = x @ m["up_proj"]["kernel"]
+                x = x + (jax.nn.silu(g) * u) @ m["down_proj"]["kernel"]
+            logits = x @ emb.T
+            return x + 1e-6 * logits[:, :D]
+
+        return jax.lax.fori_loop(0, steps, body, x_BD)
+
+    x = jax.random.normal(jax.random.key(4), (batch, D), jnp.float32)
+    run(x).block_until_ready()
+
+    def once():
+        t0 = time.perf_counter()
+        run(x).block_until_ready()
+        return (time.perf_counter() - t0) / steps
+
+    return once
+
+
+def naive_sampler(cfg, params, tokens_NP, mask_NP, g, t, steps=8):
+    """Re-encodes the whole padded sequence with `models.forward` at every step. Every step
+    costs the same (fixed shape), so `run` times the first `steps` of the T and returns
+    seconds per token step."""
+    tokens_BP = jnp.repeat(tokens_NP, g, axis=0)
+    mask_BP = jnp.repeat(mask_NP, g, axis=0)
+    B, P = tokens_BP.shape
+
+    @jax.jit
+    def step(tokens_BL, mask_BL, s, key):
+        logits = models.forward(cfg, params, tokens_BL, mask_BL)
+        last = jax.lax.dynamic_index_in_dim(logits, P + s - 1, axis=1, keepdims=False)
+        tok = jax.random.categorical(jax.random.fold_in(key, s), last).astype(jnp.int32)
+        tokens_BL = jax.lax.dynamic_update_slice(tokens_BL, tok[:, None], (0, P + s))
+        mask_BL = jax.lax.dynamic_update_slice(mask_BL, jnp.ones((B, 1), jnp.int32), (0, P + s))
+        return tokens_BL, mask_BL
+
+    def run():
+        tokens_BL = jnp.concatenate([tokens_BP, jnp.zeros((B, t), jnp.int32)], axis=1)
+        mask_BL = jnp.concatenate([mask_BP, jnp.zeros((B, t), jnp.int32)], axis=1)
+        key = jax.random.key(2)
+        jax.block_until_ready(step(tokens_BL, mask_BL, jnp.int32(0), key))
+        t0 = time.perf_counter()
+        for s in range(steps):
+            tokens_BL, mask_BL = step(tokens_BL, mask_BL, jnp.int32(s), key)
+        jax.block_until_ready(tokens_BL)
+        return (time.perf_counter() - t0) / steps
+
+    return run
+
+
+def python_loop_sampler(cfg, params, tokens_NP, mask_NP, g, t):
+    """Per-token Python loop over the model's KV-cache `decode_step` (one dispatch per token)."""
+    B = tokens_NP.shape[0] * g
+    P = tokens_NP.shape[1]
+
+    @jax.jit
+    def draw(logits, key, s):
+        return jax.random.categorical(jax.random.fold_in(key, s), logits).astype(jnp.int32)
+
+    def run():
+        cache = models.init_cache(cfg, tokens_NP.shape[0], P + t)
+        logits, cache = models.prefill(cfg, params, tokens_NP, mask_NP, cache)
+        cache = models.repeat_cache(cache, g)
+        logits = jnp.repeat(logits, g, axis=0)
+        key, out = jax.random.key(2), []
+        for s in range(t):
+            tok = draw(logits, key, s)
+            out.append(tok)
+            if s + 1 < t:
+                logits, cache = models.decode_step(cfg, params, tok, cache)
+        return jax.block_until_ready(jnp.stack(out, axis=1))
+
+    assert B == tokens_NP.shape[0] * g
+    return run
+
+
+def _op_categories(prefill, params, cfg) -> dict[str, str]:
+    """XLA op name -> the jax operation it came from (HLO metadata), for the profile."""
+    prompt, state, logits = prefill()[:3]
+    text = (
+        sampling._decode.lower(
+            cfg, params, prompt, state, logits, np.zeros((0,), np.int32), np.int32(0),
+            temperature=1.0, top_k=None, top_p=None,
+        )
+        .compile()
+        .as_text()
+    )  # fmt: skip
+    names = {}
+    for line in text.splitlines():
+        match = re.match(r'\s+(?:ROOT )?%?(\S+) = .*?op_name="([^"]+)"', line)
+        if match:
+            op = match.group(2).split("while/body/")[-1]
+            names[match.group(1)] = re.sub(r"_decode\.<locals>\.|jit\((\w+)\)", r"\1", op)
+    return names
+
+
+def profile_decode(prefill, run, cfg, params, steps: int, top: int = 16):
+    """Time per decode step by jax operation (jax.profiler trace of one `_decode` call,
+    XLA:CPU ops mapped back to the einsum / primitive they came from)."""
+    names = _op_categories(prefill, params, cfg)
+    args = jax.block_until_ready(prefill()[:3])
+    directory = tempfile.mkdtemp()
+    with jax.profiler.trace(directory):
+        run(*args)
+    path = glob.glob(os.path.join(directory, "**", "*.xplane.pb"), recursive=True)[0]
+    data = jax.profiler.ProfileData.from_file(path)
+    total = collections.Counter()
+    for plane in data.planes:
+        for line in plane.lines:
+            if not line.name.startswith("tf_XLAEigen"):
+                continue
+            for ev in line.events:
+                if "ThunkExecutor" not in ev.name:
+                    total[names.get(ev.name, ev.name)] += ev.duration_ns
+    print(
+        f"\nDecode step by operation (profiler on, {sum(total.values()) / 1e6 / steps:.3f} ms "
+        "per step in all; dot_general = q/k/v/o and MLP projections, ...d,dv->...v = the "
+        "unembedding, the other einsums attention):"
+    )
+    for name, ns in total.most_common(top):
+        print(f"  {ns / 1e6 / steps:7.3f} ms  {name}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", type=int, default=4, help="N")
+    ap.add_argument("--group", type=int, default=8, help="G")
+    ap.add_argument("--prompt-len", type=int, default=64, help="P (all real tokens)")
+    ap.add_argument("--new-tokens", type=int, default=128, help="T")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions of the non-decode rows")
+    ap.add_argument("--rounds", type=int, default=7, help="interleaved matmul/decode rounds")
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    cfg, N, G = MODEL, args.prompts, args.group
+    P, T, reps = args.prompt_len, args.new_tokens, args.reps
+    B = N * G
+    params = models.init_params(cfg, jax.random.key(0))
+    tokens, mask = make_prompts(N, P, cfg.vocab_size)
+    segments = sampling._auto_segments(T)
+    print(
+        f"model: {models.param_count(cfg) / 1e6:.2f}M params ({matmul_params(cfg) / 1e6:.2f}M in "
+        f"matmuls), N={N} G={G} B={B} P={P} T={T}, decode segments {segments}, "
+        f"{jax.device_count()} {jax.devices()[0].platform} device(s)"
+    )
+
+    floor_flops = decode_floor_flops(cfg, B, P + T)
+    run = decode_fn(cfg, params)
+    prefill = prefill_fn(cfg, params, tokens, mask, G, True, T, segments)
+    prefill_1 = prefill_fn(cfg, params, tokens, mask, G, True, T, 1)
+    chain = matmul_chain_fn(cfg, params, B, T - 1)
+    time_decode_once(prefill, run, T)  # compile
+    time_decode_once(prefill_1, run, T)
+    rows = collections.defaultdict(list)
+    for _ in range(args.rounds):
+        rate = matmul_flops_per_s()
+        floor_s = floor_flops / rate
+        rows["rate"].append(rate)
+        rows["decode"].append(time_decode_once(prefill, run, T))
+        rows["decode_1"].append(time_decode_once(prefill_1, run, T))
+        rows["chain"].append(chain())
+        for name in ("decode", "decode_1", "chain"):
+            rows[name + "/floor"].append(rows[name][-1] / floor_s)
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    rate = med["rate"]
+    floor_ms = floor_flops / rate * 1e3
+
+    pre_g1 = median_time(
+        lambda: jax.block_until_ready(prefill_fn(cfg, params, tokens, mask, 1, True, T)()), reps
+    )
+    pre_g8 = median_time(
+        lambda: jax.block_until_ready(prefill_fn(cfg, params, tokens, mask, G, True, T)()), reps
+    )
+    pre_g8_ns = median_time(
+        lambda: jax.block_until_ready(prefill_fn(cfg, params, tokens, mask, G, False, T)()), reps
+    )
+
+    def full(share):
+        def go():
+            out = sampling.sample(
+                cfg,
+                params,
+                tokens,
+                mask,
+                jax.random.key(3),
+                num_samples=G,
+                max_new_tokens=T,
+                eos_ids=(),
+                buckets=(P,),
+                share_prefix=share,
+            )
+            return jax.block_until_ready(out.tokens)
+
+        return go
+
+    sample_s = median_time(full(True), reps)
+    sample_ns_s = median_time(full(False), reps)
+    loop_s = median_time(python_loop_sampler(cfg, params, tokens, mask, G, T), 1)
+    naive_s = naive_sampler(cfg, params, tokens, mask, G, T)() * T  # s per T-token call
+
+    table = [
+        ("f32 matmul rate (1024^3)", f"{rate / 1e9:.1f} GFLOP/s", f"median of {args.rounds} rounds"),
+        ("decode FLOP floor", f"{floor_ms:.3f} ms/step", f"{floor_flops / 1e6:.1f} MFLOP, B={B}, S={P + T}"),
+        ("decode step", f"{med['decode'] * 1e3:.3f} ms", f"{segments} cache segments"),
+        ("decode / floor", f"{med['decode/floor']:.2f}x", f"target <= 2x (best round {min(rows['decode/floor']):.2f}x)"),
+        ("decode step, 1 segment", f"{med['decode_1'] * 1e3:.3f} ms", f"{med['decode_1/floor']:.2f}x floor"),
+        ("matmuls only", f"{med['chain'] * 1e3:.3f} ms", f"{med['chain/floor']:.2f}x floor: XLA:CPU bound"),
+        ("prefill G=1", f"{pre_g1 * 1e3:.2f} ms", f"N={N} prompts of {P}"),
+        (f"prefill G={G} shared", f"{pre_g8 * 1e3:.2f} ms", f"{pre_g8 / pre_g1:.2f}x G=1"),
+        (f"prefill G={G} not shared", f"{pre_g8_ns * 1e3:.2f} ms", f"{pre_g8_ns / pre_g8:.2f}x shared"),
+        ("sample() shared", f"{B * T / sample_s:,.0f} tok/s", f"{sample_s * 1e3:.0f} ms per call"),
+        ("sample() not shared", f"{B * T / sample_ns_s:,.0f} tok/s", f"{sample_s / sample_ns_s:.2f}x shared's speed"),
+        ("per-token Python loop", f"{B * T / loop_s:,.0f} tok/s", f"decode_step per token; sample() is {loop_s / sample_s:.1f}x"),
+        ("naive re-encode loop", f"{B * T / naive_s:,.0f} tok/s", f"forward per token; sample() is {naive_s / sample_s:.0f}x"),
+    ]  # fmt: skip
+    width = max(len(r[0]) for r in table)
+    print(f"\n| {'quantity':<{width}} | value | note |\n|{'-' * (width + 2)}|---|---|")
+    for name, value, note in table:
+        print(f"| {name:<{width}} | {value} | {note} |")
+    if args.profile:
+        profile_decode(prefill, run, cfg, params, T - 1)
+
+
+if __name__ == "__main__":
+    main()

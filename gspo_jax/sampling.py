@@ -1,0 +1,777 @@
+"""Rollout sampler: N prompts in, G responses per prompt out, with the sampler's log-probs.
+
+Where it sits (DESIGN.md §4): `train.py` calls `sample(...)` once per RL step; the response
+tokens go to the verifiers, and `logprobs` can serve as π_old (paper §5.4: the sampler's own
+likelihoods instead of a recomputation). Imports only `models` (and `logprobs` for the one
+shared log-softmax formula, so sampler and trainer log-probs run the same arithmetic).
+
+How it runs (no per-token Python):
+
+  host     validate the arguments; read the prompt lengths (one small device->host read, or
+           none for numpy input); trim the left-padded prompts to their bucket
+  jit 1    `_prefill`: one prefill per prompt (`models.prefill`), its KV cache kept once per
+           prompt; zeroed response-cache buffers and the `SamplerState`
+  jit 2    `_decode`: sample the first token from the prefill logits, then `lax.while_loop`s
+           of decode steps that stop when every row has emitted an end token or
+           `max_new_tokens` is reached; the state is donated and updated in place
+
+The G samples of a prompt share its prompt KV cache without copying it: attention splits into
+a prompt part (a [G·R, P] block of queries against the prompt's keys, read once per group) and
+a response part (each row against its own keys). `share_prefix=False` prefills the N·G
+repeated prompts instead and runs the same code with groups of one; it gives the same samples
+for the same rng (the benchmark's baseline and a test).
+
+The response cache is split into S segments along time (`decode_segments`, default about one
+per 32 tokens, at most 4) and the decode runs one while_loop per segment, so a step reads only
+the segments that can hold tokens: ~(S+1)/2S of the cache on average instead of all of it
+(the cache, not the FLOPs, is what a CPU decode step waits on). Each segment is one more
+compiled copy of the step; when every row is done the remaining loops exit at once.
+
+The decode step is written here from the model's own modules (projections, norms, RoPE,
+MLP/MoE) rather than calling `models.decode_step`, for speed: its stacked [layers, B, S, K, C]
+cache is re-stacked (copied) on every step and its [B, S, K, C] key layout makes every
+attention dot transpose the whole cache; here each layer's response cache is a separate
+buffer of the loop carry, written in place, with keys laid out [B, K, C, T]. The arithmetic
+is the model's (`layers.attend`): f32 scores masked with the f32 minimum, f32 softmax,
+probabilities cast to the value dtype; `tests/test_sampling.py` checks greedy tokens against
+transformers and log-probs against `models.forward`.
+
+Sampling: `filter_logits` (top-k, then top-p) on logits / τ, then one categorical draw per row
+by inverse CDF (`draw_categorical`; one uniform per row instead of Gumbel noise over [B, V]);
+greedy is argmax. `logprobs` are always of the unfiltered softmax(logits / τ) (see `sample`).
+
+Buckets: the prompt width fed to the model is the smallest entry of `buckets` that holds the
+longest real prompt, capped at the input width (the rule of `train.bucket_prompts`), so the
+compiled shapes come from `buckets` ∪ {input width}. `DEFAULT_BUCKETS` are the powers of two
+16 … 32768. Both jitted functions are module level with the model config and sampling options
+static, so jax's cache reuses them: a new prompt batch of a known bucket never recompiles
+(end ids and the pad id are data, not static). `trace_counts()` counts traces (tests use it).
+
+Shape letters: N prompts, G samples per prompt, B = N·G rows (the G samples of a prompt
+contiguous), P prompt slots (the bucket), T response tokens (= max_new_tokens), W slots of a
+response-cache segment, V vocab, D model width, H query heads, K kv heads, R = H/K, C head
+dim, E end-token ids. Prompt-cache arrays carry the letter Q for their rows: Q = N when the
+prefix is shared, Q = B when it is not.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import math
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from gspo_jax import models
+from gspo_jax.logprobs import logprobs_from_logits
+from gspo_jax.models.layers import apply_rope, rope_cos_sin
+from gspo_jax.models.transformer import logits_from_hidden, merge
+
+__all__ = [
+    "DEFAULT_BUCKETS",
+    "BiasedPiOldWarning",
+    "PromptCache",
+    "SampleOutput",
+    "SamplerState",
+    "choose_bucket",
+    "draw_categorical",
+    "filter_logits",
+    "sample",
+    "trace_counts",
+    "warn_if_biased_pi_old",
+]
+
+F32 = jnp.float32
+F32_MIN = float(jnp.finfo(F32).min)  # masked attention scores, as in layers.attend
+DEFAULT_BUCKETS = tuple(2**i for i in range(4, 16))  # 16, 32, …, 32768
+
+# Traces of the two jitted stages, by name (a retrace = a compile): tests check bucket reuse.
+_TRACES: collections.Counter = collections.Counter()
+
+
+def trace_counts() -> dict[str, int]:
+    """How many times `_prefill` / `_decode` have been traced in this process."""
+    return dict(_TRACES)
+
+
+# --------------------------------------------------------------------------------- pytrees
+
+
+@struct.dataclass
+class SampleOutput:
+    """What `sample` returns (all rows B = N·G, the G samples of prompt n at n·G … n·G+G−1).
+
+    tokens        int32 [B, T]  response tokens; pad_id after the end token
+    mask          int32 [B, T]  1 for generated tokens up to and including the first end token
+    logprobs      f32 [B, T]    log softmax(logits / τ) at each sampled token, 0 where mask is 0
+                                (see `sample` for exactly which distribution)
+    lengths       int32 [B]     Σ_t mask (the end token included)
+    truncated     bool [B]      no end token within max_new_tokens
+    prompt_tokens int32 [B, P]  the prompts as fed to the model: trimmed to the bucket, left
+                                padded, repeated G times (row-aligned with `tokens`)
+    prompt_mask   int32 [B, P]  their mask
+    num_steps     int32 []      columns generated before the loop stopped (≤ T; < T when every
+                                row ended early — the columns after it hold pad_id)
+    """
+
+    tokens: jax.Array
+    mask: jax.Array
+    logprobs: jax.Array
+    lengths: jax.Array
+    truncated: jax.Array
+    prompt_tokens: jax.Array
+    prompt_mask: jax.Array
+    num_steps: jax.Array
+
+    def sequences(self):
+        """(tokens [B, P+T], attention_mask [B, P+T]) = concat(prompt, response): the input
+        of `models.forward` / the trainer; logits at column P+t−1 predict response token t."""
+        tokens = jnp.concatenate([self.prompt_tokens, self.tokens], axis=1)
+        mask = jnp.concatenate([self.prompt_mask, self.mask.astype(self.prompt_mask.dtype)], 1)
+        return tokens, mask
+
+
+@struct.dataclass
+class PromptCache:
+    """Per-prompt KV cache of the (bucketed) prompts, read-only during decode.
+
+    k      tuple over layers of [Q, K, C, P]   (keys, position-major last: scores reduce over C)
+    v      tuple over layers of [Q, K, P, C]
+    valid  bool [Q, P]                         slot holds a real prompt token
+    """
+
+    k: tuple
+    v: tuple
+    valid: jax.Array
+
+
+@struct.dataclass
+class SamplerState:
+    """The decode loop's carry (donated into `_decode`).
+
+    step      int32 []        tokens generated so far = column written next
+    tokens    int32 [B, T]    pad_id where nothing (or padding after the end) was generated
+    logprobs  f32 [B, T]
+    done      bool [B]        the row has emitted an end token
+    length    int32 [B]       generated tokens up to and including the end token
+    last      int32 [B]       token fed to the next decode step
+    position  int32 [B]       its position id (= real prompt length + step − 1)
+    rng       key             the call's key; step s draws with fold_in(rng, s)
+    k, v      per layer, a tuple over time segments of [B, K, C, W] / [B, K, W, C]: response
+              keys/values; slot t (segment t // W, offset t % W) holds response token t
+    """
+
+    step: jax.Array
+    tokens: jax.Array
+    logprobs: jax.Array
+    done: jax.Array
+    length: jax.Array
+    last: jax.Array
+    position: jax.Array
+    rng: jax.Array
+    k: tuple
+    v: tuple
+
+
+# ----------------------------------------------------------------------- filtering, drawing
+
+
+def filter_logits(z_BV, *, top_k: int | None = None, top_p: float | None = None):
+    """Top-k then top-p (nucleus) filtering of already tempered logits z = logits / τ.
+
+    top-k keeps z_v ≥ (k-th largest z); top-p then keeps, of what is left, the most likely
+    tokens whose probability mass before them is < top_p (the smallest set with mass ≥ top_p;
+    the most likely token always stays), with probabilities renormalised over the top-k set —
+    the order of transformers' TopK then TopP warpers. Everything else becomes −inf. Ties at a
+    threshold are all kept. Top-k uses `lax.top_k`; top-p sorts the top-k values (or all V
+    logits without top-k).
+    """
+    V = z_BV.shape[-1]
+    threshold = None
+    sorted_desc = None
+    if top_k is not None and top_k < V:
+        sorted_desc, _ = jax.lax.top_k(z_BV, top_k)
+        threshold = sorted_desc[..., -1:]
+    if top_p is not None and top_p < 1.0:
+        if sorted_desc is None:
+            sorted_desc = -jnp.sort(-z_BV, axis=-1)
+        probs = jax.nn.softmax(sorted_desc, axis=-1)
+        mass_before = jnp.cumsum(probs, axis=-1) - probs
+        count = jnp.sum(mass_before < top_p, axis=-1, keepdims=True)  # ≥ 1
+        threshold_p = jnp.take_along_axis(sorted_desc, jnp.maximum(count, 1) - 1, axis=-1)
+        threshold = threshold_p if threshold is None else jnp.maximum(threshold, threshold_p)
+    if threshold is None:
+        return z_BV
+    return jnp.where(z_BV >= threshold, z_BV, -jnp.inf)
+
+
+def _argmax(x_BV):
+    """argmax over the last axis, ties -> lowest index (as jnp.argmax / torch.argmax).
+
+    Two plain reductions: XLA:CPU runs the variadic (value, index) reduce of jnp.argmax
+    several times slower over a [B, V] row than a max and a min.
+    """
+    top = jnp.max(x_BV, axis=-1, keepdims=True)
+    index = jnp.arange(x_BV.shape[-1], dtype=jnp.int32)
+    return jnp.min(jnp.where(x_BV == top, index, x_BV.shape[-1]), axis=-1).astype(jnp.int32)
+
+
+def _block_size(V: int) -> int:
+    """Inverse-CDF block width: a power of two near √V (two short scans instead of one long)."""
+    return int(min(512, max(16, 2 ** round(math.log2(math.sqrt(V))))))
+
+
+def draw_categorical(z_BV, key):
+    """One draw per row from softmax(z) (z may hold −inf), by inverse CDF: one f32 uniform
+    per row, u·Σp located first among block sums, then inside the chosen block.
+
+        p = exp(z − max z),  token = min{i : Σ_{j≤i} p_j > u·Σ_j p_j}
+
+    Costs one exp pass over [B, V] plus [B, V/blk] and [B, blk] scans — far cheaper on CPU
+    than Gumbel-max, which needs B·V random numbers per step. Tokens with p = 0 are never
+    drawn (the index is clamped to the last positive entry, against rounding); u has 2⁻²³
+    resolution, so probabilities below ~1e-7 are resolved only to that grain.
+    """
+    B, V = z_BV.shape
+    blk = _block_size(V)
+    nb = -(-V // blk)
+    z = z_BV.astype(F32)
+    if nb * blk != V:
+        z = jnp.pad(z, ((0, 0), (0, nb * blk - V)), constant_values=-jnp.inf)
+    p_BV = jnp.exp(z - jnp.max(z, axis=-1, keepdims=True))
+    p_BNb = p_BV.reshape(B, nb, blk)
+    mass_BN = jnp.sum(p_BNb, axis=-1)
+    cdf_BN = jnp.cumsum(mass_BN, axis=-1)
+    u_B1 = jax.random.uniform(key, (B, 1), F32) * cdf_BN[:, -1:]
+    block_index = jnp.arange(nb, dtype=jnp.int32)
+    last_block = jnp.max(jnp.where(mass_BN > 0, block_index, 0), axis=-1, keepdims=True)
+    j_B1 = jnp.minimum(jnp.sum(cdf_BN <= u_B1, axis=-1, keepdims=True), last_block)
+    before_B1 = jnp.where(
+        j_B1 > 0, jnp.take_along_axis(cdf_BN, jnp.maximum(j_B1 - 1, 0), axis=-1), 0.0
+    )
+    p_Bb = jnp.take_along_axis(p_BNb, j_B1[:, :, None], axis=1)[:, 0]
+    in_index = jnp.arange(blk, dtype=jnp.int32)
+    last_in = jnp.max(jnp.where(p_Bb > 0, in_index, 0), axis=-1, keepdims=True)
+    t_B1 = jnp.sum(jnp.cumsum(p_Bb, axis=-1) <= u_B1 - before_B1, axis=-1, keepdims=True)
+    return (j_B1 * blk + jnp.minimum(t_B1, last_in))[:, 0].astype(jnp.int32)
+
+
+def _next_token(logits_BV, key, temperature: float, top_k, top_p):
+    """(token [B], log-prob [B]) for one step: one categorical draw per row from the
+    filtered tempered distribution (`draw_categorical`, one key for the [B, V] draw, every
+    row its own uniform); greedy is argmax. The log-prob is always of the unfiltered
+    softmax(logits / τ) (τ = 1 for greedy), via the trainer's `logprobs_from_logits`."""
+    if temperature == 0.0:
+        token = _argmax(logits_BV)
+        return token, logprobs_from_logits(logits_BV, token, 1.0)
+    z = logits_BV.astype(F32) / temperature
+    token = draw_categorical(filter_logits(z, top_k=top_k, top_p=top_p), key)
+    return token, logprobs_from_logits(logits_BV, token, temperature)
+
+
+# ------------------------------------------------------------------------------ the model
+
+
+def _attend(q_BKRC, prompt_k, prompt_v, prompt_valid_QP, resp_k, resp_v, offset):
+    """softmax(q·kᵀ/√C + mask)·v over [prompt slots ‖ response segments 0..j].
+
+    `resp_k`/`resp_v` are the response-cache segments this step can reach (lists of
+    [B, K, C, W] / [B, K, W, C]); the last one is valid up to `offset` (the slot just
+    written), the earlier ones are full. The prompt part groups the G = B/Q rows that share
+    a prompt: one [G·R, P] score block per (prompt, kv head) against keys stored once. Same
+    arithmetic as `layers.attend` (f32 scores, masked with the f32 minimum, f32 softmax,
+    probabilities cast to the value dtype).
+    """
+    B, K, R, C = q_BKRC.shape
+    Q, _, _, P = prompt_k.shape
+    G = B // Q
+    scale = C**-0.5
+    q_QGKRC = q_BKRC.reshape(Q, G, K, R, C)
+    s_prompt = jnp.einsum("qgkrc,qkcp->qgkrp", q_QGKRC, prompt_k, preferred_element_type=F32)
+    s_prompt = jnp.where(prompt_valid_QP[:, None, None, None, :], s_prompt * scale, F32_MIN)
+    scores = [s_prompt.reshape(B, K, R, P)]
+    for m, k_BKCW in enumerate(resp_k):
+        s = jnp.einsum("bkrc,bkcw->bkrw", q_BKRC, k_BKCW, preferred_element_type=F32) * scale
+        if m == len(resp_k) - 1:
+            s = jnp.where(jnp.arange(k_BKCW.shape[-1]) <= offset, s, F32_MIN)
+        scores.append(s)
+    probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1).astype(prompt_v.dtype)
+    p_prompt = probs[..., :P].reshape(Q, G, K, R, P)
+    out = jnp.einsum("qgkrp,qkpc->qgkrc", p_prompt, prompt_v).reshape(B, K, R, C)
+    start = P
+    for v_BKWC in resp_v:
+        width = v_BKWC.shape[2]
+        out = out + jnp.einsum("bkrw,bkwc->bkrc", probs[..., start : start + width], v_BKWC)
+        start += width
+    return out
+
+
+def _segments(T: int, segments: int) -> list[tuple[int, int]]:
+    """(start, width) of the response-cache segments: T slots in `segments` equal runs."""
+    segments = max(1, min(int(segments), T))
+    width = -(-T // segments)
+    return [(s, min(width, T - s)) for s in range(0, T, width)]
+
+
+def _auto_segments(T: int) -> int:
+    """Default segment count: about one per 32 response slots, at most 4 (each segment is
+    one more compiled copy of the decode step)."""
+    return max(1, min(4, T // 32))
+
+
+def _decode_logits(cfg, params, prompt: PromptCache, state: SamplerState, seg: int, seg_start):
+    """Feeds state.last at state.position into response slot step−1 (in segment `seg`,
+    static, which starts at slot `seg_start`); returns (logits [B, V] f32, new response k/v).
+    Mirrors `transformer.Decoder` layer by layer; attention reads the prompt and response
+    segments 0..seg only — the later ones hold nothing yet."""
+    model = merge(cfg, params)
+    B = state.last.shape[0]
+    offset = state.step - 1 - seg_start
+    dtype = jnp.dtype(cfg.dtype)
+    x = jnp.take(model.embed.embedding[...], state.last[:, None], axis=0).astype(dtype)
+    cos, sin = rope_cos_sin(cfg, state.position[:, None])
+    new_k, new_v = [], []
+    for i, block in enumerate(model.layers):
+        attn = block.attn
+        h = block.input_norm(x)
+        q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)  # [B, 1, H|K, C]
+        if attn.q_norm is not None:
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        ks, vs = list(state.k[i]), list(state.v[i])
+        # In-place writes: only segment `seg` changes; nothing slices a written buffer (a
+        # slice of an updated carry made XLA copy the whole cache every step).
+        ks[seg] = jax.lax.dynamic_update_slice(
+            ks[seg], k[:, 0, :, :, None].astype(ks[seg].dtype), (0, 0, 0, offset)
+        )
+        vs[seg] = jax.lax.dynamic_update_slice(
+            vs[seg], v[:, 0, :, None, :].astype(vs[seg].dtype), (0, 0, offset, 0)
+        )
+        new_k.append(tuple(ks))
+        new_v.append(tuple(vs))
+        K = ks[0].shape[1]
+        q_BKRC = q.reshape(B, K, cfg.num_heads // K, cfg.head_dim)
+        out = _attend(
+            q_BKRC,
+            prompt.k[i].astype(dtype),
+            prompt.v[i].astype(dtype),
+            prompt.valid,
+            [x_.astype(dtype) for x_ in ks[: seg + 1]],
+            [x_.astype(dtype) for x_ in vs[: seg + 1]],
+            offset,
+        )
+        x = x + attn.o_proj(out.reshape(B, 1, cfg.num_heads, cfg.head_dim))
+        h = block.post_attn_norm(x)
+        x = x + (block.mlp(h)[0] if block.is_moe else block.mlp(h))
+    hidden_BD = model.final_norm(x)[:, 0]
+    return logits_from_hidden(cfg, params, hidden_BD), tuple(new_k), tuple(new_v)
+
+
+# ------------------------------------------------------------------------- jitted stages
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("model_config", "num_samples", "share_prefix", "max_new_tokens", "segments"),
+)
+def _prefill(
+    model_config,
+    params,
+    tokens_NP,
+    mask_NP,
+    rng,
+    *,
+    num_samples,
+    share_prefix,
+    max_new_tokens,
+    segments=1,
+):
+    """Prompt cache, initial state (nothing generated yet) and the first-token logits
+    ([N, V] shared, [B, V] not shared), plus the prompts repeated G times."""
+    _TRACES["prefill"] += 1
+    cfg, G, T = model_config, num_samples, max_new_tokens
+    N, P = tokens_NP.shape
+    B = N * G
+    tokens_BP = jnp.repeat(tokens_NP, G, axis=0)
+    mask_BP = jnp.repeat(mask_NP, G, axis=0)
+    tokens_QP, mask_QP = (tokens_NP, mask_NP) if share_prefix else (tokens_BP, mask_BP)
+    Q = tokens_QP.shape[0]
+    cache = models.init_cache(cfg, Q, P)
+    logits_QV, cache = models.prefill(cfg, params, tokens_QP, mask_QP, cache)
+    L, K, C = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
+    prompt = PromptCache(
+        k=tuple(cache.k[i].transpose(0, 2, 3, 1) for i in range(L)),  # [Q, K, C, P]
+        v=tuple(cache.v[i].transpose(0, 2, 1, 3) for i in range(L)),  # [Q, K, P, C]
+        valid=cache.mask,
+    )
+    lengths_B = jnp.sum(mask_BP.astype(jnp.int32), axis=1)
+    state = SamplerState(
+        step=jnp.zeros((), jnp.int32),
+        tokens=jnp.zeros((B, T), jnp.int32),
+        logprobs=jnp.zeros((B, T), F32),
+        done=jnp.zeros((B,), bool),
+        length=jnp.zeros((B,), jnp.int32),
+        last=jnp.zeros((B,), jnp.int32),
+        position=lengths_B,
+        rng=rng,
+        k=tuple(
+            tuple(jnp.zeros((B, K, C, w), cache.k.dtype) for _, w in _segments(T, segments))
+            for _ in range(L)
+        ),
+        v=tuple(
+            tuple(jnp.zeros((B, K, w, C), cache.v.dtype) for _, w in _segments(T, segments))
+            for _ in range(L)
+        ),
+    )
+    return prompt, state, logits_QV, tokens_BP, mask_BP.astype(jnp.int32)
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("model_config", "temperature", "top_k", "top_p"),
+    donate_argnames=("state",),
+)
+def _decode(
+    model_config,
+    params,
+    prompt,
+    state,
+    first_logits_QV,
+    eos_ids_E,
+    pad_id,
+    *,
+    temperature,
+    top_k,
+    top_p,
+):
+    """First token from the prefill logits, then the while_loop; returns (final state,
+    response mask [B, T], truncated [B])."""
+    _TRACES["decode"] += 1
+    cfg = model_config
+    B, T = state.tokens.shape
+
+    def emit(state, logits_BV):
+        """Draws token `step` for every row, writes it (pad / 0 for finished rows)."""
+        key = jax.random.fold_in(state.rng, state.step)
+        token, logprob = _next_token(logits_BV, key, temperature, top_k, top_p)
+        live = ~state.done
+        token = jnp.where(live, token, pad_id)
+        col = (jnp.zeros((), jnp.int32), state.step)
+        is_end = jnp.any(token[:, None] == eos_ids_E[None, :], axis=-1) & live
+        return state.replace(
+            step=state.step + 1,
+            tokens=jax.lax.dynamic_update_slice(state.tokens, token[:, None], col),
+            logprobs=jax.lax.dynamic_update_slice(
+                state.logprobs, jnp.where(live, logprob, 0.0)[:, None], col
+            ),
+            done=state.done | is_end,
+            length=state.length + live.astype(jnp.int32),
+            last=token,
+        )
+
+    first_BV = jnp.repeat(first_logits_QV, B // first_logits_QV.shape[0], axis=0)
+    state = emit(state, first_BV)
+
+    def run_segment(state, seg: int, start: int, width: int):
+        """Decode steps writing response slots [start, start + width) (slot = step − 1)."""
+
+        def cond(state):
+            return (state.step < T) & (state.step <= start + width) & ~jnp.all(state.done)
+
+        def body(state):
+            logits_BV, k, v = _decode_logits(cfg, params, prompt, state, seg, start)
+            state = state.replace(k=k, v=v, position=state.position + 1)
+            return emit(state, logits_BV)
+
+        return jax.lax.while_loop(cond, body, state)
+
+    # One while_loop per cache segment (Python-unrolled, each compiled once): early steps
+    # attend over the first segments only, so the response cache is read ~(S+1)/2S as much.
+    for seg, (start, width) in enumerate(_segments(T, len(state.k[0]))):
+        state = run_segment(state, seg, start, width)
+    mask_BT = (jnp.arange(T)[None, :] < state.length[:, None]).astype(jnp.int32)
+    # Columns never reached (every row ended early) still hold the buffer's initial value.
+    state = state.replace(tokens=jnp.where(mask_BT > 0, state.tokens, pad_id))
+    # The whole final state is returned so that every donated buffer is aliased to an output
+    # (the response caches are updated in place from the first step to the last).
+    return state, mask_BT, ~state.done
+
+
+# ------------------------------------------------------------------------------- host side
+
+
+class BiasedPiOldWarning(UserWarning):
+    """The sampler's log-probs are not the likelihood of the tokens' actual draw."""
+
+
+def warn_if_biased_pi_old(top_k=None, top_p=None, temperature: float = 1.0) -> bool:
+    """Warns (BiasedPiOldWarning) when sampler log-probs used as π_old would be biased.
+
+    `sample` reports log softmax(logits / τ) — the unfiltered tempered policy the trainer
+    recomputes. With top-k / top-p the tokens were drawn from the filtered, renormalised
+    distribution q instead, so π_θ/π_old is not the importance weight of the actual draw
+    (tokens outside the filter are never sampled, those inside are over-sampled by
+    1/q-mass). Greedy decoding (τ = 0) draws nothing at all. Returns True if it warned.
+    """
+    reasons = []
+    if top_k is not None:
+        reasons.append(f"top_k={top_k}")
+    if top_p is not None and top_p < 1.0:
+        reasons.append(f"top_p={top_p}")
+    if temperature == 0:
+        reasons.append("temperature=0 (greedy)")
+    if not reasons:
+        return False
+    warnings.warn(
+        f"sampler log-probs used as pi_old with {', '.join(reasons)}: they are log "
+        "softmax(logits / temperature) of the unfiltered policy, but the tokens were drawn "
+        "from the filtered (or greedy) distribution, so the importance ratio "
+        "pi_theta / pi_old is biased. Recompute pi_old, or sample without top_k/top_p.",
+        BiasedPiOldWarning,
+        stacklevel=2,
+    )
+    return True
+
+
+def choose_bucket(longest: int, width: int, buckets=DEFAULT_BUCKETS) -> int:
+    """Smallest bucket ≥ longest, capped at the input width (the width if none fits)."""
+    fitting = [b for b in sorted(buckets) if b >= longest]
+    return min(fitting[0] if fitting else width, width)
+
+
+def _row_summary(mask_NP):
+    """(real length [N], left-padded [N] bool): padding only before the first real token."""
+    m = mask_NP != 0
+    seen = jnp.cumsum(m, axis=1) > 0
+    return jnp.sum(m, axis=1, dtype=jnp.int32), jnp.all(m | ~seen, axis=1)
+
+
+@functools.cache
+def _replicated_row_summary(sharding):
+    return jax.jit(_row_summary, out_shardings=(sharding, sharding))
+
+
+def _host_row_summary(mask_NP):
+    """Row lengths and left-padding flags on the host. numpy and fully addressable arrays
+    are read directly ([N, P] ints); an array spread over several processes is reduced where
+    it lives and only the [N] results come back, replicated (the same on every process)."""
+    if not isinstance(mask_NP, jax.Array) or mask_NP.is_fully_addressable:
+        m = np.asarray(mask_NP) != 0
+        seen = np.cumsum(m, axis=1) > 0
+        return m.sum(axis=1), np.all(m | ~seen, axis=1)
+    mesh = mask_NP.sharding.mesh  # a multi-process array has a NamedSharding
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    lengths, left = _replicated_row_summary(replicated)(mask_NP)
+    return np.asarray(lengths), np.asarray(left)
+
+
+def _check_options(
+    model_config, num_samples, max_new_tokens, temperature, top_k, top_p, eos_ids, pad_id
+):
+    V = model_config.vocab_size
+    if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)):
+        raise TypeError(f"num_samples must be an int, got {num_samples!r}")
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)):
+        raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if isinstance(temperature, bool) or not (
+        isinstance(temperature, (int, float, np.integer, np.floating))
+        and math.isfinite(temperature)
+    ):
+        raise TypeError(f"temperature must be a finite number, got {temperature!r}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if top_k is not None and (
+        isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1
+    ):
+        raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
+    if top_p is not None and not (
+        isinstance(top_p, (int, float, np.integer, np.floating)) and 0.0 < top_p <= 1.0
+    ):
+        raise ValueError(f"top_p must be None or in (0, 1], got {top_p!r}")
+    if eos_ids is None:
+        eos_ids = tuple(model_config.eos_token_ids)
+        if not eos_ids:
+            raise ValueError(
+                "eos_ids=None but model_config.eos_token_ids is empty: pass the end-token ids "
+                "explicitly (eos_ids=() samples every row to max_new_tokens)"
+            )
+    if isinstance(eos_ids, (int, np.integer)):
+        eos_ids = (eos_ids,)
+    eos_ids = tuple(int(e) for e in eos_ids)
+    bad = [e for e in eos_ids if not 0 <= e < V]
+    if bad:
+        raise ValueError(f"eos_ids {bad} outside the vocabulary [0, {V})")
+    if not 0 <= int(pad_id) < V:
+        raise ValueError(f"pad_id={pad_id} outside the vocabulary [0, {V})")
+    return eos_ids
+
+
+def sample(
+    model_config,
+    params,
+    prompt_tokens,
+    prompt_mask,
+    rng,
+    *,
+    num_samples: int,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_ids=None,
+    pad_id: int = 0,
+    max_prompt_length: int | None = None,
+    buckets=DEFAULT_BUCKETS,
+    share_prefix: bool = True,
+    max_cache_len: int | None = None,
+    logprobs_as_pi_old: bool = False,
+    decode_segments: int | None = None,
+) -> SampleOutput:
+    """Samples `num_samples` (G) responses for each of N left-padded prompts.
+
+    Args:
+      model_config, params: the policy (`models.ModelConfig`, nested dict of arrays; may be
+        sharded — the jitted stages follow the inputs' shardings).
+      prompt_tokens, prompt_mask: int [N, P], LEFT padded (mask 1 = real token); numpy or
+        jax arrays (possibly sharded over a mesh). Every row needs ≥ 1 real token.
+      rng: one PRNG key (typed or raw uint32) for the whole call; the token of step s is
+        drawn with fold_in(rng, s) — one categorical draw over [B, V], each row its own noise.
+      num_samples: G; the output has B = N·G rows, the G samples of prompt n contiguous.
+      max_new_tokens: T, the response width (fixed, for the trainer).
+      temperature: τ; 0 is greedy (argmax).
+      top_k, top_p: filters applied to logits / τ before the draw (see `filter_logits`).
+      eos_ids: end-token ids (int or tuple); None takes model_config.eos_token_ids; () never
+        stops early. A row ends at its first end token (which has mask 1); later columns hold
+        pad_id with mask 0 and log-prob 0.
+      pad_id: token id written after the end (and in unused columns).
+      max_prompt_length: if given, a row with more real tokens is an error.
+      buckets: allowed prompt widths (see the module docstring).
+      share_prefix: one prefill per prompt whose cache serves its G samples (default); False
+        prefills the N·G repeated prompts (same samples for the same rng, G× the prefill).
+      max_cache_len: cache-length limit (bucket + max_new_tokens must fit); default
+        model_config.max_position_embeddings.
+      logprobs_as_pi_old: the caller will use `logprobs` as π_old; warns when that is biased
+        (`warn_if_biased_pi_old`).
+      decode_segments: time segments of the response cache (see the module docstring);
+        None = max(1, min(4, max_new_tokens // 32)). Changes speed and compile time only.
+
+    Returns `SampleOutput`. `logprobs[b, t]` = log softmax(logits_t / τ)[token_t] in f32, the
+    UNFILTERED tempered distribution — what the trainer recomputes with the same τ
+    (`logprobs.logprobs_from_logits`, the same arithmetic) — even when top-k/top-p filtered
+    the draw; for τ = 0 it is log softmax(logits)[token_t] (τ = 1). logits_t are the model's
+    f32 next-token logits given the prompt and tokens 0..t−1. With a float32 model they
+    equal `models.forward`'s to ~1e-6 (tested to 1e-5); with bf16 compute, to bf16 rounding
+    (the cached decode and the full forward add in different orders).
+
+    Raises ValueError/TypeError on the host, before anything compiles, for: shapes of tokens
+    and mask that differ or are not [N, P]; a row with no real token or with padding after a
+    real token (not left padded); a row longer than max_prompt_length; bucket +
+    max_new_tokens beyond the cache limit; num_samples < 1, max_new_tokens < 1,
+    temperature < 0, top_k < 1, top_p outside (0, 1], ids outside the vocabulary.
+    """
+    cfg = model_config
+    eos_ids = _check_options(
+        cfg, num_samples, max_new_tokens, temperature, top_k, top_p, eos_ids, pad_id
+    )
+    if decode_segments is not None and (
+        isinstance(decode_segments, bool)
+        or not isinstance(decode_segments, (int, np.integer))
+        or decode_segments < 1
+    ):
+        raise ValueError(f"decode_segments must be None or an int >= 1, got {decode_segments!r}")
+    segments = len(_segments(max_new_tokens, decode_segments or _auto_segments(max_new_tokens)))
+    temperature = float(temperature)
+    top_k = None if top_k is None or top_k >= cfg.vocab_size else int(top_k)
+    top_p = None if top_p is None or top_p >= 1.0 else float(top_p)
+    if logprobs_as_pi_old:
+        warn_if_biased_pi_old(top_k, top_p, temperature)
+    if temperature == 0.0:
+        top_k = top_p = None  # greedy: filters change nothing
+
+    tokens_shape = tuple(np.shape(prompt_tokens))
+    mask_shape = tuple(np.shape(prompt_mask))
+    if len(tokens_shape) != 2 or tokens_shape != mask_shape:
+        raise ValueError(
+            f"prompt_tokens {tokens_shape} and prompt_mask {mask_shape} must both be [N, P]"
+        )
+    N, width = tokens_shape
+    if N == 0 or width == 0:
+        raise ValueError(f"empty prompt batch: prompt_tokens has shape {tokens_shape}")
+    lengths, left_padded = _host_row_summary(prompt_mask)
+    empty = np.flatnonzero(lengths == 0)
+    if empty.size:
+        raise ValueError(f"empty prompt: row(s) {empty.tolist()} of prompt_mask have no real token")
+    not_left = np.flatnonzero(~left_padded)
+    if not_left.size:
+        raise ValueError(
+            f"prompt row(s) {not_left.tolist()} are not left padded (a 0 in prompt_mask after "
+            "a real token); the sampler continues from the last column of every row"
+        )
+    if max_prompt_length is not None:
+        too_long = np.flatnonzero(lengths > max_prompt_length)
+        if too_long.size:
+            rows = ", ".join(f"row {r}: {lengths[r]} tokens" for r in too_long[:8])
+            raise ValueError(f"prompt(s) longer than max_prompt_length={max_prompt_length}: {rows}")
+    longest = int(lengths.max())
+    bucket = choose_bucket(longest, width, buckets)
+    limit = cfg.max_position_embeddings if max_cache_len is None else int(max_cache_len)
+    if bucket + max_new_tokens > limit:
+        raise ValueError(
+            f"prompt bucket {bucket} (longest prompt {longest}) + max_new_tokens "
+            f"{max_new_tokens} = {bucket + max_new_tokens} exceeds the cache limit {limit} "
+            f"({'max_cache_len' if max_cache_len is not None else 'max_position_embeddings'})"
+        )
+
+    tokens_NP = _trim_to_int32(prompt_tokens, bucket)
+    mask_NP = _trim_to_int32(prompt_mask, bucket)
+    prompt, state, first_logits, tokens_BP, mask_BP = _prefill(
+        cfg,
+        params,
+        tokens_NP,
+        mask_NP,
+        rng,
+        num_samples=int(num_samples),
+        share_prefix=bool(share_prefix),
+        max_new_tokens=int(max_new_tokens),
+        segments=segments,
+    )
+    state, mask, truncated = _decode(
+        cfg,
+        params,
+        prompt,
+        state,
+        first_logits,
+        # numpy, not device arrays: the same on every process of a multi-host run.
+        np.asarray(eos_ids, np.int32).reshape(len(eos_ids)),
+        np.int32(pad_id),
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+    )
+    return SampleOutput(
+        tokens=state.tokens,
+        mask=mask,
+        logprobs=state.logprobs,
+        lengths=state.length,
+        truncated=truncated,
+        prompt_tokens=tokens_BP,
+        prompt_mask=mask_BP,
+        num_steps=state.step,
+    )
+
+
+def _trim_to_int32(x_NP, bucket: int):
+    """The last `bucket` columns as int32 (numpy is sliced before it goes to the device)."""
+    if not isinstance(x_NP, jax.Array):
+        x_NP = np.asarray(x_NP)
+        return jnp.asarray(x_NP[:, x_NP.shape[1] - bucket :].astype(np.int32))
+    x_NP = x_NP[:, x_NP.shape[1] - bucket :]
+    return x_NP if x_NP.dtype == jnp.int32 else x_NP.astype(jnp.int32)
