@@ -236,3 +236,26 @@ def test_routing_replay_on_moe(model):
     tx = _tx()
     state, metrics = _step_fn(sc, tx)(_state(params, tx), dict(batch, routing=routing))
     assert int(state.step) == 2 and np.isfinite(metrics["loss"])
+
+
+@pytest.mark.parametrize("mode", ["seq", "token", "seq_token"])
+def test_update_raises_positive_and_lowers_negative_advantage_responses(model, mode):
+    """The direction of the policy gradient: one small SGD step on an on-policy batch raises
+    the mean log-prob of every A>0 response and lowers every A<0 one."""
+    cfg, params = model
+    sc = StepConfig(model=cfg, importance_sampling=mode, num_mini_batches=1, horizon=T)
+    tx = _sgd_small()
+    adv = np.where(np.arange(B) % 2 == 0, 1.0, -1.0).astype(np.float32)
+    batch = _batch(cfg, params, sc, advantages=adv)
+    state, _ = _step_fn(sc, tx)(_state(params, tx), batch)
+    new, _ = _logprobs_fn(StepConfig(model=cfg))(
+        state.params, batch["tokens"], batch["attention_mask"], T
+    )
+    mask = np.asarray(batch["response_mask"])
+    change = np.sum((np.asarray(new) - np.asarray(batch["old_logprobs"])) * mask, 1) / mask.sum(1)
+    assert np.all(change[adv > 0] > 0) and np.all(change[adv < 0] < 0)
+
+
+@functools.cache
+def _sgd_small():
+    return optax.sgd(1e-2)
