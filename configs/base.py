@@ -134,13 +134,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.data.train_split = "train"
     c.data.eval_split = "test"
     c.data.system_prompt = _placeholder(str)  # optional system message of the chat template
-    c.data.instruction = ""  # appended to every question (e.g. "Give the answer after ####.")
+    c.data.instruction = _placeholder(str)  # appended to every question; None: the dataset
+    # pipeline's default ("Give the final answer after ####."), "" for none
 
     # ------------------------------------------------------------------------------------
     # Rewards (host-side verifiers, see gspo_jax/rewards).
     # ------------------------------------------------------------------------------------
     c.reward = ml_collections.ConfigDict()
     c.reward.spec = "math"  # "name" or "name:weight,name:weight" from the reward registry
+    c.reward.accuracy = "math"  # reward whose value (0/1) is reported as accuracy
     c.reward.timeout_s = 5.0  # per-call verifier timeout; a timeout scores 0 and is counted
     c.reward.num_workers = 2  # verifier worker processes (0: in-process, no timeout)
 
@@ -158,6 +160,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval = ml_collections.ConfigDict()
     c.eval.every_steps = 10  # greedy evaluation on the held-out split (0: only start and end)
     c.eval.num_prompts = 128  # held-out prompts per evaluation
+    c.eval.batch_size = 64  # prompts per greedy sampling call
 
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every_steps = 50  # orbax checkpoint period in RL steps (0: only at the end)

@@ -1,0 +1,132 @@
+"""Supervised warm start on the task itself, so RL starts from a non-trivial policy.
+
+A model trained from scratch never emits a well-formed answer, so every reward is 0, every
+group has zero variance and GSPO/GRPO have no signal. A few hundred steps of next-token
+cross-entropy on (prompt, "#### answer<|im_end|>") pairs fix that. Only used by configs that
+start from scratch (config.warm_start.steps > 0); RL gets a fresh optimizer afterwards.
+
+Shapes: N examples, L = P + R tokens (prompt left-padded into P columns, then the answer).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from gspo_jax import data, models
+from gspo_jax import logprobs as logprobs_lib
+from gspo_jax import sharding as sharding_lib
+
+
+def sft_loss(model_config, params, tokens_NL, attention_mask_NL, loss_mask_NL, chunk_size=256):
+    """Mean negative log-likelihood of the loss-masked tokens (token t predicted at t−1).
+
+    Returns (loss, number of supervised tokens).
+    """
+    hidden_NLD = models.hidden_states(model_config, params, tokens_NL, attention_mask_NL)
+    logp_NT = logprobs_lib.token_logprobs(
+        hidden_NLD[:, :-1],
+        models.unembedding(model_config, params),
+        tokens_NL[:, 1:],
+        chunk_size=chunk_size,
+    )
+    mask_NT = loss_mask_NL[:, 1:].astype(jnp.float32)
+    num_tokens = jnp.sum(mask_NT)
+    return -jnp.sum(logp_NT * mask_NT) / jnp.maximum(num_tokens, 1.0), num_tokens
+
+
+def make_sft_optimizer(warm_start_config) -> optax.GradientTransformation:
+    """AdamW with 10% linear warm-up then cosine decay over the warm-start steps."""
+    steps = max(int(warm_start_config.steps), 1)
+    schedule = optax.warmup_cosine_decay_schedule(
+        init_value=0.0,
+        peak_value=warm_start_config.learning_rate,
+        warmup_steps=max(steps // 10, 1),
+        decay_steps=steps,
+        end_value=warm_start_config.learning_rate * 0.1,
+    )
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.0))
+
+
+def make_sft_step(model_config, tx: optax.GradientTransformation, *, chunk_size: int = 256):
+    """Jitted (params, opt_state, batch) -> (params, opt_state, metrics); both states donated."""
+
+    def step(params, opt_state, batch):
+        loss_fn = functools.partial(
+            sft_loss,
+            model_config,
+            tokens_NL=batch["tokens"],
+            attention_mask_NL=batch["attention_mask"],
+            loss_mask_NL=batch["loss_mask"],
+            chunk_size=chunk_size,
+        )
+        (loss, num_tokens), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        return params, opt_state, {"sft/loss": loss, "sft/tokens": num_tokens}
+
+    return jax.jit(step, donate_argnums=(0, 1))
+
+
+def warm_start(
+    model_config,
+    params,
+    source,
+    tokenizer,
+    mesh,
+    *,
+    warm_start_config,
+    data_spec,
+    prompt_length: int,
+    response_length: int,
+    seed: int,
+    system_prompt=None,
+    instruction=None,
+    chunk_size: int = 256,
+    progress: bool = True,
+):
+    """`warm_start_config.steps` SFT steps on (prompt, target) pairs of `source`; new params.
+
+    Targets follow the dataset's template (`data_spec.target_template`, e.g. "#### {answer}")
+    plus the end token, laid out exactly as RL rollouts are (prompt left-padded into
+    `prompt_length` columns), so the warm-started policy's first RL samples look the same.
+    """
+    import jax
+
+    steps = int(warm_start_config.steps)
+    tx = make_sft_optimizer(warm_start_config)
+    opt_state = jax.jit(tx.init)(params)
+    step_fn = make_sft_step(model_config, tx, chunk_size=chunk_size)
+    it = data.make_sft_iterator(
+        source,
+        tokenizer,
+        batch_size=warm_start_config.batch_size // jax.process_count(),
+        prompt_length=prompt_length,
+        response_length=response_length,
+        seed=seed,
+        answer_key=data_spec.answer_key,
+        target_template=data_spec.target_template,
+        system_prompt=system_prompt,
+        instruction=instruction,
+    )
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=steps, desc="warm start", dynamic_ncols=True)
+    for i in range(steps):
+        batch = next(it)
+        batch = sharding_lib.to_global(
+            mesh, {k: batch[k] for k in ("tokens", "attention_mask", "loss_mask")}
+        )
+        params, opt_state, metrics = step_fn(params, opt_state, batch)
+        if bar is not None:
+            if i % 20 == 0 or i == steps - 1:
+                bar.set_postfix(loss=f"{float(metrics['sft/loss']):.3f}", refresh=False)
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return params

@@ -1,0 +1,116 @@
+"""Where metrics go: workdir/metrics.jsonl, TensorBoard event files, and a PNG of the curves.
+
+TensorBoard files are written by tensorboardX (protobuf only, no TensorFlow). Only process 0
+writes; every call is cheap enough for once per RL step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+# Panels of the end-of-run plot: (title, metric keys drawn in it).
+PLOT_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("reward", ("reward/mean",)),
+    ("held-out accuracy (greedy)", ("eval/accuracy",)),
+    ("clipped fraction", ("policy/clipfrac", "policy/clipfrac_seq")),
+    ("KL", ("policy/approx_kl", "policy/kl_ref")),
+    ("entropy", ("policy/entropy",)),
+    ("response length", ("response/length_mean",)),
+)
+
+
+def _to_builtin(value):
+    if isinstance(value, (np.generic, np.ndarray)):
+        value = value.item() if np.ndim(value) == 0 else np.asarray(value).tolist()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no NaN/inf; keep them visible as strings
+    return value
+
+
+class MetricsWriter:
+    """Appends one JSON line per call to metrics.jsonl and mirrors scalars to TensorBoard."""
+
+    def __init__(self, workdir: str, *, tensorboard: bool = True, enabled: bool = True):
+        self.enabled = enabled
+        self.path = os.path.join(workdir, "metrics.jsonl")
+        self._tb = None
+        if not enabled:
+            return
+        os.makedirs(workdir, exist_ok=True)
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(os.path.join(workdir, "tb"))
+
+    def write(self, step: int, metrics: Mapping[str, float]) -> None:
+        if not self.enabled:
+            return
+        row = {"step": int(step), **{k: _to_builtin(v) for k, v in metrics.items()}}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self._tb is not None:
+            for key, value in metrics.items():
+                if np.ndim(value) == 0 and np.isfinite(value):
+                    self._tb.add_scalar(key, float(value), int(step))
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.flush()
+            self._tb.close()
+            self._tb = None
+
+
+def read_metrics(path: str) -> list[dict]:
+    """The rows of a metrics.jsonl file (later rows for the same step win on resume)."""
+    by_step: dict[int, dict] = {}
+    order: list[int] = []
+    with open(path) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            step = row["step"]
+            if step not in by_step:
+                order.append(step)
+                by_step[step] = {}
+            by_step[step].update(row)
+    return [by_step[s] for s in sorted(order)]
+
+
+def plot_curves(
+    metrics_path: str,
+    png_path: str,
+    panels: Sequence[tuple[str, Sequence[str]]] = PLOT_PANELS,
+) -> str:
+    """Draw the main training curves of a metrics.jsonl into one PNG; returns its path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(metrics_path)
+    cols = 3
+    nrows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.0 * nrows), squeeze=False)
+    for ax, (title, keys) in zip(axes.flat, panels):
+        for key in keys:
+            xs = [r["step"] for r in rows if isinstance(r.get(key), (int, float))]
+            ys = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+            if xs:
+                ax.plot(xs, ys, marker="." if len(xs) < 30 else None, label=key)
+        ax.set_title(title)
+        ax.set_xlabel("RL step")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110)
+    plt.close(fig)
+    return png_path

@@ -1,0 +1,195 @@
+"""The RL loop end to end: the main entry point, resume after a kill, reward failure rules."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from configs import default
+from gspo_jax import rollout, train
+from gspo_jax.rewards import build_reward
+
+# A tiny version of the default run: 2-layer d=32 model, 4 prompts x 4 samples.
+TINY = [
+    "--config.num_steps=4",
+    "--config.rollout_batch_size=4",
+    "--config.num_return_sequences_in_group=4",
+    "--config.num_mini_batches=2",
+    "--config.response_length=12",
+    "--config.model.hidden_size=32",
+    "--config.model.intermediate_size=64",
+    "--config.model.num_layers=2",
+    "--config.model.num_heads=2",
+    "--config.model.num_kv_heads=1",
+    "--config.model.head_dim=16",
+    "--config.warm_start.steps=3",
+    "--config.warm_start.batch_size=16",
+    "--config.eval.num_prompts=8",
+    "--config.eval.batch_size=8",
+    "--config.eval.every_steps=2",
+    "--config.checkpoint.every_steps=1",
+    "--config.reward.num_workers=1",
+    "--config.log.progress_bar=false",
+]
+# Metrics that depend on wall time, not on the computation.
+_TIMING = ("time/", "perf/")
+
+
+def _tiny_config(data_dir):
+    c = default.get_config()
+    for flag in TINY:
+        key, value = flag[len("--config.") :].split("=")
+        node = c
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node[p]
+        current = node[leaf]
+        node[leaf] = value.lower() == "true" if isinstance(current, bool) else type(current)(value)
+    c.data.data_dir = str(data_dir)
+    return c
+
+
+def _rows(workdir):
+    rows = {}
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        for line in f:
+            row = json.loads(line)
+            rows.setdefault(row["step"], {}).update(row)
+    return rows
+
+
+@pytest.fixture(scope="module")
+def main_run(tmp_path_factory):
+    """`python -m gspo_jax.main` on the tiny config: the uninterrupted reference run."""
+    root = tmp_path_factory.mktemp("main")
+    workdir, data_dir = root / "run", root / "data"
+    cmd = [
+        sys.executable,
+        "-m",
+        "gspo_jax.main",
+        "--config=configs/default.py",
+        f"--workdir={workdir}",
+        f"--config.data.data_dir={data_dir}",
+        *TINY,
+    ]
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return workdir, data_dir
+
+
+def test_main_entry_point_writes_everything(main_run):
+    workdir, _ = main_run
+    assert max(int(d) for d in os.listdir(workdir / "checkpoints") if d.isdigit()) == 4
+    assert any(f.startswith("events.out.tfevents") for f in os.listdir(workdir / "tb"))
+    assert (workdir / "curves.png").stat().st_size > 10_000
+    assert (workdir / "hf" / "model.safetensors").exists()
+    assert (workdir / "hf" / "tokenizer.json").exists()
+    rows = _rows(workdir)
+    assert sorted(rows) == [0, 1, 2, 3, 4]
+    assert "eval/accuracy" in rows[0] and "eval/accuracy" in rows[2] and "eval/accuracy" in rows[4]
+    for step in (1, 2, 3, 4):
+        row = rows[step]
+        for key in (
+            "reward/mean",
+            "policy/clipfrac",
+            "policy/approx_kl",
+            "policy/entropy",
+            "policy/grad_norm",
+            "response/length_mean",
+            "time/sample_s",
+        ):
+            assert np.isfinite(row[key]), (step, key)
+        assert row["policy/updates"] == 2
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert summary["origin"].startswith("scratch initialisation + 3 supervised warm-start")
+
+
+def test_exported_policy_loads_back(main_run):
+    from gspo_jax import models
+
+    workdir, _ = main_run
+    cfg, _params = models.load_pretrained(workdir / "hf")
+    assert cfg.num_layers == 2 and cfg.hidden_size == 32
+
+
+def test_killed_run_resumes_as_if_never_stopped(main_run, tmp_path):
+    ref_dir, data_dir = main_run
+    config = _tiny_config(data_dir)
+    workdir = tmp_path / "resumed"
+    first = train.run(config, str(workdir), stop_after=1)
+    assert first["stopped_after"] == 1
+    second = train.run(config, str(workdir))
+    assert second["start_step"] == 1 and second["origin"].startswith("checkpoint 1")
+    ref, got = _rows(ref_dir), _rows(workdir)
+    for step in (2, 3, 4):
+        for key, value in ref[step].items():
+            if key.startswith(_TIMING) or key == "data/epoch":
+                continue
+            np.testing.assert_allclose(
+                got[step][key], value, rtol=1e-5, atol=1e-7, err_msg=f"{step} {key}"
+            )
+
+
+def test_invalid_rewards_follow_the_rule():
+    import gspo_jax.rewards.testing  # noqa: F401  (registers test_chaos)
+
+    fn = build_reward("test_chaos")
+    completions = ["ok:1", "nan", "str", "raise", "ok:0", "ok:0.5"]
+    kwargs = {"prompts": [""] * 6, "completions": completions, "references": [""] * 6}
+    r_mask, v_mask, stats = rollout.score_responses(
+        fn, invalid_reward="mask", timeout_s=None, **kwargs
+    )
+    np.testing.assert_array_equal(r_mask, [1, 0, 0, 0, 0, 0.5])
+    np.testing.assert_array_equal(v_mask, [1, 0, 0, 0, 1, 1])
+    assert stats["num_errors"] == 1 and stats["num_nonfinite"] == 1 and stats["num_nonnumeric"] == 1
+    r_zero, v_zero, _ = rollout.score_responses(fn, invalid_reward="zero", timeout_s=None, **kwargs)
+    np.testing.assert_array_equal(r_zero, [1, 0, 0, 0, 0, 0.5])
+    assert v_zero.all()
+    # "mask": invalid responses get advantage 0 and do not enter their group's statistics.
+    c = default.get_config()
+    c.num_return_sequences_in_group = 3
+    adv, _ = rollout.make_advantage_fn(c)(r_mask, v_mask, None)
+    adv = np.asarray(adv)
+    assert adv[1] == adv[2] == adv[3] == 0
+    # Group 0 has one valid member (std 0): advantage 0. Group 1: rewards (0, 0.5).
+    assert adv[0] == 0
+    assert adv[4] < 0 < adv[5]
+
+
+def test_hanging_verifier_is_timed_out_and_counted():
+    import gspo_jax.rewards.testing  # noqa: F401
+    from gspo_jax.rewards import RewardPool
+
+    fn = build_reward("test_chaos")
+    with RewardPool(1) as pool:
+        rewards, valid, stats = rollout.score_responses(
+            fn,
+            [""] * 3,
+            ["ok:1", "sleep", "ok:0.25"],
+            [""] * 3,
+            invalid_reward="mask",
+            timeout_s=0.5,
+            pool=pool,
+        )
+    np.testing.assert_array_equal(rewards, [1, 0, 0.25])
+    np.testing.assert_array_equal(valid, [1, 0, 1])
+    assert stats["num_timeouts"] == 1
+    metrics = rollout.reward_metrics(rewards, valid, rewards, stats, group_size=3)
+    assert metrics["reward/num_timeouts"] == 1 and metrics["reward/invalid_frac"] == pytest.approx(
+        1 / 3
+    )
+
+
+def test_bucket_prompts_trims_padding_to_a_bucket():
+    tokens = np.arange(20).reshape(2, 10)
+    mask = np.zeros((2, 10), np.int32)
+    mask[0, -3:] = 1
+    mask[1, -5:] = 1
+    t, m = rollout.bucket_prompts(tokens, mask, (4, 6, 8))
+    assert t.shape == (2, 6) and m.sum() == 8
+    np.testing.assert_array_equal(t, tokens[:, 4:])
+    t, _ = rollout.bucket_prompts(tokens, mask, (2, 3))  # no bucket fits: keep the full width
+    assert t.shape == (2, 10)
