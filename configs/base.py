@@ -153,6 +153,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.warm_start.steps = 0  # SFT steps before RL (0: off)
     c.warm_start.batch_size = 64
     c.warm_start.learning_rate = 1e-3
+    c.warm_start.teacher_error_rate = 0.0  # fraction of carrying additions the warm-start
+    # teacher answers with the carries dropped (data/teacher.py); 0: a perfect teacher
 
     # ------------------------------------------------------------------------------------
     # Evaluation, checkpoints, logging.

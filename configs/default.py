@@ -1,14 +1,21 @@
-"""The default run: a tiny Qwen3-style model learns multi-digit addition with GSPO on a CPU.
-
-A char-level tokenizer and the synthetic `arith` task are generated locally; the model is
-trained from scratch with a short supervised warm start on the task itself, then GSPO takes
-over (paper settings: sequence ratio, clip 3e-4 / 4e-4, 4 mini-batches per rollout).
+"""The default run: a tiny Qwen3-style model learns 2-digit addition with GSPO on a CPU.
 
   bash launch/local.sh                     # sets up a fresh machine and runs this
   python -m gspo_jax.main --config=configs/default.py --workdir=/tmp/gspo_default
 
-Expected on a 2-core CPU: under 10 minutes; held-out greedy accuracy rises between the start
-and the end of RL (numbers in README.md "Results").
+A char-level tokenizer and the synthetic `arithmetic/add2` task are generated locally; the
+model (3 layers, d=64) is trained from scratch. Its supervised warm start imitates an
+imperfect teacher who drops the carry on 60% of the additions that need one
+(warm_start.teacher_error_rate, gspo_jax/data/teacher.py). GSPO with the exact verifier
+(`arith_exact`) then has to unlearn the teacher's mistake: what RL can do and imitation
+cannot. Algorithm settings are the paper's (sequence ratio, clip 3e-4 / 4e-4, 4
+mini-batches per rollout, no KL); the learning rate is sized for this tiny model.
+
+Expected on a 2-core CPU (measured, README "Results"): about 4-5 minutes after set-up;
+held-out greedy accuracy on the 500 test problems rises from about 9% at the start of RL to
+about 25% after 250 steps, and the clipped fraction sits near 0.1-0.3 (GRPO's is ~100x
+lower: configs/grpo_paper.py). With a perfect teacher (teacher_error_rate=0) the warm start
+alone reaches ~85% and RL adds only a few points.
 """
 
 from configs import base
@@ -17,25 +24,38 @@ from configs import base
 def get_config(arg: str | None = None):
     del arg
     c = base.get_config()
-    c.num_steps = 60
+    c.num_steps = 250
+    # Task: 2-digit addition, answered "#### <sum>".
     c.data.name = "arithmetic"
-    c.data.config_name = "add3"
+    c.data.config_name = "add2"
+    c.data.instruction = ""  # the warm start teaches the "#### <answer>" format
     c.reward.spec = "arith_exact"
     c.reward.accuracy = "arith_exact"
-    c.data.instruction = ""  # the warm start teaches the "#### <answer>" format
     c.prompt_length = 40  # the templated char-level question is at most 37 tokens
     c.response_length = 16
+    c.sampling.prompt_buckets = (32, 40)
+    # GSPO at the paper's settings (base.py's defaults, restated for the record).
+    c.importance_sampling = "seq"
+    c.clip_low, c.clip_high = 3e-4, 4e-4
+    c.num_mini_batches = 4
     c.rollout_batch_size = 16
     c.num_return_sequences_in_group = 8
-    c.num_mini_batches = 4
-    c.importance_sampling = "seq"
-    c.clip_low = 3e-4
-    c.clip_high = 4e-4
     c.optim.learning_rate = 1e-4
-    c.model.hidden_size = 128
-    c.model.num_layers = 4
-    c.warm_start.steps = 300
-    c.eval.every_steps = 20
-    c.eval.num_prompts = 256
-    c.checkpoint.every_steps = 20
+    # Model: Qwen3-style (q/k norm, GQA), 0.1M parameters.
+    c.model.hidden_size = 64
+    c.model.intermediate_size = 192
+    c.model.num_layers = 3
+    c.model.num_heads = 4
+    c.model.num_kv_heads = 2
+    c.model.head_dim = 16
+    # Supervised warm start from an imperfect teacher.
+    c.warm_start.steps = 1200
+    c.warm_start.batch_size = 32
+    c.warm_start.learning_rate = 2e-3
+    c.warm_start.teacher_error_rate = 0.6
+    # Evaluate on the whole test split (500 problems).
+    c.eval.every_steps = 25
+    c.eval.num_prompts = 500
+    c.eval.batch_size = 100
+    c.checkpoint.every_steps = 50
     return c

@@ -90,6 +90,9 @@ def warm_start(
 ):
     """`warm_start_config.steps` SFT steps on (prompt, target) pairs of `source`; new params.
 
+    With `warm_start_config.teacher_error_rate` > 0 the demonstrations come from an imperfect
+    teacher (`data.NoisyTeacher`: carries dropped on that fraction of carrying additions).
+
     Targets follow the dataset's template (`data_spec.target_template`, e.g. "#### {answer}")
     plus the end token, laid out exactly as RL rollouts are (prompt left-padded into
     `prompt_length` columns), so the warm-started policy's first RL samples look the same.
@@ -100,6 +103,8 @@ def warm_start(
     tx = make_sft_optimizer(warm_start_config)
     opt_state = jax.jit(tx.init)(params)
     step_fn = make_sft_step(model_config, tx, chunk_size=chunk_size)
+    if warm_start_config.teacher_error_rate:
+        source = data.NoisyTeacher(source, warm_start_config.teacher_error_rate, seed=seed)
     it = data.make_sft_iterator(
         source,
         tokenizer,

@@ -243,3 +243,14 @@ def test_batch_sizes():
     c = base.get_config()
     c.micro_batch_size = 4
     assert batch_sizes(c) == {"responses": 64, "mini_batch": 16, "micro_batch": 4}
+
+
+def test_qwen3_gsm8k_config_needs_its_arguments_and_validates():
+    from configs import qwen3_0p6b_gsm8k
+
+    with pytest.raises(ValueError, match="hf_path=DIR,manual_dir=DIR"):
+        qwen3_0p6b_gsm8k.get_config()
+    c = qwen3_0p6b_gsm8k.get_config("hf_path=/ckpt,manual_dir=/gsm8k")
+    assert (c.importance_sampling, c.clip_low, c.clip_high) == ("seq", 3e-4, 4e-4)
+    assert c.model.dtype == "bfloat16" and c.data.name == "gsm8k"
+    _validate_quietly(c, num_devices=8)

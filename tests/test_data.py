@@ -471,3 +471,36 @@ def test_sft_masks_cover_exactly_the_answer(small, tokenizer, small_prompts):
             shard_index=0,
             shard_count=1,
         )
+
+
+def test_drop_carry_sum_hand_values():
+    # 47 + 85: units 7+5=12 -> 2, tens 4+8=12 -> 2; the carries are lost.
+    assert data.drop_carry_sum(47, 85) == 22
+    assert data.drop_carry_sum(12, 34) == 46 and not data.needs_carry(12, 34)
+    assert data.drop_carry_sum(99, 1) == 90 and data.needs_carry(99, 1)
+    assert data.drop_carry_sum(5, 5) == 0 and data.drop_carry_sum(0, 0) == 0
+
+
+def test_noisy_teacher_corrupts_only_carrying_additions_at_its_rate():
+    src = [
+        {"id": f"{a}-{b}", "question": f"What is {a} + {b}?", "answer": str(a + b)}
+        for a in range(100)
+        for b in range(100)
+    ]
+    src.append({"id": "x", "question": "What is 9 - 3?", "answer": "6"})
+    teacher = data.NoisyTeacher(src, 0.6, seed=3)
+    assert len(teacher) == len(src)
+    got = teacher.__getitems__(list(range(len(src))))
+    assert [teacher[i] for i in (0, 4711, len(src) - 1)] == [got[0], got[4711], got[-1]]
+    changed = carrying = 0
+    for rec, orig in zip(got[:-1], src[:-1]):
+        a, b = map(int, orig["id"].split("-"))
+        if rec["answer"] != orig["answer"]:
+            assert rec["answer"] == str(data.drop_carry_sum(a, b))  # the teacher's mistake
+            changed += 1
+        carrying += data.needs_carry(a, b)
+    assert got[-1]["answer"] == "6"  # not an addition: passed through
+    assert abs(changed / carrying - 0.6) < 0.03
+    assert data.NoisyTeacher(src, 0.6, seed=3)[123] == teacher[123]  # deterministic
+    with pytest.raises(ValueError, match="error_rate"):
+        data.NoisyTeacher(src, 1.5)

@@ -31,6 +31,7 @@ from gspo_jax.data.pipeline import (
     render_prompt,
     resolve_shard,
 )
+from gspo_jax.data.teacher import NoisyTeacher, drop_carry_sum, needs_carry
 from gspo_jax.data.tokenizer import (
     CHAT_TEMPLATE,
     IM_END,
@@ -60,12 +61,14 @@ __all__ = [
     "BatchIterator",
     "DatasetSpec",
     "Gsm8kLocal",
+    "NoisyTeacher",
     "PreparedData",
     "SyntheticArithmetic",
     "build_dataset",
     "build_messages",
     "check_gsm8k_manual_dir",
     "decode_record",
+    "drop_carry_sum",
     "format_answer",
     "generate_problems",
     "get_builder",
@@ -74,6 +77,7 @@ __all__ = [
     "make_char_tokenizer",
     "make_prompt_iterator",
     "make_sft_iterator",
+    "needs_carry",
     "prepare_prompts",
     "prepare_sft",
     "read_gsm8k_jsonl",
