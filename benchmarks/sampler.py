@@ -5,12 +5,15 @@ machine drift; ratios within a run do not):
 
   matmul rate   f32 1024×1024 matmul FLOP/s of this machine, the floor's yardstick
   decode        ms per decode step of `sampling._decode` (B = N·G rows, eos_ids=() so every
-                row runs all T steps; T − 1 model steps, token 0 comes from the prefill)
+                row runs all T steps; T − 1 `models.decode_step_shared` steps, token 0 comes
+                from the prefill)
   floor         per step 2·(matmul params)·B + 4·layers·H·C·S·B (q·k and p·v over the whole
                 cache of S = P + T slots), divided by the matmul rate. Matmul params = q/k/v/o,
                 MLP and the unembedding (not the embedding lookup)
   matmuls only  the step's weight matmuls alone (same shapes, same while_loop, nothing else):
-                what this machine's XLA:CPU reaches on [B, D] × [D, F] products
+                what this machine's XLA:CPU reaches on [B, D] × [D, F] products; decode /
+                matmuls only is the per-round ratio of the two (attention, norms, sampling
+                and loop overhead on top of the matmuls), the least load-sensitive number
   prefill       `sampling._prefill` at G = 8 with the shared prefix vs G = 1 (~1: the group
                 costs nothing), and G = 8 without sharing vs with
   tokens/s      whole `sample` calls (prefill + decode) vs (a) a naive loop: T jitted steps,
@@ -325,6 +328,7 @@ def main():
         rows["chain"].append(chain())
         for name in ("decode", "decode_1", "chain"):
             rows[name + "/floor"].append(rows[name][-1] / floor_s)
+        rows["decode/chain"].append(rows["decode"][-1] / rows["chain"][-1])
     med = {k: statistics.median(v) for k, v in rows.items()}
     rate = med["rate"]
     floor_ms = floor_flops / rate * 1e3
@@ -369,6 +373,7 @@ def main():
         ("decode / floor", f"{med['decode/floor']:.2f}x", f"target <= 2x (best round {min(rows['decode/floor']):.2f}x)"),
         ("decode step, 1 segment", f"{med['decode_1'] * 1e3:.3f} ms", f"{med['decode_1/floor']:.2f}x floor"),
         ("matmuls only", f"{med['chain'] * 1e3:.3f} ms", f"{med['chain/floor']:.2f}x floor: XLA:CPU bound"),
+        ("decode / matmuls only", f"{med['decode/chain']:.2f}x", "the step's overhead over its weight matmuls (least load-sensitive)"),
         ("prefill G=1", f"{pre_g1 * 1e3:.2f} ms", f"N={N} prompts of {P}"),
         (f"prefill G={G} shared", f"{pre_g8 * 1e3:.2f} ms", f"{pre_g8 / pre_g1:.2f}x G=1"),
         (f"prefill G={G} not shared", f"{pre_g8_ns * 1e3:.2f} ms", f"{pre_g8_ns / pre_g8:.2f}x shared"),

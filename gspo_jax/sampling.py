@@ -9,32 +9,26 @@ How it runs (no per-token Python):
 
   host     validate the arguments; read the prompt lengths (one small device->host read, or
            none for numpy input); trim the left-padded prompts to their bucket
-  jit 1    `_prefill`: one prefill per prompt (`models.prefill`), its KV cache kept once per
-           prompt; zeroed response-cache buffers and the `SamplerState`
+  jit 1    `_prefill`: one prefill per prompt (`models.prefill_shared`), its KV cache kept
+           once per prompt; a zeroed `models.ResponseCache` and the `SamplerState`
   jit 2    `_decode`: sample the first token from the prefill logits, then `lax.while_loop`s
-           of decode steps that stop when every row has emitted an end token or
-           `max_new_tokens` is reached; the state is donated and updated in place
+           of `models.decode_step_shared` that stop when every row has emitted an end token
+           or `max_new_tokens` is reached; the state is donated and updated in place
 
-The G samples of a prompt share its prompt KV cache without copying it: attention splits into
-a prompt part (a [G·R, P] block of queries against the prompt's keys, read once per group) and
-a response part (each row against its own keys). `share_prefix=False` prefills the N·G
-repeated prompts instead and runs the same code with groups of one; it gives the same samples
-for the same rng (the benchmark's baseline and a test).
+The model owns the decode arithmetic (models/kv_cache.py, through the same `Decoder` as
+`models.forward`); this module owns what is sampling-specific: bucketing and validation,
+the loop, the token draw, and the schedule of the response cache's time segments. The G
+samples of a prompt share its prompt KV cache without copying it (the model reads it once
+per group). `share_prefix=False` prefills the N·G repeated prompts instead and runs the same
+code with groups of one; it gives the same samples for the same rng (the benchmark's
+baseline and a test).
 
 The response cache is split into S segments along time (`decode_segments`, default about one
-per 32 tokens, at most 4) and the decode runs one while_loop per segment, so a step reads only
-the segments that can hold tokens: ~(S+1)/2S of the cache on average instead of all of it
-(the cache, not the FLOPs, is what a CPU decode step waits on). Each segment is one more
-compiled copy of the step; when every row is done the remaining loops exit at once.
-
-The decode step is written here from the model's own modules (projections, norms, RoPE,
-MLP/MoE) rather than calling `models.decode_step`, for speed: its stacked [layers, B, S, K, C]
-cache is re-stacked (copied) on every step and its [B, S, K, C] key layout makes every
-attention dot transpose the whole cache; here each layer's response cache is a separate
-buffer of the loop carry, written in place, with keys laid out [B, K, C, T]. The arithmetic
-is the model's (`layers.attend`): f32 scores masked with the f32 minimum, f32 softmax,
-probabilities cast to the value dtype; `tests/test_sampling.py` checks greedy tokens against
-transformers and log-probs against `models.forward`.
+per 32 tokens, at most 4) and the decode runs one while_loop per segment, each calling the
+decode step for its (static) segment, so a step reads only the segments that can hold
+tokens: ~(S+1)/2S of the cache on average instead of all of it (the cache, not the FLOPs, is
+what a CPU decode step waits on). Each segment is one more compiled copy of the step; when
+every row is done the remaining loops exit at once.
 
 Sampling: `filter_logits` (top-k, then top-p) on logits / τ, then one categorical draw per row
 by inverse CDF (`draw_categorical`; one uniform per row instead of Gumbel noise over [B, V]);
@@ -48,9 +42,8 @@ static, so jax's cache reuses them: a new prompt batch of a known bucket never r
 (end ids and the pad id are data, not static). `trace_counts()` counts traces (tests use it).
 
 Shape letters: N prompts, G samples per prompt, B = N·G rows (the G samples of a prompt
-contiguous), P prompt slots (the bucket), T response tokens (= max_new_tokens), W slots of a
-response-cache segment, V vocab, D model width, H query heads, K kv heads, R = H/K, C head
-dim, E end-token ids. Prompt-cache arrays carry the letter Q for their rows: Q = N when the
+contiguous), P prompt slots (the bucket), T response tokens (= max_new_tokens), V vocab,
+E end-token ids. Prompt-cache arrays carry the letter Q for their rows: Q = N when the
 prefix is shared, Q = B when it is not.
 """
 
@@ -68,8 +61,6 @@ from flax import struct
 
 from gspo_jax import models
 from gspo_jax.logprobs import logprobs_from_logits
-from gspo_jax.models.layers import apply_rope, rope_cos_sin
-from gspo_jax.models.transformer import logits_from_hidden, merge
 
 __all__ = [
     "DEFAULT_BUCKETS",
@@ -86,7 +77,6 @@ __all__ = [
 ]
 
 F32 = jnp.float32
-F32_MIN = float(jnp.finfo(F32).min)  # masked attention scores, as in layers.attend
 DEFAULT_BUCKETS = tuple(2**i for i in range(4, 16))  # 16, 32, …, 32768
 
 # Traces of the two jitted stages, by name (a retrace = a compile): tests check bucket reuse.
@@ -135,18 +125,7 @@ class SampleOutput:
         return tokens, mask
 
 
-@struct.dataclass
-class PromptCache:
-    """Per-prompt KV cache of the (bucketed) prompts, read-only during decode.
-
-    k      tuple over layers of [Q, K, C, P]   (keys, position-major last: scores reduce over C)
-    v      tuple over layers of [Q, K, P, C]
-    valid  bool [Q, P]                         slot holds a real prompt token
-    """
-
-    k: tuple
-    v: tuple
-    valid: jax.Array
+PromptCache = models.PromptCache  # the per-prompt KV cache `_prefill` returns (models' type)
 
 
 @struct.dataclass
@@ -158,11 +137,10 @@ class SamplerState:
     logprobs  f32 [B, T]
     done      bool [B]        the row has emitted an end token
     length    int32 [B]       generated tokens up to and including the end token
-    last      int32 [B]       token fed to the next decode step
-    position  int32 [B]       its position id (= real prompt length + step − 1)
+    last      int32 [B]       token fed to the next decode step (response slot step − 1,
+                              position = real prompt length + step − 1)
     rng       key             the call's key; step s draws with fold_in(rng, s)
-    k, v      per layer, a tuple over time segments of [B, K, C, W] / [B, K, W, C]: response
-              keys/values; slot t (segment t // W, offset t % W) holds response token t
+    cache     models.ResponseCache: the rows' response keys/values in time segments
     """
 
     step: jax.Array
@@ -171,10 +149,8 @@ class SamplerState:
     done: jax.Array
     length: jax.Array
     last: jax.Array
-    position: jax.Array
     rng: jax.Array
-    k: tuple
-    v: tuple
+    cache: models.ResponseCache
 
 
 # ----------------------------------------------------------------------- filtering, drawing
@@ -273,102 +249,18 @@ def _next_token(logits_BV, key, temperature: float, top_k, top_p):
     return token, logprobs_from_logits(logits_BV, token, temperature)
 
 
-# ------------------------------------------------------------------------------ the model
-
-
-def _attend(q_BKRC, prompt_k, prompt_v, prompt_valid_QP, resp_k, resp_v, offset):
-    """softmax(q·kᵀ/√C + mask)·v over [prompt slots ‖ response segments 0..j].
-
-    `resp_k`/`resp_v` are the response-cache segments this step can reach (lists of
-    [B, K, C, W] / [B, K, W, C]); the last one is valid up to `offset` (the slot just
-    written), the earlier ones are full. The prompt part groups the G = B/Q rows that share
-    a prompt: one [G·R, P] score block per (prompt, kv head) against keys stored once. Same
-    arithmetic as `layers.attend` (f32 scores, masked with the f32 minimum, f32 softmax,
-    probabilities cast to the value dtype).
-    """
-    B, K, R, C = q_BKRC.shape
-    Q, _, _, P = prompt_k.shape
-    G = B // Q
-    scale = C**-0.5
-    q_QGKRC = q_BKRC.reshape(Q, G, K, R, C)
-    s_prompt = jnp.einsum("qgkrc,qkcp->qgkrp", q_QGKRC, prompt_k, preferred_element_type=F32)
-    s_prompt = jnp.where(prompt_valid_QP[:, None, None, None, :], s_prompt * scale, F32_MIN)
-    scores = [s_prompt.reshape(B, K, R, P)]
-    for m, k_BKCW in enumerate(resp_k):
-        s = jnp.einsum("bkrc,bkcw->bkrw", q_BKRC, k_BKCW, preferred_element_type=F32) * scale
-        if m == len(resp_k) - 1:
-            s = jnp.where(jnp.arange(k_BKCW.shape[-1]) <= offset, s, F32_MIN)
-        scores.append(s)
-    probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1).astype(prompt_v.dtype)
-    p_prompt = probs[..., :P].reshape(Q, G, K, R, P)
-    out = jnp.einsum("qgkrp,qkpc->qgkrc", p_prompt, prompt_v).reshape(B, K, R, C)
-    start = P
-    for v_BKWC in resp_v:
-        width = v_BKWC.shape[2]
-        out = out + jnp.einsum("bkrw,bkwc->bkrc", probs[..., start : start + width], v_BKWC)
-        start += width
-    return out
+# ------------------------------------------------------------------------ cache schedule
 
 
 def _segments(T: int, segments: int) -> list[tuple[int, int]]:
     """(start, width) of the response-cache segments: T slots in `segments` equal runs."""
-    segments = max(1, min(int(segments), T))
-    width = -(-T // segments)
-    return [(s, min(width, T - s)) for s in range(0, T, width)]
+    return list(models.response_segments(T, segments))
 
 
 def _auto_segments(T: int) -> int:
     """Default segment count: about one per 32 response slots, at most 4 (each segment is
     one more compiled copy of the decode step)."""
     return max(1, min(4, T // 32))
-
-
-def _decode_logits(cfg, params, prompt: PromptCache, state: SamplerState, seg: int, seg_start):
-    """Feeds state.last at state.position into response slot step−1 (in segment `seg`,
-    static, which starts at slot `seg_start`); returns (logits [B, V] f32, new response k/v).
-    Mirrors `transformer.Decoder` layer by layer; attention reads the prompt and response
-    segments 0..seg only — the later ones hold nothing yet."""
-    model = merge(cfg, params)
-    B = state.last.shape[0]
-    offset = state.step - 1 - seg_start
-    dtype = jnp.dtype(cfg.dtype)
-    x = jnp.take(model.embed.embedding[...], state.last[:, None], axis=0).astype(dtype)
-    cos, sin = rope_cos_sin(cfg, state.position[:, None])
-    new_k, new_v = [], []
-    for i, block in enumerate(model.layers):
-        attn = block.attn
-        h = block.input_norm(x)
-        q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)  # [B, 1, H|K, C]
-        if attn.q_norm is not None:
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        ks, vs = list(state.k[i]), list(state.v[i])
-        # In-place writes: only segment `seg` changes; nothing slices a written buffer (a
-        # slice of an updated carry made XLA copy the whole cache every step).
-        ks[seg] = jax.lax.dynamic_update_slice(
-            ks[seg], k[:, 0, :, :, None].astype(ks[seg].dtype), (0, 0, 0, offset)
-        )
-        vs[seg] = jax.lax.dynamic_update_slice(
-            vs[seg], v[:, 0, :, None, :].astype(vs[seg].dtype), (0, 0, offset, 0)
-        )
-        new_k.append(tuple(ks))
-        new_v.append(tuple(vs))
-        K = ks[0].shape[1]
-        q_BKRC = q.reshape(B, K, cfg.num_heads // K, cfg.head_dim)
-        out = _attend(
-            q_BKRC,
-            prompt.k[i].astype(dtype),
-            prompt.v[i].astype(dtype),
-            prompt.valid,
-            [x_.astype(dtype) for x_ in ks[: seg + 1]],
-            [x_.astype(dtype) for x_ in vs[: seg + 1]],
-            offset,
-        )
-        x = x + attn.o_proj(out.reshape(B, 1, cfg.num_heads, cfg.head_dim))
-        h = block.post_attn_norm(x)
-        x = x + (block.mlp(h)[0] if block.is_moe else block.mlp(h))
-    hidden_BD = model.final_norm(x)[:, 0]
-    return logits_from_hidden(cfg, params, hidden_BD), tuple(new_k), tuple(new_v)
 
 
 # ------------------------------------------------------------------------- jitted stages
@@ -394,21 +286,11 @@ def _prefill(
     ([N, V] shared, [B, V] not shared), plus the prompts repeated G times."""
     _TRACES["prefill"] += 1
     cfg, G, T = model_config, num_samples, max_new_tokens
-    N, P = tokens_NP.shape
-    B = N * G
+    B = tokens_NP.shape[0] * G
     tokens_BP = jnp.repeat(tokens_NP, G, axis=0)
     mask_BP = jnp.repeat(mask_NP, G, axis=0)
     tokens_QP, mask_QP = (tokens_NP, mask_NP) if share_prefix else (tokens_BP, mask_BP)
-    Q = tokens_QP.shape[0]
-    cache = models.init_cache(cfg, Q, P)
-    logits_QV, cache = models.prefill(cfg, params, tokens_QP, mask_QP, cache)
-    L, K, C = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
-    prompt = PromptCache(
-        k=tuple(cache.k[i].transpose(0, 2, 3, 1) for i in range(L)),  # [Q, K, C, P]
-        v=tuple(cache.v[i].transpose(0, 2, 1, 3) for i in range(L)),  # [Q, K, P, C]
-        valid=cache.mask,
-    )
-    lengths_B = jnp.sum(mask_BP.astype(jnp.int32), axis=1)
+    prompt, logits_QV = models.prefill_shared(cfg, params, tokens_QP, mask_QP)
     state = SamplerState(
         step=jnp.zeros((), jnp.int32),
         tokens=jnp.zeros((B, T), jnp.int32),
@@ -416,16 +298,8 @@ def _prefill(
         done=jnp.zeros((B,), bool),
         length=jnp.zeros((B,), jnp.int32),
         last=jnp.zeros((B,), jnp.int32),
-        position=lengths_B,
         rng=rng,
-        k=tuple(
-            tuple(jnp.zeros((B, K, C, w), cache.k.dtype) for _, w in _segments(T, segments))
-            for _ in range(L)
-        ),
-        v=tuple(
-            tuple(jnp.zeros((B, K, w, C), cache.v.dtype) for _, w in _segments(T, segments))
-            for _ in range(L)
-        ),
+        cache=models.init_response_cache(cfg, B, T, segments=segments),
     )
     return prompt, state, logits_QV, tokens_BP, mask_BP.astype(jnp.int32)
 
@@ -483,15 +357,16 @@ def _decode(
             return (state.step < T) & (state.step <= start + width) & ~jnp.all(state.done)
 
         def body(state):
-            logits_BV, k, v = _decode_logits(cfg, params, prompt, state, seg, start)
-            state = state.replace(k=k, v=v, position=state.position + 1)
-            return emit(state, logits_BV)
+            logits_BV, cache = models.decode_step_shared(
+                cfg, params, prompt, state.cache, state.last, state.step - 1, segment=seg
+            )
+            return emit(state.replace(cache=cache), logits_BV)
 
         return jax.lax.while_loop(cond, body, state)
 
     # One while_loop per cache segment (Python-unrolled, each compiled once): early steps
     # attend over the first segments only, so the response cache is read ~(S+1)/2S as much.
-    for seg, (start, width) in enumerate(_segments(T, len(state.k[0]))):
+    for seg, (start, width) in enumerate(state.cache.segments):
         state = run_segment(state, seg, start, width)
     mask_BT = (jnp.arange(T)[None, :] < state.length[:, None]).astype(jnp.int32)
     # Columns never reached (every row ended early) still hold the buffer's initial value.

@@ -7,10 +7,18 @@ them to mesh axes without touching this file. Parameters live in `param_dtype` a
 cast to the compute `dtype` where used; statistics (RMS), softmaxes, RoPE angles and the
 MoE router run in float32.
 
+Attention math lives here twice, for two key layouts, with one arithmetic (f32 scores
+scaled by 1/√C, disallowed slots set to the f32 minimum, f32 softmax, probabilities cast
+to the value dtype): `attend` for keys as projected ([B, S, K, C], the full-sequence
+pass) and `attend_cached` for keys as caches store them ([X, K, C, W], the decode step;
+see kv_cache.py). Which one runs, and what gets cached, is decided by the attention
+context the decoder passes to `Attention` (see transformer.py), not by this module.
+
 Shape letters: B batch, L query tokens, S key slots (= L without a cache), D model
 width, H query heads, K kv heads, R = H/K query heads per kv head, C head dim,
 F MLP width, E experts, X experts per token (top-k), T = B·L flattened tokens,
-A = T·X token-expert assignments.
+A = T·X token-expert assignments. In `attend_cached`: W key slots of one cache part and
+X its rows (X = B, or fewer rows each shared by G = B/X consecutive query rows).
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from flax import nnx
 from gspo_jax.models.config import ModelConfig
 
 F32 = jnp.float32
+F32_MIN = float(jnp.finfo(F32).min)  # score of a disallowed key slot
 _INIT_STD = 0.02  # transformers' initializer_range default for Qwen
 
 
@@ -104,15 +113,64 @@ def attend(q_BLHC, k_BSKC, v_BSKC, allowed_BLS):
     scores_BKRLS = jnp.einsum("blkrc,bskc->bkrls", q_BLKRC, k_BSKC, preferred_element_type=F32) * (
         C**-0.5
     )
-    scores_BKRLS = jnp.where(allowed_BLS[:, None, None], scores_BKRLS, jnp.finfo(F32).min)
+    scores_BKRLS = jnp.where(allowed_BLS[:, None, None], scores_BKRLS, F32_MIN)
     probs_BKRLS = jax.nn.softmax(scores_BKRLS, axis=-1).astype(v_BSKC.dtype)
     out_BLKRC = jnp.einsum("bkrls,bskc->blkrc", probs_BKRLS, v_BSKC)
     return out_BLKRC.reshape(B, L, H, C)
 
 
+def attend_cached(q_BLHC, parts):
+    """`attend` over keys stored in cache layout, split into parts: one softmax over the
+    concatenated slots of all parts, softmax(q·kᵀ/√C + mask) · v.
+
+    parts: sequence of (k [X, K, C, W], v [X, K, W, C], allowed), X dividing B. A part
+    with X = B holds each query row's own keys; with X < B, key row x serves the
+    G = B/X consecutive query rows x·G … x·G+G−1 (the G samples of one prompt), so its
+    keys are read once per group as one [G·L·R, W] score block per (row, kv head) —
+    never copied G times. `allowed`: bool broadcastable to [X, L, W] (1 for X or L
+    broadcasts), or None when every slot is allowed.
+
+    Keys are [.., C, W] (slot last) and values [.., W, C], so both products contract the
+    cache in its stored layout: no per-step transpose of the cache. Arithmetic is
+    `attend`'s (f32 scores and softmax, f32-minimum masking, probabilities cast to the
+    value dtype); k/v are cast to the query dtype as `attend`'s callers do.
+    """
+    B, L, H, C = q_BLHC.shape
+    K = parts[0][0].shape[1]
+    R = H // K
+    dtype = q_BLHC.dtype
+    scores, shapes = [], []
+    for k_XKCW, _, allowed in parts:
+        X, _, _, W = k_XKCW.shape
+        if B % X:
+            raise ValueError(f"cache part has {X} rows, which do not divide the {B} query rows")
+        q_XGLKRC = q_BLHC.reshape(X, B // X, L, K, R, C)
+        # Output in dot_general's own order (batch x, k first): any other order makes
+        # jnp.einsum swap the operands, and XLA:CPU then multiplies by the transposed
+        # cache, several times slower than q·k.
+        s_XKGLRW = jnp.einsum(
+            "xglkrc,xkcw->xkglrw", q_XGLKRC, k_XKCW.astype(dtype), preferred_element_type=F32
+        ) * (C**-0.5)
+        if allowed is not None:
+            allowed_XLW = jnp.asarray(allowed, bool)
+            s_XKGLRW = jnp.where(allowed_XLW[:, None, None, :, None, :], s_XKGLRW, F32_MIN)
+        scores.append(s_XKGLRW.transpose(0, 2, 1, 3, 4, 5).reshape(B, K, L, R, W))
+        shapes.append((X, W))
+    probs_BKLRS = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1).astype(dtype)
+    out_BLHC, start = None, 0
+    for (_, v_XKWC, _), (X, W) in zip(parts, shapes):
+        p_XGKLRW = probs_BKLRS[..., start : start + W].reshape(X, B // X, K, L, R, W)
+        o_XKGLRC = jnp.einsum("xgklrw,xkwc->xkglrc", p_XGKLRW, v_XKWC.astype(dtype))
+        o_BLHC = o_XKGLRC.transpose(0, 2, 3, 1, 4, 5).reshape(B, L, H, C)
+        out_BLHC = o_BLHC if out_BLHC is None else out_BLHC + o_BLHC
+        start += W
+    return out_BLHC
+
+
 class Attention(nnx.Module):
-    """Causal GQA self-attention with RoPE, optional q/k/v(/o) bias (Qwen2) and per-head
-    q/k RMSNorm before RoPE (Qwen3)."""
+    """GQA self-attention with RoPE, optional q/k/v(/o) bias (Qwen2) and per-head q/k
+    RMSNorm before RoPE (Qwen3). Which keys a query sees (causal mask, cache) is the
+    attention context's business: the same module serves forward, prefill and decode."""
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         D, H, K, C = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -130,26 +188,17 @@ class Attention(nnx.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def __call__(self, x_BLD, cos, sin, allowed_BLS, kv=None):
-        """kv: None (keys are this call's tokens) or (k_NBSKC, v_NBSKC, layer, write_index)
-        of a cache stacked over layers; this layer's new keys/values are written in place
-        at [layer, :, write_index : write_index + L] and attention runs over all S slots.
-        Returns (y_BLD, (k, v)): the updated stacks, or this call's k/v without a cache."""
+    def __call__(self, x_BLD, cos, sin, attention):
+        """attention: `attention(q_BLHC, k_BLKC, v_BLKC) -> (out_BLHC, cache_entry)`, the
+        decoder's attention context for this layer (see transformer.py): it gets this
+        call's normed, rotated queries/keys and values, stores what its cache keeps, and
+        attends. Returns (y_BLD, cache_entry)."""
         q, k, v = self.q_proj(x_BLD), self.k_proj(x_BLD), self.v_proj(x_BLD)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if kv is not None:
-            # Update the stacked cache directly (not a per-layer slice re-stacked later):
-            # under a donated while_loop carry this writes L slots instead of copying it.
-            cache_k, cache_v, layer, index = kv
-            start = (layer, 0, index, 0, 0)
-            cache_k = jax.lax.dynamic_update_slice(cache_k, k[None].astype(cache_k.dtype), start)
-            cache_v = jax.lax.dynamic_update_slice(cache_v, v[None].astype(cache_v.dtype), start)
-            k, v = cache_k[layer], cache_v[layer]
-        dtype = q.dtype
-        out = attend(q, k.astype(dtype), v.astype(dtype), allowed_BLS)
-        return self.o_proj(out), ((cache_k, cache_v) if kv is not None else (k, v))
+        out_BLHC, cache_entry = attention(q, k, v)
+        return self.o_proj(out_BLHC), cache_entry
 
 
 class MLP(nnx.Module):

@@ -10,6 +10,15 @@ a plain nested dict of arrays (`params["layers"][i]["attn"]["q_proj"]["kernel"]`
 keys are ints) and merge inside. `model_config` is static (hashable) and weights are
 always arguments, never closed-over constants.
 
+One composition, three uses: `Decoder.__call__` (embedding -> blocks -> final norm) is
+the only place the layer stack is written down. What differs between the full-sequence
+pass, the cached prefill and the one-token decode step is only which keys each query
+attends to and what is stored for later: that is the *attention context*, a callable
+`(layer, q, k, v) -> (out, cache_entry)` the decoder hands to every block
+(`SelfAttention` here; the cache contexts in kv_cache.py). A change to the block
+(norm placement, a new projection, a new MLP) is therefore made once and reaches
+training, prefill and sampling together.
+
 Positions come from the attention mask: position = cumsum(mask) − 1, so left padding
 gives every row positions 0, 1, … from its first real token (what transformers'
 `generate` does), and causal attention never looks at padding keys.
@@ -24,6 +33,7 @@ M MoE layers, X experts per token.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -31,7 +41,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from gspo_jax.models.config import ModelConfig
-from gspo_jax.models.layers import MLP, Attention, MoE, RMSNorm, _param, rope_cos_sin
+from gspo_jax.models.layers import MLP, Attention, MoE, RMSNorm, _param, attend, rope_cos_sin
 
 F32 = jnp.float32
 
@@ -46,14 +56,32 @@ class Block(nnx.Module):
         self.is_moe = cfg.is_moe_layer(layer)
         self.mlp = MoE(cfg, rngs) if self.is_moe else MLP(cfg, cfg.intermediate_size, rngs)
 
-    def __call__(self, x_BLD, cos, sin, allowed_BLS, kv=None, forced_BLX=None):
-        attn_out, new_kv = self.attn(self.input_norm(x_BLD), cos, sin, allowed_BLS, kv)
+    def __call__(self, x_BLD, cos, sin, attention, forced_BLX=None):
+        """attention: this layer's context, `(q, k, v) -> (out, cache_entry)`.
+        Returns (x_BLD, cache_entry, expert indices [B, L, X] or None)."""
+        attn_out, cache_entry = self.attn(self.input_norm(x_BLD), cos, sin, attention)
         x_BLD = x_BLD + attn_out
         if self.is_moe:
             mlp_out, idx_BLX = self.mlp(self.post_attn_norm(x_BLD), forced_BLX)
         else:
             mlp_out, idx_BLX = self.mlp(self.post_attn_norm(x_BLD)), None
-        return x_BLD + mlp_out, new_kv, idx_BLX
+        return x_BLD + mlp_out, cache_entry, idx_BLX
+
+
+@dataclasses.dataclass(frozen=True)
+class SelfAttention:
+    """Attention context of a full-sequence pass: each query attends to this call's keys
+    where `allowed_BLS` is True (`layers.attend`); the layer's cache entry is its own
+    (k [B, L, K, C], v [B, L, K, C]) — `kv_cache.prefill_shared` keeps them, `forward`
+    drops them (dead code to XLA)."""
+
+    allowed_BLS: jax.Array
+
+    def __call__(self, layer: int, q_BLHC, k_BLKC, v_BLKC):
+        del layer  # every layer attends the same way
+        dtype = q_BLHC.dtype
+        out = attend(q_BLHC, k_BLKC.astype(dtype), v_BLKC.astype(dtype), self.allowed_BLS)
+        return out, (k_BLKC, v_BLKC)
 
 
 class Embed(nnx.Module):
@@ -89,29 +117,33 @@ class Decoder(nnx.Module):
         if not cfg.tie_word_embeddings:
             self.lm_head = LMHead(cfg, rngs)
 
-    def __call__(self, tokens_BL, positions_BL, allowed_BLS, cache_kv=None, routing=None):
-        """cache_kv: None or (k_NBSKC, v_NBSKC, write_index). routing: None or [M, B, L, X].
-        Returns (hidden_BLD, new (k, v) stacks or None, routing [M, B, L, X])."""
+    def __call__(self, tokens_BL, positions_BL, attention, routing=None, *, remat=False):
+        """The one composition of the model, shared by forward, prefill and decode.
+
+        attention: the attention context, `attention(layer, q_BLHC, k_BLKC, v_BLKC) ->
+          (out_BLHC, cache_entry)` (`SelfAttention`, or a cache's context in kv_cache.py).
+        routing: None or [M, B, L, X] expert indices to force. remat: apply the config's
+          remat policy per block (the differentiated full-sequence pass only).
+        Returns (final-normed hidden [B, L, D], the tuple of the N layers' cache entries,
+        routing [M, B, L, X]).
+        """
         cfg = self.cfg
         dtype = jnp.dtype(cfg.dtype)
         x = jnp.take(self.embed.embedding[...], tokens_BL, axis=0).astype(dtype)
         cos, sin = rope_cos_sin(cfg, positions_BL)
-
-        def run_block(block, x, kv, forced):
-            return block(x, cos, sin, allowed_BLS, kv, forced)
-
-        if cfg.remat != "none":
-            run_block = nnx.remat(run_block, policy=_remat_policy(cfg.remat))
-        routes = []
-        cache_k, cache_v = (None, None) if cache_kv is None else cache_kv[:2]
+        routes, cache_entries = [], []
         for i, block in enumerate(self.layers):
-            kv = None if cache_kv is None else (cache_k, cache_v, i, cache_kv[2])
+
+            def run_block(block, x, forced, i=i):
+                return block(x, cos, sin, functools.partial(attention, i), forced)
+
+            if remat and cfg.remat != "none":
+                run_block = nnx.remat(run_block, policy=_remat_policy(cfg.remat))
             forced = None
             if block.is_moe and routing is not None:
                 forced = routing[len(routes)]
-            x, (k, v), idx = run_block(block, x, kv, forced)
-            if cache_kv is not None:
-                cache_k, cache_v = k, v
+            x, entry, idx = run_block(block, x, forced)
+            cache_entries.append(entry)
             if idx is not None:
                 routes.append(idx)
         B, L = tokens_BL.shape
@@ -119,8 +151,7 @@ class Decoder(nnx.Module):
             routing_out = jnp.stack(routes)
         else:
             routing_out = jnp.zeros((0, B, L, cfg.num_experts_per_tok), jnp.int32)
-        new_cache = None if cache_kv is None else (cache_k, cache_v)
-        return self.final_norm(x), new_cache, routing_out
+        return self.final_norm(x), tuple(cache_entries), routing_out
 
 
 # ---------------------------------------------------------------------------- params
@@ -225,16 +256,24 @@ def positions_from_mask(mask_BL):
     return jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
 
 
-def _run(cfg, params, tokens_BL, mask_BL, routing):
-    """Full-sequence pass: causal attention over this call's valid tokens only."""
+def run_full(cfg: ModelConfig, params, tokens_BL, mask_BL, routing=None, *, remat=False):
+    """Full-sequence pass: causal attention over this call's valid tokens only.
+
+    Returns (hidden [B, L, D], per-layer (k, v) [B, L, K, C], routing [M, B, L, X]).
+    """
     L = tokens_BL.shape[1]
     mask = mask_BL.astype(bool)
     causal_LL = jnp.tril(jnp.ones((L, L), bool))
     allowed_BLS = causal_LL[None] & mask[:, None, :]
     model = merge(cfg, params)
-    hidden, _, routing_out = model(
-        tokens_BL, positions_from_mask(mask_BL), allowed_BLS, None, routing
+    return model(
+        tokens_BL, positions_from_mask(mask_BL), SelfAttention(allowed_BLS), routing, remat=remat
     )
+
+
+def _run(cfg, params, tokens_BL, mask_BL, routing):
+    """The differentiable pass of forward / hidden_states: (hidden, routing)."""
+    hidden, _, routing_out = run_full(cfg, params, tokens_BL, mask_BL, routing, remat=True)
     return hidden, routing_out
 
 
