@@ -33,18 +33,18 @@ from gspo_jax.train_step import StepConfig, TrainState, make_train_step
 
 PRESETS = {
     "tiny": {
-        "model": dict(
-            arch="qwen3",
-            vocab_size=4096,
-            hidden_size=256,
-            intermediate_size=768,
-            num_layers=4,
-            num_heads=4,
-            num_kv_heads=2,
-            head_dim=64,
-            qk_norm=True,
-            tie_word_embeddings=True,
-        ),
+        "model": {
+            "arch": "qwen3",
+            "vocab_size": 4096,
+            "hidden_size": 256,
+            "intermediate_size": 768,
+            "num_layers": 4,
+            "num_heads": 4,
+            "num_kv_heads": 2,
+            "head_dim": 64,
+            "qk_norm": True,
+            "tie_word_embeddings": True,
+        },
         "prompts": 4,
         "group": 8,
         "prompt_len": 64,
@@ -55,20 +55,20 @@ PRESETS = {
     },
     # Qwen3-0.6B's published config.json (28 layers, GQA 16/8, head_dim 128, tied).
     "qwen3_0p6b": {
-        "model": dict(
-            arch="qwen3",
-            vocab_size=151936,
-            hidden_size=1024,
-            intermediate_size=3072,
-            num_layers=28,
-            num_heads=16,
-            num_kv_heads=8,
-            head_dim=128,
-            qk_norm=True,
-            tie_word_embeddings=True,
-            rope_theta=1e6,
-            max_position_embeddings=40960,
-        ),
+        "model": {
+            "arch": "qwen3",
+            "vocab_size": 151936,
+            "hidden_size": 1024,
+            "intermediate_size": 3072,
+            "num_layers": 28,
+            "num_heads": 16,
+            "num_kv_heads": 8,
+            "head_dim": 128,
+            "qk_norm": True,
+            "tie_word_embeddings": True,
+            "rope_theta": 1e6,
+            "max_position_embeddings": 40960,
+        },
         "prompts": 32,
         "group": 8,
         "prompt_len": 256,
@@ -103,7 +103,13 @@ def matmul_rate(dtype: str) -> float:
 
 def matmul_params(cfg: models.ModelConfig) -> int:
     """Parameters used in matmuls per token, excluding the unembedding (counted apart)."""
-    d, h, k, c, f = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
+    d, h, k, c, f = (
+        cfg.hidden_size,
+        cfg.num_heads,
+        cfg.num_kv_heads,
+        cfg.head_dim,
+        cfg.intermediate_size,
+    )
     attn = d * h * c * 2 + d * k * c * 2
     mlp = 3 * d * (cfg.moe_intermediate_size * cfg.num_experts_per_tok if cfg.num_experts else f)
     return cfg.num_layers * (attn + mlp)
@@ -177,7 +183,7 @@ def bench_sampler(preset, cfg, rate, baseline: bool):
     rng = np.random.default_rng(1)
     prompts = rng.integers(0, cfg.vocab_size, (n, p)).astype(np.int32)
     mask = np.ones((n, p), np.int32)
-    kwargs = dict(num_samples=g, max_new_tokens=t, eos_ids=(), buckets=(p,))
+    kwargs = {"num_samples": g, "max_new_tokens": t, "eos_ids": (), "buckets": (p,)}
 
     def run(key):
         return sampling.sample(cfg, params, prompts, mask, key, **kwargs)

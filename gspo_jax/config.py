@@ -235,7 +235,7 @@ def mesh_shape(config, num_devices: int) -> dict[str, int]:
         if size != -1 and (not isinstance(size, int) or size < 1):
             raise ConfigError(f"config.mesh.{axis}={size!r} must be a positive int or -1")
     fixed = 1
-    for a, s in sizes.items():
+    for s in sizes.values():
         if s != -1:
             fixed *= s
     if free:

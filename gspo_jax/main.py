@@ -26,6 +26,8 @@ _COORDINATOR = flags.DEFINE_string(
 )
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of JAX processes.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
+log = logging.getLogger("gspo_jax.main")
+
 _DISTRIBUTED = flags.DEFINE_bool(
     "distributed",
     None,
@@ -64,7 +66,7 @@ def main(argv) -> None:
 
     from gspo_jax import train
 
-    logging.info(
+    log.info(
         "JAX %s: process %d/%d, %d local / %d global devices (%s)",
         jax.__version__,
         jax.process_index(),
@@ -75,7 +77,7 @@ def main(argv) -> None:
     )
     summary = train.run(_CONFIG.value, _WORKDIR.value)
     if jax.process_index() == 0:
-        logging.info("done: %s", summary)
+        log.info("done: %s", summary)
 
 
 if __name__ == "__main__":
