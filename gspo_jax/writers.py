@@ -82,6 +82,15 @@ def read_metrics(path: str) -> list[dict]:
     return [by_step[s] for s in sorted(order)]
 
 
+def _ema(values: Sequence[float], decay: float) -> list[float]:
+    """Bias-corrected exponential moving average (as TensorBoard's smoothing)."""
+    out, avg = [], 0.0
+    for i, v in enumerate(values, 1):
+        avg = decay * avg + (1 - decay) * v
+        out.append(avg / (1 - decay**i))
+    return out
+
+
 def plot_curves(
     metrics_path: str,
     png_path: str,
@@ -101,8 +110,14 @@ def plot_curves(
         for key in keys:
             xs = [r["step"] for r in rows if isinstance(r.get(key), (int, float))]
             ys = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
-            if xs:
-                ax.plot(xs, ys, marker="." if len(xs) < 30 else None, label=key)
+            if not xs:
+                continue
+            if len(xs) < 30:  # sparse (evaluations): every point matters
+                ax.plot(xs, ys, marker=".", label=key)
+                continue
+            # Per-step RL metrics are noisy: raw values faintly, an EMA on top.
+            (line,) = ax.plot(xs, ys, alpha=0.25, linewidth=0.8)
+            ax.plot(xs, _ema(ys, 0.9), color=line.get_color(), label=f"{key} (EMA)")
         ax.set_title(title)
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)

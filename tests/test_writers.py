@@ -1,0 +1,34 @@
+"""metrics.jsonl / TensorBoard / curves.png writers."""
+
+import json
+import math
+import os
+
+from gspo_jax import writers
+
+
+def test_ema_is_bias_corrected():
+    assert writers._ema([1.0, 1.0, 1.0], 0.9) == [1.0, 1.0, 1.0]
+    # avg1 = 0.5*0 = 0 -> 0; avg2 = 0.5*0 + 0.5*10 = 5 -> 5 / (1 - 0.25) = 6.67
+    assert writers._ema([0.0, 10.0], 0.5) == [0.0, 10.0 / 1.5]
+
+
+def test_writer_rows_resume_and_non_finite(tmp_path):
+    w = writers.MetricsWriter(str(tmp_path))
+    w.write(1, {"reward/mean": 0.5, "policy/clipfrac": float("nan")})
+    w.write(2, {"reward/mean": 0.6})
+    w.write(2, {"eval/accuracy": 0.25})  # same step, e.g. evaluation written after
+    w.write(1, {"reward/mean": 0.7})  # a resumed run rewrites step 1: the later row wins
+    w.close()
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert lines[0]["policy/clipfrac"] == "nan"  # JSON has no NaN: kept visible as text
+    rows = writers.read_metrics(str(tmp_path / "metrics.jsonl"))
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[0]["reward/mean"] == 0.7 and rows[1] == {
+        "step": 2,
+        "reward/mean": 0.6,
+        "eval/accuracy": 0.25,
+    }
+    assert any(f.startswith("events.out.tfevents") for f in os.listdir(tmp_path / "tb"))
+    png = writers.plot_curves(str(tmp_path / "metrics.jsonl"), str(tmp_path / "c.png"))
+    assert os.path.getsize(png) > 5_000 and not math.isnan(rows[0]["reward/mean"])
