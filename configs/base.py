@@ -128,7 +128,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # ------------------------------------------------------------------------------------
     c.data = ml_collections.ConfigDict()
     c.data.name = "arithmetic"  # "arithmetic" (synthetic, generated locally) | "gsm8k" (manual_dir)
-    c.data.config_name = "add3"  # builder config of the dataset
+    c.data.config_name = "add3"  # builder config of the dataset ("" for none, e.g. gsm8k)
     c.data.data_dir = _placeholder(str)  # where TFDS writes the prepared dataset
     c.data.manual_dir = _placeholder(str)  # GSM8K: the directory with train.jsonl / test.jsonl
     c.data.train_split = "train"

@@ -42,7 +42,7 @@ def use_hf_model_on_gsm8k(c, hf_path: str, manual_dir: str) -> None:
         )
     c.model.hf_path = hf_path
     c.data.name = "gsm8k"
-    c.data.config_name = "default"
+    c.data.config_name = ""  # GSM8K has no builder configs
     c.data.manual_dir = manual_dir
     c.data.instruction = '\nLet\'s think step by step and output the final answer after "####".'
     c.reward.spec = "math"

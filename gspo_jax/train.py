@@ -142,7 +142,7 @@ class Trainer:
         self.data_spec = spec
         sources = data.build_dataset(
             c.data.name,
-            c.data.config_name,
+            c.data.config_name or None,
             data_dir=data_dir,
             manual_dir=c.data.manual_dir,
             splits=(c.data.train_split, c.data.eval_split),
@@ -267,8 +267,10 @@ class Trainer:
         self.running = advantages_lib.init_running_moments()
         self.start_step = 0
         if c.model.hf_path:
-            _, params = models.load_pretrained(c.model.hf_path, dtype=c.model.param_dtype)
-            params = jax.device_put(params, self.param_shardings)
+            # Tensor by tensor, straight into its sharding: never whole on one device.
+            _, params = models.load_pretrained(
+                c.model.hf_path, dtype=c.model.param_dtype, shardings=self.param_shardings
+            )
             self.origin = f"Hugging Face checkpoint {c.model.hf_path}"
         else:
             init = jax.jit(models.init_params, static_argnums=0, out_shardings=self.param_shardings)
@@ -445,7 +447,12 @@ class Trainer:
 
     def export(self) -> str:
         path = os.path.join(self.workdir, "hf")
-        params = jax.tree.map(np.asarray, jax.device_get(self.state.params))
+        params = self.state.params
+        if jax.process_count() > 1:  # params span hosts: every host gathers, host 0 writes
+            from jax.experimental import multihost_utils
+
+            params = multihost_utils.process_allgather(params, tiled=True)
+        params = jax.tree.map(np.asarray, jax.device_get(params))
         if self.is_lead:
             models.save_pretrained(self.model_config, params, path)
             self.tokenizer.save_pretrained(path)
