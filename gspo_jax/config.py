@@ -133,6 +133,19 @@ def validate(config, *, num_devices: int | None = None, num_processes: int = 1) 
         raise ConfigError(
             f"rollout_batch_size={n} prompts do not split over {num_processes} JAX processes"
         )
+    if num_processes > 1 and num_devices is not None:
+        # Each process feeds its own prompt rows to its own devices (no replication across
+        # hosts), so prompt batches must split over every data-parallel device.
+        data_parallel = _data_parallel_size(config, num_devices)
+        for name, rows in (
+            ("rollout_batch_size", n),
+            ("eval.batch_size", config.eval.batch_size),
+        ):
+            if rows % data_parallel:
+                raise ConfigError(
+                    f"config.{name}={rows} prompts do not split over the {data_parallel} "
+                    f"data-parallel devices of {num_processes} processes"
+                )
 
     # -- group statistics need a group -----------------------------------------------------
     if g < 2 and config.adv_estimator == "grpo":

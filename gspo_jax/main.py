@@ -39,8 +39,9 @@ def _init_distributed() -> None:
     import jax
 
     if _COORDINATOR.value:
-        if jax.default_backend() == "cpu" or os.environ.get("JAX_PLATFORMS", "") == "cpu":
-            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        # CPU processes need gloo for cross-process collectives (it only affects the CPU
+        # backend). Querying the backend here would initialise it too early.
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(
             coordinator_address=_COORDINATOR.value,
             num_processes=_NUM_PROCESSES.value,

@@ -21,6 +21,7 @@ position and running reward statistics all come from the checkpoint.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -133,20 +134,28 @@ class Trainer:
         if c.model.hf_path or c.model.tokenizer_path:
             self.tokenizer = data.load_tokenizer(c.model.tokenizer_path or c.model.hf_path)
         else:
-            self.tokenizer = data.make_char_tokenizer(os.path.join(self.workdir, "tokenizer"))
+            path = os.path.join(self.workdir, "tokenizer")
+            self.tokenizer = _lead_first(
+                "tokenizer",
+                lambda: data.make_char_tokenizer(path),
+                lambda: data.load_tokenizer(path),
+            )
         self.eos_ids = tuple(data.stop_token_ids(self.tokenizer))
         self.pad_id = int(self.tokenizer.pad_token_id)
         data_dir = c.data.data_dir or os.path.join(self.workdir, "data")
         tfds.disable_progress_bar()  # one progress bar per run is ours
         spec = data.get_spec(c.data.name)
         self.data_spec = spec
-        sources = data.build_dataset(
+        build = functools.partial(
+            data.build_dataset,
             c.data.name,
             c.data.config_name or None,
             data_dir=data_dir,
             manual_dir=c.data.manual_dir,
             splits=(c.data.train_split, c.data.eval_split),
         )
+        # One process writes the dataset; the others read it once it is complete.
+        sources = _lead_first("dataset", build, lambda: build(prepare=False))
         self.sources = sources
         instruction = data.DEFAULT_INSTRUCTION if c.data.instruction is None else c.data.instruction
         self.prompt_kwargs = {
@@ -259,12 +268,21 @@ class Trainer:
             self.rng = tree["rng"]
             self.running = tree["running"]
             self.ref_params = tree.get("ref_params")
-            self.train_iter.set_state(meta["data"])
+            states = meta["data"]
+            if len(states) != jax.process_count():
+                raise ValueError(
+                    f"checkpoint {step} was written by {len(states)} processes; resuming it "
+                    f"with {jax.process_count()} would change every process's data shard"
+                )
+            self.train_iter.set_state(states[jax.process_index()])
             self.start_step = int(meta["step"])
             self.origin = f"checkpoint {step} in {self.manager.directory}"
             return
-        self.rng = jax.random.key_data(jax.random.PRNGKey(c.seed))
-        self.running = advantages_lib.init_running_moments()
+        # Small host-made state is placed replicated on the mesh: with several processes a
+        # single-device array could be neither checkpointed nor combined with global arrays.
+        replicate = functools.partial(jax.device_put, device=sharding_lib.replicated(self.mesh))
+        self.rng = replicate(jax.random.key_data(jax.random.PRNGKey(c.seed)))
+        self.running = replicate(advantages_lib.init_running_moments())
         self.start_step = 0
         if c.model.hf_path:
             # Tensor by tensor, straight into its sharding: never whole on one device.
@@ -280,7 +298,9 @@ class Trainer:
                 params = self._warm_start(params)
                 self.origin += f" + {c.warm_start.steps} supervised warm-start steps"
         self.state = TrainState(
-            step=jnp.zeros((), jnp.int32), params=params, opt_state=self._init_opt_state(params)
+            step=replicate(jnp.zeros((), jnp.int32)),
+            params=params,
+            opt_state=self._init_opt_state(params),
         )
         # The reference policy is the policy RL starts from (after any warm start).
         self.ref_params = jax.tree.map(jnp.copy, params) if self.needs_ref else None
@@ -442,7 +462,12 @@ class Trainer:
         tree = {"train": self.state, "rng": self.rng, "running": self.running}
         if self.needs_ref:
             tree["ref_params"] = self.ref_params
-        meta = {"step": step, "data": self.train_iter.get_state(), "origin": self.origin}
+        # Every process reads its own shard, so the meta keeps one iterator state per process.
+        meta = {
+            "step": step,
+            "data": _gather_json(self.train_iter.get_state()),
+            "origin": self.origin,
+        }
         checkpoint.save(self.manager, step, tree, meta)
 
     def export(self) -> str:
@@ -525,6 +550,34 @@ class Trainer:
         if self.pool is not None:
             self.pool.close()
         self.manager.close()
+
+
+def _gather_json(obj) -> list:
+    """[obj of process 0, obj of process 1, ...] for a JSON-able obj, on every process."""
+    if jax.process_count() == 1:
+        return [obj]
+    from jax.experimental import multihost_utils
+
+    raw = np.frombuffer(json.dumps(obj).encode(), np.uint8)
+    length = int(np.max(multihost_utils.process_allgather(np.int32(raw.size))))
+    padded = np.zeros(length, np.uint8)
+    padded[: raw.size] = raw
+    rows = multihost_utils.process_allgather(padded)
+    return [json.loads(bytes(r).rstrip(b"\x00").decode()) for r in np.asarray(rows)]
+
+
+def _lead_first(name: str, lead_fn, other_fn):
+    """Process 0 runs `lead_fn` (which writes shared files); the others wait, then `other_fn`."""
+    if jax.process_count() == 1:
+        return lead_fn()
+    from jax.experimental import multihost_utils
+
+    if jax.process_index() == 0:
+        out = lead_fn()
+        multihost_utils.sync_global_devices(f"gspo_jax:{name}")
+        return out
+    multihost_utils.sync_global_devices(f"gspo_jax:{name}")
+    return other_fn()
 
 
 def _progress(total: int, initial: int, desc: str, *, enabled: bool):

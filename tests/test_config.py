@@ -254,3 +254,13 @@ def test_qwen3_gsm8k_config_needs_its_arguments_and_validates():
     assert (c.importance_sampling, c.clip_low, c.clip_high) == ("seq", 3e-4, 4e-4)
     assert c.model.dtype == "bfloat16" and c.data.name == "gsm8k"
     _validate_quietly(c, num_devices=8)
+
+
+def test_multi_process_prompt_batches_must_split_over_devices():
+    c = base.get_config()  # 8 prompts
+    c.eval.batch_size = 64
+    validate(c, num_devices=8, num_processes=2)
+    c.rollout_batch_size, c.num_mini_batches = 4, 2
+    with pytest.raises(ConfigError, match="rollout_batch_size=4 prompts do not split over the 8"):
+        validate(c, num_devices=8, num_processes=2)
+    validate(c, num_devices=8, num_processes=1)  # one process replicates small prompt batches
