@@ -14,27 +14,18 @@ import sys
 
 import numpy as np
 import pytest
+from tiny_flags import TINY_MODEL
 
 TINY = [
+    *TINY_MODEL,
     "--config.rollout_batch_size=8",  # 8 prompts: 4 per process, split over 8 devices
     "--config.num_return_sequences_in_group=2",
     "--config.num_mini_batches=2",
-    "--config.response_length=12",
-    "--config.model.hidden_size=32",
-    "--config.model.intermediate_size=64",
-    "--config.model.num_layers=2",
-    "--config.model.num_heads=2",
-    "--config.model.num_kv_heads=1",
-    "--config.model.head_dim=16",
-    "--config.warm_start.steps=3",
-    "--config.warm_start.batch_size=16",
     "--config.eval.num_prompts=16",
     "--config.eval.batch_size=8",
     "--config.eval.every_steps=0",
-    "--config.checkpoint.every_steps=1",
     "--config.checkpoint.export_hf=false",
     "--config.reward.num_workers=0",
-    "--config.log.progress_bar=false",
     "--config.log.plot=false",
 ]
 

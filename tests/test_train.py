@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import pytest
+from tiny_flags import TINY_MODEL
 
 from configs import default
 from gspo_jax import rollout, train
@@ -14,25 +15,15 @@ from gspo_jax.rewards import build_reward
 
 # A tiny version of the default run: 2-layer d=32 model, 4 prompts x 4 samples.
 TINY = [
+    *TINY_MODEL,
     "--config.num_steps=4",
     "--config.rollout_batch_size=4",
     "--config.num_return_sequences_in_group=4",
     "--config.num_mini_batches=2",
-    "--config.response_length=12",
-    "--config.model.hidden_size=32",
-    "--config.model.intermediate_size=64",
-    "--config.model.num_layers=2",
-    "--config.model.num_heads=2",
-    "--config.model.num_kv_heads=1",
-    "--config.model.head_dim=16",
-    "--config.warm_start.steps=3",
-    "--config.warm_start.batch_size=16",
     "--config.eval.num_prompts=8",
     "--config.eval.batch_size=8",
     "--config.eval.every_steps=2",
-    "--config.checkpoint.every_steps=1",
     "--config.reward.num_workers=1",
-    "--config.log.progress_bar=false",
 ]
 # Metrics that depend on wall time, not on the computation.
 _TIMING = ("time/", "perf/")
