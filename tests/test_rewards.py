@@ -21,7 +21,7 @@ import pytest
 
 import gspo_jax.rewards.testing  # noqa: F401  (registers test_chaos and friends)
 from gspo_jax import rewards
-from gspo_jax.rewards import answers, registry, scoring
+from gspo_jax.rewards import answers, items, registry
 
 math_fn = rewards.get_reward_fn("math")
 math_strict_fn = rewards.get_reward_fn("math_strict")
@@ -551,7 +551,11 @@ def _pid_gone(pid: int) -> bool:
 
 def test_pool_kills_hangs_and_recovers(pool):
     cases = CHAOS[:3] + HANGS[:1] + CHAOS[3:6] + HANGS[1:] + CHAOS[6:]
+    # Workers start lazily: score one batch first so that there are workers to replace,
+    # whichever test ran on this module's pool before (pytest-xdist decides the order).
+    rewards.score_batch("test_chaos", *_batch(CHAOS[:2]), timeout_s=5.0, pool=pool)
     pids_before = set(pool.worker_pids())
+    assert len(pids_before) == 2
     start = time.perf_counter()
     rewards_B, stats = rewards.score_batch("test_chaos", *_batch(cases), timeout_s=0.5, pool=pool)
     elapsed = time.perf_counter() - start
@@ -674,11 +678,11 @@ def test_workers_exit_when_parent_is_killed():
 
 
 def test_check_value_rules():
-    assert scoring.check_value(1) == (rewards.STATUS_OK, 1.0, None)
-    assert scoring.check_value(True)[:2] == (rewards.STATUS_OK, 1.0)
-    assert scoring.check_value(np.float32(0.25))[:2] == (rewards.STATUS_OK, 0.25)
-    assert scoring.check_value(Fraction(1, 4))[:2] == (rewards.STATUS_OK, 0.25)
-    assert scoring.check_value("1.0")[0] == rewards.STATUS_NONNUMERIC
-    assert scoring.check_value(np.array([1.0]))[0] == rewards.STATUS_NONNUMERIC
-    assert scoring.check_value(float("-inf"))[0] == rewards.STATUS_NONFINITE
-    assert scoring.check_value(10**400)[0] == rewards.STATUS_NONFINITE
+    assert items.check_value(1) == (rewards.STATUS_OK, 1.0, None)
+    assert items.check_value(True)[:2] == (rewards.STATUS_OK, 1.0)
+    assert items.check_value(np.float32(0.25))[:2] == (rewards.STATUS_OK, 0.25)
+    assert items.check_value(Fraction(1, 4))[:2] == (rewards.STATUS_OK, 0.25)
+    assert items.check_value("1.0")[0] == rewards.STATUS_NONNUMERIC
+    assert items.check_value(np.array([1.0]))[0] == rewards.STATUS_NONNUMERIC
+    assert items.check_value(float("-inf"))[0] == rewards.STATUS_NONFINITE
+    assert items.check_value(10**400)[0] == rewards.STATUS_NONFINITE

@@ -1,5 +1,6 @@
 """Rewards: verifiers (math answers, synthetic arithmetic, answer format), their registry,
-and robust batch scoring.
+and robust batch scoring (`items`: one call judged; `pool`: worker processes with
+timeouts; `scoring`: `score_batch`).
 
 Data flow: decoded completions (host) -> `score_batch(build_reward(config.reward), ...)`
 -> rewards [B] + failure stats -> advantages. Importing this package registers the
@@ -15,6 +16,15 @@ from gspo_jax.rewards.answers import (
     extract_reference_answer,
     parse_number,
 )
+from gspo_jax.rewards.items import (
+    STATUS_ERROR,
+    STATUS_NAMES,
+    STATUS_NONFINITE,
+    STATUS_NONNUMERIC,
+    STATUS_OK,
+    STATUS_TIMEOUT,
+)
+from gspo_jax.rewards.pool import RewardPool, get_default_pool, shutdown_default_pool
 from gspo_jax.rewards.registry import (
     Reward,
     RewardFn,
@@ -23,19 +33,7 @@ from gspo_jax.rewards.registry import (
     list_rewards,
     register_reward,
 )
-from gspo_jax.rewards.scoring import (
-    STATUS_ERROR,
-    STATUS_NAMES,
-    STATUS_NONFINITE,
-    STATUS_NONNUMERIC,
-    STATUS_OK,
-    STATUS_TIMEOUT,
-    RewardPool,
-    get_default_pool,
-    score_batch,
-    shutdown_default_pool,
-    summarize,
-)
+from gspo_jax.rewards.scoring import score_batch, summarize
 
 __all__ = [
     "STATUS_ERROR",

@@ -1,0 +1,83 @@
+"""One verifier call judged: the reward-handling rule of DESIGN.md section 6.
+
+`evaluate_item(reward, prompt, completion, reference)` runs a verifier and returns
+(status, total, per-term values, message); it never raises an Exception. An item whose
+verifier raises, returns a value that is not a real number (`numbers.Real`:
+bool/int/float/Fraction/NumPy scalars; a string such as "1.0" is *not* parsed), or
+returns a non-finite value (or a weighted sum that overflows) gets a failure status and
+a message; `scoring.score_batch` turns failures into `fail_value` and counts them. The
+same function runs in-process and inside the worker processes of `pool.py`; timeouts
+and dead workers are the pool's business (STATUS_TIMEOUT, STATUS_ERROR).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+from gspo_jax.rewards.registry import Reward, RewardFn
+
+STATUS_OK = 0
+STATUS_ERROR = 1
+STATUS_TIMEOUT = 2
+STATUS_NONFINITE = 3
+STATUS_NONNUMERIC = 4
+STATUS_NAMES = ("ok", "error", "timeout", "nonfinite", "nonnumeric")
+
+# Messages kept per batch and their length: enough to debug, bounded for logs.
+MAX_MESSAGES = 16
+MAX_MESSAGE_CHARS = 500
+
+
+def check_value(value: object) -> tuple[int, float, str | None]:
+    """(status, float value, message) for one verifier return value."""
+    if not isinstance(value, numbers.Real):
+        text = repr(value)[:80] if isinstance(value, (str, bytes)) else type(value).__name__
+        return STATUS_NONNUMERIC, 0.0, f"returned a non-numeric value: {text}"
+    try:
+        result = float(value)
+    except OverflowError:
+        return STATUS_NONFINITE, 0.0, "returned a value too large for float64"
+    except (TypeError, ValueError) as e:
+        return STATUS_NONNUMERIC, 0.0, f"returned a value float() rejects: {e}"
+    if not math.isfinite(result):
+        return STATUS_NONFINITE, 0.0, f"returned a non-finite value: {result}"
+    return STATUS_OK, result, None
+
+
+def _truncate(message: str) -> str:
+    return message if len(message) <= MAX_MESSAGE_CHARS else message[:MAX_MESSAGE_CHARS] + "..."
+
+
+def evaluate_item(
+    reward: Reward | RewardFn, prompt: str, completion: str, reference: str
+) -> tuple[int, float, tuple[float, ...], str | None]:
+    """Runs one item: (status, total, per-term values, message); never raises an Exception.
+
+    total = sum_k w_k * v_k over the terms of a `Reward` (v for a plain callable); each
+    v_k must pass `check_value`, and so must the total (weights can overflow it).
+    """
+    num_terms = len(reward.names) if isinstance(reward, Reward) else 1
+    zeros = (0.0,) * num_terms
+    try:
+        if isinstance(reward, Reward):
+            raw = reward.term_values(prompt, completion, reference)
+        else:
+            raw = (reward(prompt, completion, reference),)
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - a verifier failure is data
+        return STATUS_ERROR, 0.0, zeros, _truncate(f"{type(e).__name__}: {e}")
+    values = []
+    for k, value in enumerate(raw):
+        status, number, message = check_value(value)
+        if status != STATUS_OK:
+            if isinstance(reward, Reward) and num_terms > 1:
+                message = f"term {reward.names[k]!r} {message}"
+            return status, 0.0, zeros, message
+        values.append(number)
+    if isinstance(reward, Reward):
+        total = math.fsum(w * v for w, v in zip(reward.weights, values))
+    else:
+        total = values[0]
+    if not math.isfinite(total):
+        return STATUS_NONFINITE, 0.0, zeros, f"weighted sum is not finite: {total}"
+    return STATUS_OK, total, tuple(values), None
