@@ -2,8 +2,8 @@
 
 Where it sits (DESIGN.md §4): `train.py` calls `sample(...)` once per RL step; the response
 tokens go to the verifiers, and `logprobs` can serve as π_old (paper §5.4: the sampler's own
-likelihoods instead of a recomputation). Imports only `models` (and `logprobs` for the one
-shared log-softmax formula, so sampler and trainer log-probs run the same arithmetic).
+likelihoods instead of a recomputation). Imports only `models` and `draw` (the token draw,
+whose log-probs use the trainer's own log-softmax formula).
 
 How it runs (no per-token Python):
 
@@ -17,7 +17,7 @@ How it runs (no per-token Python):
 
 The model owns the decode arithmetic (models/kv_cache.py, through the same `Decoder` as
 `models.forward`); this module owns what is sampling-specific: bucketing and validation,
-the loop, the token draw, and the schedule of the response cache's time segments. The G
+the loop, and the schedule of the response cache's time segments. The G
 samples of a prompt share its prompt KV cache without copying it (the model reads it once
 per group). `share_prefix=False` prefills the N·G repeated prompts instead and runs the same
 code with groups of one; it gives the same samples for the same rng (the benchmark's
@@ -30,9 +30,10 @@ tokens: ~(S+1)/2S of the cache on average instead of all of it (the cache, not t
 what a CPU decode step waits on). Each segment is one more compiled copy of the step; when
 every row is done the remaining loops exit at once.
 
-Sampling: `filter_logits` (top-k, then top-p) on logits / τ, then one categorical draw per row
-by inverse CDF (`draw_categorical`; one uniform per row instead of Gumbel noise over [B, V]);
-greedy is argmax. `logprobs` are always of the unfiltered softmax(logits / τ) (see `sample`).
+Token draw (`draw.py`): `filter_logits` (top-k, then top-p) on logits / τ, then one
+categorical draw per row by inverse CDF (`draw_categorical`; one uniform per row instead of
+Gumbel noise over [B, V]); greedy is argmax. `logprobs` are always of the unfiltered
+softmax(logits / τ) (see `sample`).
 
 Buckets: the prompt width fed to the model is the smallest entry of `buckets` that holds the
 longest real prompt, capped at the input width (the rule of `train.bucket_prompts`), so the
@@ -60,7 +61,7 @@ import numpy as np
 from flax import struct
 
 from gspo_jax import models
-from gspo_jax.logprobs import logprobs_from_logits
+from gspo_jax.draw import draw_categorical, filter_logits, next_token
 
 __all__ = [
     "DEFAULT_BUCKETS",
@@ -153,102 +154,6 @@ class SamplerState:
     cache: models.ResponseCache
 
 
-# ----------------------------------------------------------------------- filtering, drawing
-
-
-def filter_logits(z_BV, *, top_k: int | None = None, top_p: float | None = None):
-    """Top-k then top-p (nucleus) filtering of already tempered logits z = logits / τ.
-
-    top-k keeps z_v ≥ (k-th largest z); top-p then keeps, of what is left, the most likely
-    tokens whose probability mass before them is < top_p (the smallest set with mass ≥ top_p;
-    the most likely token always stays), with probabilities renormalised over the top-k set —
-    the order of transformers' TopK then TopP warpers. Everything else becomes −inf. Ties at a
-    threshold are all kept. Top-k uses `lax.top_k`; top-p sorts the top-k values (or all V
-    logits without top-k).
-    """
-    V = z_BV.shape[-1]
-    threshold = None
-    sorted_desc = None
-    if top_k is not None and top_k < V:
-        sorted_desc, _ = jax.lax.top_k(z_BV, top_k)
-        threshold = sorted_desc[..., -1:]
-    if top_p is not None and top_p < 1.0:
-        if sorted_desc is None:
-            sorted_desc = -jnp.sort(-z_BV, axis=-1)
-        probs = jax.nn.softmax(sorted_desc, axis=-1)
-        mass_before = jnp.cumsum(probs, axis=-1) - probs
-        count = jnp.sum(mass_before < top_p, axis=-1, keepdims=True)  # ≥ 1
-        threshold_p = jnp.take_along_axis(sorted_desc, jnp.maximum(count, 1) - 1, axis=-1)
-        threshold = threshold_p if threshold is None else jnp.maximum(threshold, threshold_p)
-    if threshold is None:
-        return z_BV
-    return jnp.where(z_BV >= threshold, z_BV, -jnp.inf)
-
-
-def _argmax(x_BV):
-    """argmax over the last axis, ties -> lowest index (as jnp.argmax / torch.argmax).
-
-    Two plain reductions: XLA:CPU runs the variadic (value, index) reduce of jnp.argmax
-    several times slower over a [B, V] row than a max and a min.
-    """
-    top = jnp.max(x_BV, axis=-1, keepdims=True)
-    index = jnp.arange(x_BV.shape[-1], dtype=jnp.int32)
-    return jnp.min(jnp.where(x_BV == top, index, x_BV.shape[-1]), axis=-1).astype(jnp.int32)
-
-
-def _block_size(V: int) -> int:
-    """Inverse-CDF block width: a power of two near √V (two short scans instead of one long)."""
-    return int(min(512, max(16, 2 ** round(math.log2(math.sqrt(V))))))
-
-
-def draw_categorical(z_BV, key):
-    """One draw per row from softmax(z) (z may hold −inf), by inverse CDF: one f32 uniform
-    per row, u·Σp located first among block sums, then inside the chosen block.
-
-        p = exp(z − max z),  token = min{i : Σ_{j≤i} p_j > u·Σ_j p_j}
-
-    Costs one exp pass over [B, V] plus [B, V/blk] and [B, blk] scans — far cheaper on CPU
-    than Gumbel-max, which needs B·V random numbers per step. Tokens with p = 0 are never
-    drawn (the index is clamped to the last positive entry, against rounding); u has 2⁻²³
-    resolution, so probabilities below ~1e-7 are resolved only to that grain.
-    """
-    B, V = z_BV.shape
-    blk = _block_size(V)
-    nb = -(-V // blk)
-    z = z_BV.astype(F32)
-    if nb * blk != V:
-        z = jnp.pad(z, ((0, 0), (0, nb * blk - V)), constant_values=-jnp.inf)
-    p_BV = jnp.exp(z - jnp.max(z, axis=-1, keepdims=True))
-    p_BNb = p_BV.reshape(B, nb, blk)
-    mass_BN = jnp.sum(p_BNb, axis=-1)
-    cdf_BN = jnp.cumsum(mass_BN, axis=-1)
-    u_B1 = jax.random.uniform(key, (B, 1), F32) * cdf_BN[:, -1:]
-    block_index = jnp.arange(nb, dtype=jnp.int32)
-    last_block = jnp.max(jnp.where(mass_BN > 0, block_index, 0), axis=-1, keepdims=True)
-    j_B1 = jnp.minimum(jnp.sum(cdf_BN <= u_B1, axis=-1, keepdims=True), last_block)
-    before_B1 = jnp.where(
-        j_B1 > 0, jnp.take_along_axis(cdf_BN, jnp.maximum(j_B1 - 1, 0), axis=-1), 0.0
-    )
-    p_Bb = jnp.take_along_axis(p_BNb, j_B1[:, :, None], axis=1)[:, 0]
-    in_index = jnp.arange(blk, dtype=jnp.int32)
-    last_in = jnp.max(jnp.where(p_Bb > 0, in_index, 0), axis=-1, keepdims=True)
-    t_B1 = jnp.sum(jnp.cumsum(p_Bb, axis=-1) <= u_B1 - before_B1, axis=-1, keepdims=True)
-    return (j_B1 * blk + jnp.minimum(t_B1, last_in))[:, 0].astype(jnp.int32)
-
-
-def _next_token(logits_BV, key, temperature: float, top_k, top_p):
-    """(token [B], log-prob [B]) for one step: one categorical draw per row from the
-    filtered tempered distribution (`draw_categorical`, one key for the [B, V] draw, every
-    row its own uniform); greedy is argmax. The log-prob is always of the unfiltered
-    softmax(logits / τ) (τ = 1 for greedy), via the trainer's `logprobs_from_logits`."""
-    if temperature == 0.0:
-        token = _argmax(logits_BV)
-        return token, logprobs_from_logits(logits_BV, token, 1.0)
-    z = logits_BV.astype(F32) / temperature
-    token = draw_categorical(filter_logits(z, top_k=top_k, top_p=top_p), key)
-    return token, logprobs_from_logits(logits_BV, token, temperature)
-
-
 # ------------------------------------------------------------------------ cache schedule
 
 
@@ -331,7 +236,7 @@ def _decode(
     def emit(state, logits_BV):
         """Draws token `step` for every row, writes it (pad / 0 for finished rows)."""
         key = jax.random.fold_in(state.rng, state.step)
-        token, logprob = _next_token(logits_BV, key, temperature, top_k, top_p)
+        token, logprob = next_token(logits_BV, key, temperature, top_k, top_p)
         live = ~state.done
         token = jnp.where(live, token, pad_id)
         col = (jnp.zeros((), jnp.int32), state.step)
