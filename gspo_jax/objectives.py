@@ -356,7 +356,9 @@ def policy_loss(
       (loss, metrics). metrics is a flat dict of f32 scalars over this call's valid data:
       clipfrac (valid tokens whose clipped term is active, = clipfrac_low + clipfrac_high),
       clipfrac_low (r < 1 − clip_low with A < 0), clipfrac_high (r > 1 + clip_high with A > 0),
-      clipfrac_seq (valid sequences with ≥ 1 clipped token), dual_clipfrac (valid tokens
+      clipfrac_seq (valid sequences with ≥ 1 clipped token; clipfrac_seq_low / _high: with ≥ 1
+      token clipped on that side — in `seq` mode every token of a sequence shares its
+      clip state, so these are the sequence-level clip fractions), dual_clipfrac (valid tokens
       capped by the dual clip), ratio_min / ratio_mean / ratio_max (over valid tokens for token
       modes, over valid sequences for sequence modes; 1.0 when nothing is valid),
       approx_kl (masked mean of old − logp, k1 of KL(π_old ‖ π_θ)), approx_kl_k3 (masked mean
@@ -464,7 +466,10 @@ def _policy_metrics(
         return jnp.sum(flag_BT.astype(jnp.float32)) / _safe_denominator(n_tok)
 
     clipped_BT = clipped_low_BT | clipped_high_BT
-    clipped_seq_B = jnp.any(clipped_BT, axis=-1) & valid_B
+
+    def seq_frac(flag_BT):
+        flag_B = jnp.any(flag_BT, axis=-1) & valid_B
+        return jnp.sum(flag_B.astype(jnp.float32)) / _safe_denominator(n_seq)
 
     if importance_sampling in SEQUENCE_LEVEL_IS_MODES:
         # One ratio per sequence: the max over its valid tokens is that value, exactly.
@@ -490,7 +495,9 @@ def _policy_metrics(
         "clipfrac": tok_frac(clipped_BT),
         "clipfrac_low": tok_frac(clipped_low_BT),
         "clipfrac_high": tok_frac(clipped_high_BT),
-        "clipfrac_seq": jnp.sum(clipped_seq_B.astype(jnp.float32)) / _safe_denominator(n_seq),
+        "clipfrac_seq": seq_frac(clipped_BT),
+        "clipfrac_seq_low": seq_frac(clipped_low_BT),
+        "clipfrac_seq_high": seq_frac(clipped_high_BT),
         "dual_clipfrac": tok_frac(dual_BT),
         "ratio_min": ratio_min,
         "ratio_mean": ratio_mean,

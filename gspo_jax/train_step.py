@@ -104,7 +104,7 @@ class StepConfig:
 # Metrics of one micro-batch are combined over micro-batches by these rules; anything not
 # listed is a mean over valid tokens. (ratio_mean is over sequences in sequence-level IS
 # modes: see _seq_weighted.)
-_SEQ_WEIGHTED = ("clipfrac_seq",)
+_SEQ_WEIGHTED = ("clipfrac_seq", "clipfrac_seq_low", "clipfrac_seq_high")
 _MIN_KEYS = ("ratio_min",)
 _MAX_KEYS = ("ratio_max",)
 _SUMMED = ("num_valid_tokens", "num_valid_seqs", "loss", "pg_loss", "kl_loss", "entropy_loss")

@@ -151,6 +151,8 @@ def policy_loss(
         "clipfrac_low": low[mask > 0].sum() / max(n_tok, 1),
         "clipfrac_high": high[mask > 0].sum() / max(n_tok, 1),
         "clipfrac_seq": sum(bool(clipped[b].any()) for b in valid_seqs) / max(len(valid_seqs), 1),
+        "clipfrac_seq_low": sum(bool(low[b].any()) for b in valid_seqs) / max(len(valid_seqs), 1),
+        "clipfrac_seq_high": sum(bool(high[b].any()) for b in valid_seqs) / max(len(valid_seqs), 1),
         "dual_clipfrac": dual[mask > 0].sum() / max(n_tok, 1),
         "ratio_min": min(values) if values else 1.0,
         "ratio_mean": float(np.mean(values)) if values else 1.0,

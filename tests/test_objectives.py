@@ -182,6 +182,7 @@ def test_gspo_and_grpo_hand_example_loss_gradient_and_clipfracs():
     assert m["clipfrac"] == pytest.approx(1 / 3)
     assert m["clipfrac_low"] == pytest.approx(1 / 3) and m["clipfrac_high"] == 0.0
     assert m["clipfrac_seq"] == pytest.approx(0.5)
+    assert m["clipfrac_seq_low"] == pytest.approx(0.5) and m["clipfrac_seq_high"] == 0.0
     # Sequence-level ratio stats: {1.1051709, 0.5488116}.
     assert m["ratio_min"] == pytest.approx(0.5488116, rel=1e-6)
     assert m["ratio_max"] == pytest.approx(1.1051709, rel=1e-6)
@@ -204,6 +205,9 @@ def test_gspo_and_grpo_hand_example_loss_gradient_and_clipfracs():
     assert m["clipfrac_low"] == pytest.approx(1 / 3)
     assert m["clipfrac_high"] == pytest.approx(1 / 3)
     assert m["clipfrac_seq"] == 1.0
+    # Row 0 is clipped high (token 0), row 1 low: one sequence on each side.
+    assert m["clipfrac_seq_low"] == pytest.approx(0.5)
+    assert m["clipfrac_seq_high"] == pytest.approx(0.5)
     assert m["ratio_min"] == pytest.approx(0.5488116, rel=1e-6)
     assert m["ratio_max"] == pytest.approx(1.2214028, rel=1e-6)
     assert m["ratio_mean"] == pytest.approx((1.2214028 + 1.0 + 0.5488116) / 3, rel=1e-6)
