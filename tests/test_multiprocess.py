@@ -6,7 +6,6 @@ orbax checkpoint, and a run stopped after step 2 and restarted matches the unint
 two-process run at step 3.
 """
 
-import json
 import os
 import socket
 import subprocess
@@ -14,7 +13,7 @@ import sys
 
 import numpy as np
 import pytest
-from tiny_flags import TINY_MODEL
+from tiny_flags import TINY_MODEL, metrics_by_step
 
 TINY = [
     *TINY_MODEL,
@@ -68,15 +67,6 @@ def _run_two_processes(workdir, data_dir, num_steps):
     return outputs
 
 
-def _rows(workdir):
-    rows = {}
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        for line in f:
-            row = json.loads(line)
-            rows.setdefault(row["step"], {}).update(row)
-    return rows
-
-
 @pytest.mark.slow
 def test_two_processes_train_checkpoint_and_resume(tmp_path):
     data_dir = tmp_path / "data"
@@ -86,7 +76,7 @@ def test_two_processes_train_checkpoint_and_resume(tmp_path):
     outputs = _run_two_processes(resumed, data_dir, 3)
     assert "starting at RL step 2 from checkpoint 2" in outputs[0]
     assert max(int(d) for d in os.listdir(resumed / "checkpoints") if d.isdigit()) == 3
-    got, want = _rows(resumed)[3], _rows(ref)[3]
+    got, want = metrics_by_step(resumed)[3], metrics_by_step(ref)[3]
     assert want["policy/updates"] == 2
     for key, value in want.items():
         if key.startswith(("time/", "perf/")):

@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 import pytest
-from tiny_flags import TINY_MODEL
+from tiny_flags import TINY_MODEL, metrics_by_step
 
 from configs import default
 from gspo_jax import rollout, train
@@ -43,15 +43,6 @@ def _tiny_config(data_dir):
     return c
 
 
-def _rows(workdir):
-    rows = {}
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        for line in f:
-            row = json.loads(line)
-            rows.setdefault(row["step"], {}).update(row)
-    return rows
-
-
 @pytest.fixture(scope="module")
 def main_run(tmp_path_factory):
     """`python -m gspo_jax.main` on the tiny config: the uninterrupted reference run."""
@@ -78,7 +69,7 @@ def test_main_entry_point_writes_everything(main_run):
     assert (workdir / "curves.png").stat().st_size > 10_000
     assert (workdir / "hf" / "model.safetensors").exists()
     assert (workdir / "hf" / "tokenizer.json").exists()
-    rows = _rows(workdir)
+    rows = metrics_by_step(workdir)
     assert sorted(rows) == [0, 1, 2, 3, 4]
     assert "eval/accuracy" in rows[0] and "eval/accuracy" in rows[2] and "eval/accuracy" in rows[4]
     for step in (1, 2, 3, 4):
@@ -114,7 +105,7 @@ def test_killed_run_resumes_as_if_never_stopped(main_run, tmp_path):
     assert first["stopped_after"] == 1
     second = train.run(config, str(workdir))
     assert second["start_step"] == 1 and second["origin"].startswith("checkpoint 1")
-    ref, got = _rows(ref_dir), _rows(workdir)
+    ref, got = metrics_by_step(ref_dir), metrics_by_step(workdir)
     for step in (2, 3, 4):
         for key, value in ref[step].items():
             if key.startswith(_TIMING) or key == "data/epoch":
@@ -219,7 +210,7 @@ def test_run_from_a_hugging_face_checkpoint_on_gsm8k(tmp_path):
     c.optim.learning_rate, c.optim.weight_decay = 1e-3, 0.1
     summary = train.run(c, str(tmp_path / "run"))
     assert summary["origin"] == "Hugging Face checkpoint tests/fixtures/models/qwen3"
-    rows = _rows(tmp_path / "run")
+    rows = metrics_by_step(tmp_path / "run")
     assert rows[2]["policy/updates"] == 1 and np.isfinite(rows[2]["policy/loss"])
     assert rows[2]["sampler/logprob_gap_max"] < 1e-4  # sampler and trainer agree (paper §5.4)
     cfg, params = models.load_pretrained(tmp_path / "run" / "hf")

@@ -1,4 +1,8 @@
-"""Flags shrinking configs/default.py to a 2-layer d=32 model for end-to-end tests."""
+"""Shared by the end-to-end tests: flags shrinking configs/default.py to a 2-layer d=32
+model, and the reader of a run's metrics.jsonl."""
+
+import json
+import os
 
 TINY_MODEL = [
     "--config.response_length=12",
@@ -13,3 +17,13 @@ TINY_MODEL = [
     "--config.checkpoint.every_steps=1",
     "--config.log.progress_bar=false",
 ]
+
+
+def metrics_by_step(workdir) -> dict[int, dict]:
+    """metrics.jsonl of a run as {step: merged row} (a step may span several lines)."""
+    rows = {}
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        for line in f:
+            row = json.loads(line)
+            rows.setdefault(row["step"], {}).update(row)
+    return rows
