@@ -14,6 +14,11 @@ machine drift; ratios within a run do not):
                 what this machine's XLA:CPU reaches on [B, D] × [D, F] products; decode /
                 matmuls only is the per-round ratio of the two (attention, norms, sampling
                 and loop overhead on top of the matmuls), the least load-sensitive number
+  data parallel the same decode with the prompts (so their G rows) split over the D
+                XLA:CPU devices this script creates (--devices, default 2 = this machine's
+                cores) and params replicated: jit follows the inputs' shardings, as `sample`
+                does on a pod's data axis. On one device the step's small ops run ~1.3 of
+                2 cores (XLA:CPU only splits a matmul over threads when its output is wide)
   prefill       `sampling._prefill` at G = 8 with the shared prefix vs G = 1 (~1: the group
                 costs nothing), and G = 8 without sharing vs with
   tokens/s      whole `sample` calls (prefill + decode) vs (a) a naive loop: T jitted steps,
@@ -29,6 +34,7 @@ vocab 4096, tied embeddings (3.4 M parameters), random init.
 
     python benchmarks/sampler.py              # N=4, G=8, P=64, T=128; about 2 minutes
     python benchmarks/sampler.py --profile    # also: the top XLA ops of one decode step
+    python benchmarks/sampler.py --devices 1  # no data-parallel split (the row is 1 device)
 """
 
 from __future__ import annotations
@@ -39,8 +45,26 @@ import glob
 import os
 import re
 import statistics
+import sys
 import tempfile
 import time
+
+
+def _devices_flag(argv) -> int:
+    """--devices N, read before jax starts (XLA:CPU's device count is fixed at start)."""
+    for i, arg in enumerate(argv):
+        if arg.startswith("--devices="):
+            return int(arg.split("=", 1)[1])
+        if arg == "--devices" and i + 1 < len(argv):
+            return int(argv[i + 1])
+    return 2
+
+
+if __name__ == "__main__":
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "")
+        + f" --xla_force_host_platform_device_count={_devices_flag(sys.argv)}"
+    )
 
 import jax
 import jax.numpy as jnp
@@ -129,12 +153,15 @@ def prefill_fn(cfg, params, tokens, mask, g, share, t, segments=1):
 
 
 def decode_fn(cfg, params):
-    eos, pad = jnp.zeros((0,), jnp.int32), jnp.asarray(0, jnp.int32)
+    """`sampling._decode` at τ = 1 with no end token. Runs wherever its inputs live (one
+    device, or rows sharded over a mesh)."""
+    eos, pad = np.zeros((0,), np.int32), np.int32(0)
 
     def run(prompt, state, logits):
         out = sampling._decode(
-            cfg, params, prompt, state, logits, eos, pad, temperature=1.0, top_k=None, top_p=None
-        )
+            cfg, params, prompt, state, logits, eos, pad,
+            temperature=1.0, top_k=None, top_p=None,
+        )  # fmt: skip
         return jax.block_until_ready(out)
 
     return run
@@ -298,6 +325,13 @@ def main():
     ap.add_argument("--reps", type=int, default=3, help="repetitions of the non-decode rows")
     ap.add_argument("--rounds", type=int, default=7, help="interleaved matmul/decode rounds")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument(
+        "--devices",
+        type=int,
+        default=2,
+        help="XLA:CPU devices (set before jax starts): the data-parallel decode row shards "
+        "the rows over them, as the sampler shards over a pod's data axis",
+    )
     args = ap.parse_args()
     cfg, N, G = MODEL, args.prompts, args.group
     P, T, reps = args.prompt_len, args.new_tokens, args.reps
@@ -316,17 +350,36 @@ def main():
     prefill = prefill_fn(cfg, params, tokens, mask, G, True, T, segments)
     prefill_1 = prefill_fn(cfg, params, tokens, mask, G, True, T, 1)
     chain = matmul_chain_fn(cfg, params, B, T - 1)
-    time_decode_once(prefill, run, T)  # compile
-    time_decode_once(prefill_1, run, T)
+    # Data parallel: prompts (so the decode rows, G per prompt) split over D devices,
+    # params replicated; jit follows the inputs' shardings (what `sample` does on a mesh).
+    D = jax.device_count()
+    mesh = jax.make_mesh((D,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    rows_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    prefill_dp = prefill_fn(
+        cfg,
+        jax.device_put(params, replicated),
+        jax.device_put(tokens, rows_sharding),
+        jax.device_put(mask, rows_sharding),
+        G,
+        True,
+        T,
+        segments,
+    )
+    run_dp = decode_fn(cfg, jax.device_put(params, replicated))
+    decodes = {"decode": (prefill, run), "decode_1": (prefill_1, run)}
+    decodes["decode_dp"] = (prefill_dp, run_dp)
+    for pre, fn in decodes.values():
+        time_decode_once(pre, fn, T)  # compile
     rows = collections.defaultdict(list)
     for _ in range(args.rounds):
         rate = matmul_flops_per_s()
         floor_s = floor_flops / rate
         rows["rate"].append(rate)
-        rows["decode"].append(time_decode_once(prefill, run, T))
-        rows["decode_1"].append(time_decode_once(prefill_1, run, T))
+        for name, (pre, fn) in decodes.items():
+            rows[name].append(time_decode_once(pre, fn, T))
         rows["chain"].append(chain())
-        for name in ("decode", "decode_1", "chain"):
+        for name in (*decodes, "chain"):
             rows[name + "/floor"].append(rows[name][-1] / floor_s)
         rows["decode/chain"].append(rows["decode"][-1] / rows["chain"][-1])
     med = {k: statistics.median(v) for k, v in rows.items()}
@@ -372,6 +425,7 @@ def main():
         ("decode step", f"{med['decode'] * 1e3:.3f} ms", f"{segments} cache segments"),
         ("decode / floor", f"{med['decode/floor']:.2f}x", f"target <= 2x (best round {min(rows['decode/floor']):.2f}x)"),
         ("decode step, 1 segment", f"{med['decode_1'] * 1e3:.3f} ms", f"{med['decode_1/floor']:.2f}x floor"),
+        (f"decode step, data parallel x{D}", f"{med['decode_dp'] * 1e3:.3f} ms", f"{med['decode_dp/floor']:.2f}x floor (best round {min(rows['decode_dp/floor']):.2f}x): rows over {D} XLA:CPU devices"),
         ("matmuls only", f"{med['chain'] * 1e3:.3f} ms", f"{med['chain/floor']:.2f}x floor: XLA:CPU bound"),
         ("decode / matmuls only", f"{med['decode/chain']:.2f}x", "the step's overhead over its weight matmuls (least load-sensitive)"),
         ("prefill G=1", f"{pre_g1 * 1e3:.2f} ms", f"N={N} prompts of {P}"),
