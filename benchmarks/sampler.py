@@ -45,26 +45,8 @@ import glob
 import os
 import re
 import statistics
-import sys
 import tempfile
 import time
-
-
-def _devices_flag(argv) -> int:
-    """--devices N, read before jax starts (XLA:CPU's device count is fixed at start)."""
-    for i, arg in enumerate(argv):
-        if arg.startswith("--devices="):
-            return int(arg.split("=", 1)[1])
-        if arg == "--devices" and i + 1 < len(argv):
-            return int(argv[i + 1])
-    return 2
-
-
-if __name__ == "__main__":
-    os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "")
-        + f" --xla_force_host_platform_device_count={_devices_flag(sys.argv)}"
-    )
 
 import jax
 import jax.numpy as jnp
@@ -329,10 +311,11 @@ def main():
         "--devices",
         type=int,
         default=2,
-        help="XLA:CPU devices (set before jax starts): the data-parallel decode row shards "
+        help="XLA:CPU devices: the data-parallel decode row shards "
         "the rows over them, as the sampler shards over a pod's data axis",
     )
     args = ap.parse_args()
+    jax.config.update("jax_num_cpu_devices", args.devices)  # before the first computation
     cfg, N, G = MODEL, args.prompts, args.group
     P, T, reps = args.prompt_len, args.new_tokens, args.reps
     B = N * G
