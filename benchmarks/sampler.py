@@ -141,9 +141,8 @@ def decode_fn(cfg, params):
 
     def run(prompt, state, logits):
         out = sampling._decode(
-            cfg, params, prompt, state, logits, eos, pad,
-            temperature=1.0, top_k=None, top_p=None,
-        )  # fmt: skip
+            cfg, params, prompt, state, logits, eos, pad, temperature=1.0, top_k=None, top_p=None
+        )
         return jax.block_until_ready(out)
 
     return run
@@ -336,6 +335,8 @@ def main():
     # Data parallel: prompts (so the decode rows, G per prompt) split over D devices,
     # params replicated; jit follows the inputs' shardings (what `sample` does on a mesh).
     D = jax.device_count()
+    if N % D:
+        ap.error(f"--prompts {N} must be a multiple of --devices {D} (prompts split evenly)")
     mesh = jax.make_mesh((D,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
     rows_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
@@ -350,8 +351,11 @@ def main():
         segments,
     )
     run_dp = decode_fn(cfg, jax.device_put(params, replicated))
-    decodes = {"decode": (prefill, run), "decode_1": (prefill_1, run)}
-    decodes["decode_dp"] = (prefill_dp, run_dp)
+    decodes = {
+        "decode": (prefill, run),
+        "decode_1": (prefill_1, run),
+        "decode_dp": (prefill_dp, run_dp),
+    }
     for pre, fn in decodes.values():
         time_decode_once(pre, fn, T)  # compile
     rows = collections.defaultdict(list)
