@@ -35,6 +35,13 @@ vocab 4096, tied embeddings (3.4 M parameters), random init.
     python benchmarks/sampler.py              # N=4, G=8, P=64, T=128; about 2 minutes
     python benchmarks/sampler.py --profile    # also: the top XLA ops of one decode step
     python benchmarks/sampler.py --devices 1  # no data-parallel split (the row is 1 device)
+    python benchmarks/sampler.py --cores 1 --devices 1 --decode-only   # the one-core bound alone
+
+One core: the default run also starts itself again pinned to one core (`--cores 1`), and
+reports decode / floor there, both measured on that core. That ratio is the step's
+core-time over the floor's: a perfect split of the same work over the machine's cores
+(each as fast as the one) would give the same ratio, so it is what the multi-core decode
+could reach, not what it can beat.
 """
 
 from __future__ import annotations
@@ -42,9 +49,12 @@ from __future__ import annotations
 import argparse
 import collections
 import glob
+import json
 import os
 import re
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -297,6 +307,46 @@ def profile_decode(prefill, run, cfg, params, steps: int, top: int = 16):
         print(f"  {ns / 1e6 / steps:7.3f} ms  {name}")
 
 
+def pin_to_cores(n: int) -> None:
+    """Restricts this process to its first `n` allowed CPUs (before XLA starts its threads)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if not 1 <= n <= len(allowed):
+        raise SystemExit(f"--cores {n}: need 1 to {len(allowed)} (the CPUs this process may use)")
+    os.sched_setaffinity(0, allowed[:n])
+
+
+def decode_rounds(cfg, params, tokens, mask, G, T, rounds, floor_flops):
+    """Per-round (decode s/step, matmul FLOP/s, decode / floor), interleaved as in main."""
+    segments = sampling._auto_segments(T)
+    prefill = prefill_fn(cfg, params, tokens, mask, G, True, T, segments)
+    run = decode_fn(cfg, params)
+    time_decode_once(prefill, run, T)  # compile
+    out = []
+    for _ in range(rounds):
+        rate = matmul_flops_per_s()
+        step = time_decode_once(prefill, run, T)
+        out.append((step, rate, step / (floor_flops / rate)))
+    return out
+
+
+def one_core_bound(args) -> dict | None:
+    """decode / floor of this benchmark re-run pinned to one core (a child process: XLA's
+    thread pool is sized when the backend starts). None where affinity is not available."""
+    if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
+        return None
+    cmd = [
+        sys.executable, os.path.abspath(__file__), "--cores", "1", "--devices", "1",
+        "--decode-only", "--rounds", str(args.rounds), "--prompts", str(args.prompts),
+        "--group", str(args.group), "--prompt-len", str(args.prompt_len),
+        "--new-tokens", str(args.new_tokens),
+    ]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    if done.returncode or not lines:
+        raise RuntimeError(f"one-core run failed ({' '.join(cmd)}):\n{done.stderr[-2000:]}")
+    return json.loads(lines[-1])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=4, help="N")
@@ -313,7 +363,21 @@ def main():
         help="XLA:CPU devices: the data-parallel decode row shards "
         "the rows over them, as the sampler shards over a pod's data axis",
     )
+    ap.add_argument(
+        "--cores",
+        type=int,
+        default=0,
+        help="pin the process to this many CPUs (0: all it may use; the default run also "
+        "measures a one-core child, `--cores 1`)",
+    )
+    ap.add_argument(
+        "--decode-only",
+        action="store_true",
+        help="only the decode / floor rounds on one device; prints one JSON line",
+    )
     args = ap.parse_args()
+    if args.cores:
+        pin_to_cores(args.cores)  # before XLA sizes its thread pool
     jax.config.update("jax_num_cpu_devices", args.devices)  # before the first computation
     cfg, N, G = MODEL, args.prompts, args.group
     P, T, reps = args.prompt_len, args.new_tokens, args.reps
@@ -328,6 +392,12 @@ def main():
     )
 
     floor_flops = decode_floor_flops(cfg, B, P + T)
+    if args.decode_only:
+        rounds = decode_rounds(cfg, params, tokens, mask, G, T, args.rounds, floor_flops)
+        step, rate, ratio = (statistics.median(r[i] for r in rounds) for i in range(3))
+        print(json.dumps({"cores": len(os.sched_getaffinity(0)), "step_ms": step * 1e3,
+                          "rate_gflops": rate / 1e9, "decode/floor": ratio}))  # fmt: skip
+        return
     run = decode_fn(cfg, params)
     prefill = prefill_fn(cfg, params, tokens, mask, G, True, T, segments)
     prefill_1 = prefill_fn(cfg, params, tokens, mask, G, True, T, 1)
@@ -403,9 +473,18 @@ def main():
 
     sample_s = median_time(full(True), reps)
     sample_ns_s = median_time(full(False), reps)
+    one = one_core_bound(args)
     loop_s = median_time(python_loop_sampler(cfg, params, tokens, mask, G, T), 1)
     naive_s = naive_sampler(cfg, params, tokens, mask, G, T)() * T  # s per T-token call
 
+    one_core_row = []
+    if one is not None:
+        cores = len(os.sched_getaffinity(0))
+        note = (
+            f"{one['step_ms']:.3f} ms/step at {one['rate_gflops']:.1f} GFLOP/s, both on that "
+            f"core: a perfect split over {cores} cores gives this ratio"
+        )
+        one_core_row = [("decode / floor, pinned to 1 core", f"{one['decode/floor']:.2f}x", note)]
     table = [
         ("f32 matmul rate (1024^3)", f"{rate / 1e9:.1f} GFLOP/s", f"median of {args.rounds} rounds"),
         ("decode FLOP floor", f"{floor_ms:.3f} ms/step", f"{floor_flops / 1e6:.1f} MFLOP, B={B}, S={P + T}"),
@@ -413,6 +492,7 @@ def main():
         ("decode / floor", f"{med['decode/floor']:.2f}x", f"target <= 2x (best round {min(rows['decode/floor']):.2f}x)"),
         ("decode step, 1 segment", f"{med['decode_1'] * 1e3:.3f} ms", f"{med['decode_1/floor']:.2f}x floor"),
         (f"decode step, data parallel x{D}", f"{med['decode_dp'] * 1e3:.3f} ms", f"{med['decode_dp/floor']:.2f}x floor (best round {min(rows['decode_dp/floor']):.2f}x): rows over {D} XLA:CPU devices"),
+        *one_core_row,
         ("matmuls only", f"{med['chain'] * 1e3:.3f} ms", f"{med['chain/floor']:.2f}x floor: XLA:CPU bound"),
         ("decode / matmuls only", f"{med['decode/chain']:.2f}x", "the step's overhead over its weight matmuls (least load-sensitive)"),
         ("prefill G=1", f"{pre_g1 * 1e3:.2f} ms", f"N={N} prompts of {P}"),
