@@ -12,7 +12,7 @@ Everything is a ratio measured in the same run, because shared machines drift:
   sampler       generated tokens/s of `sampling.sample` (N prompts x G samples, one prefill
                 per prompt), the decode step's time over its FLOP floor (2·N_matmul·B plus
                 attention over the cache, at the measured matmul rate), and prefill+decode
-                against a per-token Python loop over `models.decode_step` when --baseline.
+                against a per-token Python loop over `models.decode_step_shared` when --baseline.
 Random weights (the numbers do not depend on them); nothing is downloaded.
 """
 
@@ -204,15 +204,13 @@ def bench_sampler(preset, cfg, rate, baseline: bool):
         "sampler/step_over_floor": (seconds / t) / (step_flops / rate),
     }
     if baseline:
-        cache0 = models.init_cache(cfg, b, p + t)
-        rows = jnp.asarray(np.repeat(prompts, g, 0))
-        rmask = jnp.asarray(np.repeat(mask, g, 0))
 
         def loop():
-            logits, cache = models.prefill(cfg, params, rows, rmask, cache0)
-            tok = jnp.argmax(logits, -1)
-            for _ in range(t - 1):
-                logits, cache = models.decode_step(cfg, params, tok, cache)
+            prompt, logits, _ = models.prefill_shared(cfg, params, prompts, mask)
+            cache = models.init_response_cache(cfg, b, t)
+            tok = jnp.repeat(jnp.argmax(logits, -1), g, axis=0)
+            for slot in range(t - 1):
+                logits, cache, _ = models.decode_step_shared(cfg, params, prompt, cache, tok, slot)
                 tok = jnp.argmax(logits, -1)
             return tok
 

@@ -23,8 +23,9 @@ machine drift; ratios within a run do not):
                 costs nothing), and G = 8 without sharing vs with
   tokens/s      whole `sample` calls (prefill + decode) vs (a) a naive loop: T jitted steps,
                 each re-running `models.forward` over the fixed padded [B, P + T] sequence
-                (one compile; 8 of its T steps timed, all cost the same) and (b) a per-token Python loop over `models.decode_step` (KV
-                cache, one dispatch per token: the dispatch-bound style)
+                (one compile; 8 of its T steps timed, all cost the same) and (b) a per-token Python loop over
+                `models.decode_step_shared` (KV cache, one dispatch per token: the
+                dispatch-bound style)
 
 Decode rows are measured in interleaved rounds — each round times the matmul rate and then
 the decode — and report the median over rounds of the per-round ratio.
@@ -170,7 +171,7 @@ def time_decode_once(prefill, run, t) -> float:
 
 def matmul_chain_fn(cfg, params, batch, steps):
     """The decode step's weight matmuls alone, chained through a while_loop."""
-    layers = [params["layers"][i] for i in range(cfg.num_layers)]
+    layers = [jax.tree.map(lambda a, i=i: a[i], params["layers"]) for i in range(cfg.num_layers)]
     D = cfg.hidden_size
     emb = params["embed"]["embedding"]
 
@@ -235,25 +236,24 @@ def naive_sampler(cfg, params, tokens_NP, mask_NP, g, t, steps=8):
 
 
 def python_loop_sampler(cfg, params, tokens_NP, mask_NP, g, t):
-    """Per-token Python loop over the model's KV-cache `decode_step` (one dispatch per token)."""
+    """Per-token Python loop over the model's shared-prefix `decode_step_shared` (one
+    dispatch per token)."""
     B = tokens_NP.shape[0] * g
-    P = tokens_NP.shape[1]
 
     @jax.jit
     def draw(logits, key, s):
         return jax.random.categorical(jax.random.fold_in(key, s), logits).astype(jnp.int32)
 
     def run():
-        cache = models.init_cache(cfg, tokens_NP.shape[0], P + t)
-        logits, cache = models.prefill(cfg, params, tokens_NP, mask_NP, cache)
-        cache = models.repeat_cache(cache, g)
+        prompt, logits, _ = models.prefill_shared(cfg, params, tokens_NP, mask_NP)
+        cache = models.init_response_cache(cfg, B, t)
         logits = jnp.repeat(logits, g, axis=0)
         key, out = jax.random.key(2), []
         for s in range(t):
             tok = draw(logits, key, s)
             out.append(tok)
             if s + 1 < t:
-                logits, cache = models.decode_step(cfg, params, tok, cache)
+                logits, cache, _ = models.decode_step_shared(cfg, params, prompt, cache, tok, s)
         return jax.block_until_ready(jnp.stack(out, axis=1))
 
     assert B == tokens_NP.shape[0] * g
@@ -500,7 +500,7 @@ def main():
         (f"prefill G={G} not shared", f"{pre_g8_ns * 1e3:.2f} ms", f"{pre_g8_ns / pre_g8:.2f}x shared"),
         ("sample() shared", f"{B * T / sample_s:,.0f} tok/s", f"{sample_s * 1e3:.0f} ms per call"),
         ("sample() not shared", f"{B * T / sample_ns_s:,.0f} tok/s", f"{sample_s / sample_ns_s:.2f}x shared's speed"),
-        ("per-token Python loop", f"{B * T / loop_s:,.0f} tok/s", f"decode_step per token; sample() is {loop_s / sample_s:.1f}x"),
+        ("per-token Python loop", f"{B * T / loop_s:,.0f} tok/s", f"decode_step_shared per token; sample() is {loop_s / sample_s:.1f}x"),
         ("naive re-encode loop", f"{B * T / naive_s:,.0f} tok/s", f"forward per token; sample() is {naive_s / sample_s:.0f}x"),
     ]  # fmt: skip
     width = max(len(r[0]) for r in table)

@@ -29,6 +29,7 @@ SCHEDULES = ("constant", "cosine")
 DTYPES = ("float32", "bfloat16")
 REMAT_POLICIES = ("none", "full", "dots")
 MOE_IMPLS = ("ragged", "dense")
+ATTENTION_IMPLS = ("auto", "xla", "splash", "cudnn")
 DATASETS = ("arithmetic", "gsm8k")
 # GSPO's paper clip range is 3e-4 / 4e-4 (§5.1); anything this large is GRPO-sized.
 GSPO_CLIP_WARN = 0.01
@@ -91,6 +92,7 @@ def validate(config, *, num_devices: int | None = None, num_processes: int = 1) 
     _choice("model.dtype", config.model.dtype, DTYPES)
     _choice("model.remat", config.model.remat, REMAT_POLICIES)
     _choice("model.moe_impl", config.model.moe_impl, MOE_IMPLS)
+    _choice("model.attention_impl", config.model.attention_impl, ATTENTION_IMPLS)
     _choice("data.name", config.data.name, DATASETS)
 
     # -- sizes -----------------------------------------------------------------------------

@@ -22,6 +22,7 @@ BATCH_AXES = ("data", "fsdp", "expert")
 # logical axis -> mesh axis (or axes). Missing names are replicated.
 LOGICAL_RULES: dict[str, str | tuple[str, ...] | None] = {
     "batch": BATCH_AXES,
+    "layers": None,  # the stacked-layer axis the decoder scans over: never sharded
     "vocab": "tensor",
     "embed": "fsdp",
     "heads": "tensor",

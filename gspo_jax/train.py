@@ -78,6 +78,7 @@ def scratch_model_config(config, tokenizer) -> models.ModelConfig:
         dtype=m.dtype,
         remat=m.remat,
         moe_impl=m.moe_impl,
+        attention_impl=m.attention_impl,
         eos_token_ids=tuple(data.stop_token_ids(tokenizer)),
         pad_token_id=tokenizer.pad_token_id,
     )
@@ -90,6 +91,7 @@ def _with_numerics(model_config: models.ModelConfig, config) -> models.ModelConf
         dtype=config.model.dtype,
         remat=config.model.remat,
         moe_impl=config.model.moe_impl,
+        attention_impl=config.model.attention_impl,
     )
 
 
@@ -206,7 +208,7 @@ class Trainer:
         self.train_step = make_train_step(
             self.step_config, self.tx, state_shardings=self.state_shardings
         )
-        self.logprobs_fn = make_logprobs_fn(self.step_config, return_routing=c.model.routing_replay)
+        self.logprobs_fn = make_logprobs_fn(self.step_config)
         self.needs_ref = bool(c.use_kl_loss or c.add_token_level_kl)
         if c.add_token_level_kl:
             self.advantage_fn = rollout.make_token_advantage_fn(c)

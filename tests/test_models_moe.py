@@ -49,22 +49,20 @@ def test_route_matches_numpy_reference():
 
 def test_routing_output_format(moe):
     cfg, params, tokens, mask = moe
-    _logits, routing = models.forward(cfg, params, tokens, mask, return_routing=True)
+    _logits, routing = models.forward_with_routing(cfg, params, tokens, mask)
     assert routing.shape == (cfg.num_moe_layers, *tokens.shape, cfg.num_experts_per_tok)
     assert routing.dtype == jnp.int32
     r = np.asarray(routing)
     assert r.min() >= 0 and r.max() < cfg.num_experts
     assert np.all(r[..., 0] != r[..., 1])  # k distinct experts per token
-    _hidden, routing_h = models.hidden_states(cfg, params, tokens, mask, return_routing=True)
+    _hidden, routing_h = models.hidden_states(cfg, params, tokens, mask)
     np.testing.assert_array_equal(routing, routing_h)
 
 
 def test_forced_own_routing_reproduces_output_and_other_routing_changes_it(moe):
     cfg, params, tokens, mask = moe
-    logits, routing = models.forward(cfg, params, tokens, mask, return_routing=True)
-    replay, replay_routing = models.forward(
-        cfg, params, tokens, mask, routing=routing, return_routing=True
-    )
+    logits, routing = models.forward_with_routing(cfg, params, tokens, mask)
+    replay, replay_routing = models.forward_with_routing(cfg, params, tokens, mask, routing=routing)
     np.testing.assert_array_equal(replay, logits)
     np.testing.assert_array_equal(replay_routing, routing)
     # Shift every choice to another expert (keeps the k choices distinct).
@@ -79,31 +77,29 @@ def test_forced_own_routing_reproduces_output_and_other_routing_changes_it(moe):
 def test_forced_routing_in_prefill_and_decode(moe):
     """prefill/decode return and accept routing in the same format as forward."""
     cfg, params, tokens, mask = moe
-    _, routing = models.forward(cfg, params, tokens, mask, return_routing=True)
-    cache = models.init_cache(cfg, 3, 10)
-    _, cache, r_pre = models.prefill(
-        cfg, params, tokens[:, :9], mask[:, :9], cache, return_routing=True
-    )
+    _, routing = models.forward_with_routing(cfg, params, tokens, mask)
+    cache, _, r_pre = models.prefill_shared(cfg, params, tokens[:, :9], mask[:, :9])
     # Padding tokens route arbitrarily (their attention has no real key); compare real ones.
     real = np.asarray(mask[:, :9]).astype(bool)
     np.testing.assert_array_equal(
         np.asarray(r_pre)[:, real], np.asarray(routing)[:, :, :9][:, real]
     )
-    _, _, r_dec = models.decode_step(
-        cfg, params, tokens[:, 9], cache, routing=routing[:, :, 9:], return_routing=True
+    response = models.init_response_cache(cfg, tokens.shape[0], 1)
+    _, _, r_dec = models.decode_step_shared(
+        cfg, params, cache, response, tokens[:, 9], 0, routing=routing[:, :, 9:]
     )
     np.testing.assert_array_equal(r_dec, routing[:, :, 9:])
 
 
 def test_router_gets_gradient_under_forced_routing(moe):
     cfg, params, tokens, mask = moe
-    _, routing = models.forward(cfg, params, tokens, mask, return_routing=True)
+    _, routing = models.forward_with_routing(cfg, params, tokens, mask)
 
     def loss(p):
         return jnp.mean(models.forward(cfg, p, tokens, mask, routing=routing) ** 2)
 
     grads = jax.grad(loss)(params)
-    router_grad = grads["layers"][0]["mlp"]["router"]["kernel"]
+    router_grad = grads["layers"]["moe"]["router"]["kernel"][0]  # MoE layer 0 = layer 0
     assert np.abs(np.asarray(router_grad)).max() > 0
 
 
@@ -112,15 +108,15 @@ def test_routing_disagreement(moe):
     same = float(models.routing_disagreement(cfg, params, params, tokens, mask))
     assert same == 0.0
     perturbed = jax.tree.map(lambda x: x, params)
-    router = perturbed["layers"][2]["mlp"]["router"]["kernel"]
-    noise = jax.random.normal(jax.random.key(0), router.shape)
-    perturbed["layers"][2]["mlp"]["router"] = {"kernel": router + 0.5 * noise}
+    routers = perturbed["layers"]["moe"]["router"]["kernel"]  # [M, D, E]; MoE 1 = layer 2
+    noise = jax.random.normal(jax.random.key(0), routers.shape[1:])
+    perturbed["layers"]["moe"]["router"] = {"kernel": routers.at[1].add(0.5 * noise)}
     frac = float(models.routing_disagreement(cfg, params, perturbed, tokens, mask))
     # Only the last MoE layer (one of two) changed: at most half of all decisions differ.
     assert 0 < frac <= 0.5
     # Matches a direct count from the two routings.
-    _, ra = models.forward(cfg, params, tokens, mask, return_routing=True)
-    _, rb = models.forward(cfg, perturbed, tokens, mask, return_routing=True)
+    _, ra = models.forward_with_routing(cfg, params, tokens, mask)
+    _, rb = models.forward_with_routing(cfg, perturbed, tokens, mask)
     ra, rb, m = np.asarray(ra), np.asarray(rb), np.asarray(mask).astype(bool)
     differ = sum(
         len(set(ra[l, b, t]) - set(rb[l, b, t]))
@@ -146,5 +142,5 @@ def test_dense_and_ragged_experts_agree_in_value_and_gradient(moe):
     np.testing.assert_allclose(lr, ld, rtol=1e-5)
     for a, b in zip(jax.tree.leaves(gr), jax.tree.leaves(gd)):
         np.testing.assert_allclose(a, b, atol=1e-5 * max(1.0, float(np.abs(b).max())))
-    expert_grad = gr["layers"][0]["mlp"]["gate_proj"]
+    expert_grad = gr["layers"]["moe"]["gate_proj"][0]
     assert np.abs(np.asarray(expert_grad)).max() > 0
