@@ -39,7 +39,6 @@ rows: the G samples of one prompt), W slots of one cache part.
 
 from __future__ import annotations
 
-import functools
 import warnings
 
 import jax
@@ -191,9 +190,11 @@ def self_attention(impl: str, q_BLHC, k_BLKC, v_BLKC, mask_BL, allowed_BLS=None)
 # --------------------------------------------------------------------------- splash
 
 
-@functools.cache
 def _splash_kernel(num_heads: int, length: int, block: int, interpret: bool):
-    """The splash kernel for `num_heads` local heads over a (padded) causal length."""
+    """The splash kernel for `num_heads` local heads over a (padded) causal length.
+
+    Built inside each trace (its mask tables become constants of that trace); the mask
+    preprocessing, the costly part, is cached by jax (`process_mask`)."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 
@@ -208,12 +209,9 @@ def _splash_kernel(num_heads: int, length: int, block: int, interpret: bool):
         block_q_dq=block,
         block_kv_dq=block,
     )
-    # Concrete mask tables even when first built inside a trace: the kernel is cached and
-    # reused across traces, so it must not hold tracers.
-    with jax.ensure_compile_time_eval():
-        return sk.make_splash_mha(
-            mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret
-        )
+    return sk.make_splash_mha(
+        mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret
+    )
 
 
 def _splash_block(length: int) -> int:
