@@ -45,6 +45,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from gspo_jax.models import partition
 from gspo_jax.models.config import ATTENTION_IMPLS
 
 F32 = jnp.float32
@@ -236,19 +237,11 @@ def _local_splash(q_BHLC, k_BKLC, v_BKLC, seg_BL):
 
 def _mesh_specs(mesh, shapes):
     """PartitionSpecs of q, k/v ([B, H|K, L, C]) and segment ids ([B, L]) on `mesh`: batch
-    over the mesh's batch axes, heads over its tensor axis, by sharding.LOGICAL_RULES."""
-    from gspo_jax import sharding
-
-    def present(target):  # the rule's mesh axes that this mesh has
-        axes = (target,) if isinstance(target, str) else tuple(target or ())
-        return tuple(a for a in axes if a in mesh.shape)
-
-    rules = {n: present(sharding.LOGICAL_RULES.get(n)) for n in ("batch", "heads", "kv_heads")}
+    over the mesh's batch axes, heads over its tensor axis (sharding.LOGICAL_RULES)."""
     q_shape, k_shape = shapes
-    q = sharding.logical_to_spec(("batch", "heads", None, None), q_shape, mesh, rules)
-    k = sharding.logical_to_spec(("batch", "kv_heads", None, None), k_shape, mesh, rules)
-    seg = PartitionSpec(q[0], None)
-    return q, k, seg
+    q = partition.spec(mesh, ("batch", "heads", None, None), q_shape)
+    k = partition.spec(mesh, ("batch", "kv_heads", None, None), k_shape)
+    return q, k, PartitionSpec(q[0], None)
 
 
 def splash_attention(q_BLHC, k_BLKC, v_BLKC, mask_BL):
@@ -274,8 +267,8 @@ def splash_attention(q_BLHC, k_BLKC, v_BLKC, mask_BL):
         seg_BL = jnp.pad(seg_BL, ((0, 0), (0, Lp - L)))
     q, k, v = (x.transpose(0, 2, 1, 3) for x in (q_BLHC, k_BLKC, v_BLKC))  # [B, heads, Lp, C]
 
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:
+    mesh = partition.context_mesh()
+    if mesh is None:
         if jax.device_count() > 1 and jax.default_backend() == "tpu":
             raise ValueError(
                 "splash attention needs the mesh in context (trace under jax.set_mesh(mesh)) "
