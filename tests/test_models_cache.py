@@ -204,3 +204,21 @@ def test_cache_dtype_and_jit_with_donation():
         written = np.abs(np.asarray(layer[1], np.float32)).max(axis=(0, 1, 2)) > 0
         np.testing.assert_array_equal(written, [False, True, False])
         assert not np.asarray(layer[0], np.float32).any()
+
+
+def test_split_layers_gives_the_same_decode_step():
+    """`layer_params=split_layers(...)` (weights sliced and cast to the compute dtype once,
+    the MoE router kept in its stored dtype) gives bit-identical decode logits and cache to
+    slicing inside the step, with f32 master weights and bf16 compute."""
+    cfg, params = models.load_pretrained(FIXTURES / "qwen3_moe", compute_dtype="bfloat16")
+    tokens, mask = _batch(6, 2, 5, (1, 0), cfg.vocab_size)
+    cache, _, _ = models.prefill_shared(cfg, params, jnp.asarray(tokens), jnp.asarray(mask))
+    layers = jax.jit(models.split_layers, static_argnums=0)(cfg, params)
+    assert layers[0]["attn"]["q_proj"]["kernel"].dtype == jnp.bfloat16
+    assert layers[0]["mlp"]["router"]["kernel"].dtype == jnp.float32
+    response = models.init_response_cache(cfg, 4, 3)
+    step = jnp.asarray([3, 4, 5, 6], jnp.int32)
+    a = models.decode_step_shared(cfg, params, cache, response, step, 0)
+    b = models.decode_step_shared(cfg, params, cache, response, step, 0, layer_params=layers)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x, np.float32), np.asarray(y, np.float32))

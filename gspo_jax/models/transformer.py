@@ -340,25 +340,31 @@ def _apply_layers(cfg: ModelConfig, stacks: dict, x_BLD, cos, sin, attention, ro
 
 
 def split_layers(model_config: ModelConfig, params) -> tuple[dict, ...]:
-    """Each layer's own parameters sliced out of the stacks: a tuple over layers of
-    {"input_norm", "attn", "post_attn_norm", "mlp"} (for a MoE layer "mlp" holds its MoE
-    block's). Jittable.
+    """Each layer's own parameters sliced out of the stacks, in the compute dtype: a tuple
+    over layers of {"input_norm", "attn", "post_attn_norm", "mlp"} (for a MoE layer "mlp"
+    holds its MoE block's). Jittable.
 
     For a loop that runs the layers unrolled at every iteration (the sampler's decode
     loop): slice once before the loop and pass the result as `layer_params`. XLA does
     not hoist static slices of the stacks out of a while loop; inside it they copy every
     layer's weights at every step (measured: the sampler's decode step 1.45x slower).
+    The cast to the compute dtype is the one every layer applies on use (the MoE router
+    excepted: it computes in f32 from the stored weights), done once: a decode step then
+    reads bf16 weights, not f32 master weights, and the copy costs half as much.
     """
     stacks = params["layers"]
+    dtype = jnp.dtype(model_config.dtype)
     out, dense, moe = [], 0, 0
 
     def at(tree, index):
-        return jax.tree.map(lambda a: a[index], tree)
+        return jax.tree.map(lambda a: a[index].astype(dtype), tree)
 
     for i in range(model_config.num_layers):
         layer = {k: at(stacks[k], i) for k in ("input_norm", "attn", "post_attn_norm")}
         if model_config.is_moe_layer(i):
-            layer["mlp"] = at(stacks["moe"], moe)
+            router = stacks["moe"]["router"]
+            layer["mlp"] = at({k: v for k, v in stacks["moe"].items() if k != "router"}, moe)
+            layer["mlp"]["router"] = jax.tree.map(lambda a, m=moe: a[m], router)
             moe += 1
         else:
             layer["mlp"] = at(stacks["mlp"], dense)
