@@ -292,11 +292,14 @@ def _forward_flops(cfg, rows: int, length: int, logit_tokens: int) -> float:
 # ---------------------------------------------------------------------------- compile
 
 
-def compile_run(config, model_config, devices, *, functions=FUNCTIONS) -> list[Report]:
+def compile_run(
+    config, model_config, devices, *, functions=FUNCTIONS, num_processes=None
+) -> list[Report]:
     """Lowers and compiles the RL step's functions for `devices` (a topology's); returns a
-    Report per function (memory per chip, compile seconds, model FLOPs per chip)."""
+    Report per function (memory per chip, compile seconds, model FLOPs per chip).
+    `num_processes` (default: the topology's hosts) only enters the config validation."""
     c = config
-    processes = len({d.process_index for d in devices})
+    processes = num_processes or len({d.process_index for d in devices})
     config_lib.validate(c, num_devices=len(devices), num_processes=processes)
     mesh = sharding_lib.make_mesh(config_lib.mesh_shape(c, len(devices)), devices)
     chips = len(devices)
@@ -518,6 +521,12 @@ _PRESET = flags.DEFINE_enum(
 )
 _FUNCTIONS = flags.DEFINE_list("functions", list(FUNCTIONS), f"Subset of {FUNCTIONS}.")
 _JSON = flags.DEFINE_string("json", None, "Also write the reports to this JSON file.")
+_PROCESSES = flags.DEFINE_integer(
+    "num_processes",
+    None,
+    "JAX processes of the run, for the config's batch checks (default: the topology's "
+    "hosts as libtpu describes them, e.g. 2 for v5e:2x4; a single-host v5litepod-8 runs 1).",
+)
 
 
 def main(argv) -> int:
@@ -532,7 +541,13 @@ def main(argv) -> int:
     capacity = hbm_bytes(_TOPOLOGY.value)
     cfg = model_config_for(config, _PRESET.value)
     print(describe(config, cfg, _TOPOLOGY.value, devices), flush=True)
-    reports = compile_run(config, cfg, devices, functions=tuple(_FUNCTIONS.value))
+    reports = compile_run(
+        config,
+        cfg,
+        devices,
+        functions=tuple(_FUNCTIONS.value),
+        num_processes=_PROCESSES.value,
+    )
     print(format_table(reports, capacity))
     if _JSON.value:
         with open(_JSON.value, "w") as f:
