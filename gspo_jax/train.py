@@ -594,7 +594,10 @@ def run(config, workdir: str, *, stop_after: int | None = None) -> dict[str, Any
     """Train with `config` in `workdir` (resuming if it holds a checkpoint); returns a summary."""
     trainer = Trainer(config, workdir)
     try:
-        summary = trainer.run(stop_after=stop_after)
+        # The model's shard_map regions (splash attention, per-device MoE) read the mesh
+        # in context when the jitted functions are traced.
+        with jax.set_mesh(trainer.mesh):
+            summary = trainer.run(stop_after=stop_after)
     finally:
         trainer.close()
     if trainer.is_lead:
