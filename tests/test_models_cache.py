@@ -222,3 +222,17 @@ def test_split_layers_gives_the_same_decode_step():
     b = models.decode_step_shared(cfg, params, cache, response, step, 0, layer_params=layers)
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         np.testing.assert_array_equal(np.asarray(x, np.float32), np.asarray(y, np.float32))
+
+
+def test_response_cache_is_sharded_over_rows_under_a_mesh():
+    """Zeros depend on no input: under a mesh the response cache is constrained to rows
+    over the batch axes (XLA replicated it before: every chip held the whole cache)."""
+    from gspo_jax import sharding as sharding_lib
+
+    cfg, _ = models.load_pretrained(FIXTURES / "qwen3")
+    mesh = sharding_lib.make_mesh({"data": 4, "fsdp": 2, "tensor": 1, "expert": 1})
+    with jax.set_mesh(mesh):
+        cache = jax.jit(lambda: models.init_response_cache(cfg, 8, 6, segments=2))()
+    for buffer in jax.tree.leaves(cache):
+        assert buffer.sharding.spec[0] == sharding_lib.BATCH_AXES[:2]  # data, fsdp (expert 1)
+        assert buffer.addressable_shards[0].data.shape[0] == 1  # 8 rows over 8 devices

@@ -45,6 +45,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from gspo_jax.models import partition
 from gspo_jax.models.attention import attend_cached
 from gspo_jax.models.config import ModelConfig
 from gspo_jax.models.transformer import logits_from_hidden, merge, run_full
@@ -105,18 +106,29 @@ def init_response_cache(
     model_config: ModelConfig, batch_size: int, max_len: int, *, segments: int = 1, dtype=None
 ) -> ResponseCache:
     """Zeroed response cache of `max_len` slots in `response_segments(max_len, segments)`;
-    k/v in `dtype` (default: the compute dtype)."""
+    k/v in `dtype` (default: the compute dtype).
+
+    Under a mesh in context (`jax.set_mesh`) the buffers are constrained to rows over the
+    batch axes and kv heads over the tensor axis: zeros depend on no input, and left to
+    itself XLA replicated them (compiled for v5p-64, Qwen3-8B at 16k-token responses: a
+    1.1 TiB per-chip prefill instead of the cache's 1/64th).
+    """
     cfg = model_config
     dtype = jnp.dtype(dtype or cfg.dtype)
     B, K, C = batch_size, cfg.num_kv_heads, cfg.head_dim
     widths = [w for _, w in response_segments(max_len, segments)]
+    mesh = partition.context_mesh()
+
+    def zeros(shape, names):
+        x = jnp.zeros(shape, dtype)
+        if mesh is None:
+            return x
+        return jax.lax.with_sharding_constraint(x, partition.spec(mesh, names, shape))
+
+    k_names, v_names = ("batch", "kv_heads", None, None), ("batch", "kv_heads", None, None)
     return ResponseCache(
-        k=tuple(
-            tuple(jnp.zeros((B, K, C, w), dtype) for w in widths) for _ in range(cfg.num_layers)
-        ),
-        v=tuple(
-            tuple(jnp.zeros((B, K, w, C), dtype) for w in widths) for _ in range(cfg.num_layers)
-        ),
+        k=tuple(tuple(zeros((B, K, C, w), k_names) for w in widths) for _ in range(cfg.num_layers)),
+        v=tuple(tuple(zeros((B, K, w, C), v_names) for w in widths) for _ in range(cfg.num_layers)),
     )
 
 
