@@ -14,11 +14,14 @@ axis "layers", never sharded): `layers/attn/q_proj/kernel` is [layers, D, H, C].
 attention half of a layer (its two norms and `Attention`) is stacked over all layers;
 the MLP half over the dense layers (`layers/mlp`, in layer order) and the MoE half over
 the MoE layers (`layers/moe`, in `model_config.moe_layers` order, which is also the
-order of the routing arrays). The decoder applies them with `jax.lax.scan`, so the
-compiled program (and its compile time) does not grow with depth. A model whose layers
-are not all of one kind (Qwen3-MoE's `mlp_only_layers`, `decoder_sparse_step`) is cut
-into runs of a repeating unit (`layer_runs`: e.g. 24 × (dense, MoE) for
-decoder_sparse_step=2), each run one scan over its unit; order is kept exactly.
+order of the routing arrays). The full-sequence pass (train step, log-probs, prefill)
+applies them with `jax.lax.scan`, so its compiled program (and compile time) does not
+grow with depth. A model whose layers are not all of one kind (Qwen3-MoE's
+`mlp_only_layers`, `decoder_sparse_step`) is cut into runs of a repeating unit
+(`layer_runs`: e.g. 24 × (dense, MoE) for decoder_sparse_step=2), each run one scan over
+its unit; order is kept exactly. The one-token decode step runs the layers unrolled
+instead, each with its own cache buffer (`_apply_layers_unrolled`, `split_layers`):
+scanned, every step copied each layer's weights and cache out of the stacks.
 
 One composition, three uses: `Decoder.__call__` (embedding -> layers -> final norm) and
 `Block` (one layer) are the only places the model is written down. What differs between
@@ -27,7 +30,8 @@ keys each query attends to and what is stored for later: that is the *attention
 context*, a callable `(layer_data, q, k, v) -> (out, cache_entry)` the decoder hands to
 every block. `layer_data` is this layer's slice of the context's own per-layer arrays
 (`context.layer_data`, leading layer axis, or None), sliced by the same scan as the
-weights; the cache entries come back stacked on a leading layer axis. `SelfAttention`
+weights; the cache entries come back stacked on a leading layer axis. (Unrolled, the
+context gets the layer's index and the entries come back as a tuple.) `SelfAttention`
 is the full-sequence context (its kernel chosen by `model_config.attention_impl`, see
 attention.py); kv_cache.py has the decode step's. A change to the block (norm placement,
 a new projection, a new MLP) is therefore made once and reaches training, prefill and
