@@ -1,9 +1,10 @@
 """Orbax checkpoints of a whole RL run, so a killed run resumes as if never stopped.
 
-One checkpoint per saved RL step holds two items:
-  state: the jitted train state (params, optimizer state, update count) plus the host-side
-         arrays the loop carries: the RNG key data and the running reward moments;
-  meta:  JSON: the RL step, the data iterator position, and the config it was written with.
+One checkpoint per saved RL step holds the `RunState` (state.py) as two items:
+  state: its arrays: the train state (params, optimizer state, update count), the RNG key
+         data, the running reward moments, π_ref's params when there is a KL term;
+  meta:  JSON: its host fields: the RL step, every process's data iterator position, and
+         where the params came from.
 
 Resume order (train.py follows it, automatically):
   1. the workdir's latest complete checkpoint (orbax only lists committed steps);
@@ -14,10 +15,13 @@ Resume order (train.py follows it, automatically):
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+
+from gspo_jax import models
+from gspo_jax import sharding as sharding_lib
+from gspo_jax.state import RunState
 
 STATE = "state"
 META = "meta"
@@ -37,43 +41,55 @@ def make_manager(
     )
 
 
-def save(manager: ocp.CheckpointManager, step: int, state: Any, meta: dict) -> None:
-    """Start saving `state` (a pytree of jax arrays) and `meta` (JSON-able) at `step`.
+def save(manager: ocp.CheckpointManager, state: RunState) -> None:
+    """Start saving `state` at its RL step: its arrays as the `state` item, its host fields
+    as JSON `meta`, the data position of every process gathered into one list.
 
     Asynchronous when the manager is: the call returns once device buffers are copied, and
     `manager.wait_until_finished()` blocks until the files are committed.
     """
+    meta = state.meta()
+    meta["data"] = sharding_lib.gather_json(state.data)
     manager.save(
-        step,
+        state.step,
         args=ocp.args.Composite(
-            **{STATE: ocp.args.StandardSave(state), META: ocp.args.JsonSave(meta)}
+            **{STATE: ocp.args.StandardSave(state.arrays()), META: ocp.args.JsonSave(meta)}
         ),
     )
 
 
-def abstract_like(tree: Any) -> Any:
-    """ShapeDtypeStructs carrying each leaf's sharding: the restore target of `tree`."""
-    return jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
-        tree,
-    )
-
-
-def restore_latest(manager: ocp.CheckpointManager, abstract_state: Any):
-    """Restore the latest checkpoint into `abstract_state`'s shapes and shardings.
-
-    Returns (step, state, meta), or None when the directory holds no complete checkpoint.
-    """
+def restore_latest(manager: ocp.CheckpointManager, abstract: RunState) -> RunState | None:
+    """The latest complete checkpoint restored into `abstract`'s shapes and shardings, or
+    None when the directory holds none."""
     step = manager.latest_step()
     if step is None:
         return None
     restored = manager.restore(
         step,
         args=ocp.args.Composite(
-            **{
-                STATE: ocp.args.StandardRestore(abstract_state),
-                META: ocp.args.JsonRestore(),
-            }
+            **{STATE: ocp.args.StandardRestore(abstract.arrays()), META: ocp.args.JsonRestore()}
         ),
     )
-    return step, restored[STATE], restored[META]
+    meta = dict(restored[META])
+    states = meta["data"]
+    if len(states) != jax.process_count():
+        raise ValueError(
+            f"checkpoint {step} was written by {len(states)} processes; resuming it with "
+            f"{jax.process_count()} would change every process's data shard"
+        )
+    meta["data"] = states[jax.process_index()]
+    meta["origin"] = f"checkpoint {step} in {manager.directory}"
+    return abstract.restored(dict(restored[STATE]), meta)
+
+
+def export_hf(model_config, tokenizer, params, path: str) -> str:
+    """The policy as a Hugging Face checkpoint directory (safetensors + tokenizer) at `path`.
+
+    Every process takes part in gathering the (possibly multi-host) params; process 0
+    writes.
+    """
+    params = sharding_lib.gather_params(params)
+    if jax.process_index() == 0:
+        models.save_pretrained(model_config, params, path)
+        tokenizer.save_pretrained(path)
+    return path

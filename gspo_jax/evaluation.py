@@ -48,10 +48,7 @@ def greedy_accuracy(
         correct, _, _ = accuracy.score(batch["prompt_text"], completions, batch["reference"])
         valid = np.asarray(batch["valid"], np.float64)  # the last batch is padded
         totals += [np.sum(correct * valid), np.sum(mask.sum(axis=1) * valid), valid.sum()]
-    if procs > 1:
-        from jax.experimental import multihost_utils
-
-        totals = np.sum(multihost_utils.process_allgather(totals), axis=0)
+    totals = sharding_lib.host_sum(totals)
     n = max(totals[2], 1.0)
     return {
         "eval/accuracy": float(totals[0] / n),

@@ -1,0 +1,109 @@
+"""The RL loop's pieces on their own: setup -> RunState -> rollout.collect -> rl_step, and the
+checkpoint of a RunState (docs/architecture.md, "One RL step")."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_train import _tiny_config
+
+from gspo_jax import checkpoint, experiment, rollout, train
+from gspo_jax.train_step import batch_ndims
+
+
+@pytest.fixture(scope="module")
+def pieces(tmp_path_factory):
+    root = tmp_path_factory.mktemp("loop")
+    config = _tiny_config(root / "data")
+    config.checkpoint.async_save = False
+    run = experiment.setup(config, str(root / "run"))
+    yield run
+    run.close()
+
+
+@pytest.fixture(scope="module")
+def first(pieces):
+    """The initial state and the first rollout collected from it."""
+    state = train.init_or_restore(pieces)
+    return state, rollout.collect(pieces, state, next(pieces.train_iter))
+
+
+def test_collect_returns_the_declared_train_batch(pieces, first):
+    state, out = first
+    c = pieces.config
+    n, g = c.rollout_batch_size, c.num_return_sequences_in_group
+    assert state.step == 0 and state.origin.startswith("scratch initialisation + 3")
+    assert set(out.batch) == set(batch_ndims(pieces.step_config))
+    tokens = out.batch["tokens"]
+    assert tokens.shape[0] == n * g and out.batch["response_mask"].shape == (n * g, 12)
+    for name, array in out.batch.items():
+        assert array.sharding == pieces.batch_shardings[name], name
+    # The G responses of a prompt share its (left-padded) prompt columns.
+    prompt_len = tokens.shape[1] - c.response_length
+    prompts = np.asarray(tokens[:, :prompt_len]).reshape(n, g, prompt_len)
+    assert (prompts == prompts[:, :1]).all()
+    # Group z-scores: every group's valid advantages sum to 0.
+    adv = np.asarray(out.batch["advantages"]).reshape(n, g)
+    np.testing.assert_allclose(adv.sum(axis=1), 0.0, atol=1e-5)
+    assert len(out.completions) == n * g and out.rewards.shape == (n * g,)
+    for key in ("reward/mean", "response/length_mean", "time/sample_s"):
+        assert np.isfinite(out.host_metrics[key]), key
+    # π_old recomputed (old_logprobs_source="recompute"): the sampler agrees with it.
+    assert float(out.device_metrics["sampler/logprob_gap_max"]) < 1e-4
+
+
+def test_collect_is_a_function_of_the_state_and_the_prompts(pieces, first):
+    state, out = first
+    # The same state and prompts draw the same responses (the key is fold_in(rng, step)).
+    again = rollout.collect(pieces, state, _first_batch(pieces))
+    np.testing.assert_array_equal(again.batch["tokens"], out.batch["tokens"])
+    # Another RL step of the same state draws other responses.
+    other = rollout.collect(pieces, state.replace(step=1), _first_batch(pieces))
+    assert not np.array_equal(other.batch["tokens"], out.batch["tokens"])
+
+
+def _first_batch(run):
+    """The train iterator's first batch, read again from a fresh iterator of its data."""
+    it = run.train_iter.data.iterator(run.train_iter.batch_size, seed=run.config.seed)
+    return next(it)
+
+
+def test_rl_step_applies_the_mini_batch_updates(pieces, first):
+    state, out = first
+    # The train step donates the state it is given: give it a copy (the fixture is shared).
+    state = state.replace(train=jax.tree.map(jnp.copy, state.train))
+    # A 3-step warm start scores 0 everywhere (all advantages 0): rl_step takes any rollout,
+    # so give this one advantages that move the policy.
+    num_rows = out.batch["advantages"].shape[0]
+    advantages = np.where(np.arange(num_rows) % 2, 1.0, -1.0).astype(np.float32)
+    advantages = jax.device_put(advantages, pieces.batch_shardings["advantages"])
+    out = dataclasses.replace(out, batch={**out.batch, "advantages": advantages})
+    before = jax.tree.map(np.asarray, state.train.params)
+    new, metrics = train.rl_step(pieces, state, out)
+    minis = pieces.config.num_mini_batches
+    assert new.step == 1 and int(new.train.step) == minis
+    assert float(metrics["policy/optimizer_step"]) == minis
+    assert float(metrics["policy/skipped_updates"]) == 0
+    after = jax.tree.leaves(new.train.params)
+    assert (
+        max(np.max(np.abs(np.asarray(a) - b)) for a, b in zip(after, jax.tree.leaves(before))) > 0
+    )
+    assert new.running is out.running
+    for key in ("policy/loss", "policy/clipfrac", "reward/mean", "time/train_s"):
+        assert np.isfinite(float(metrics[key])), key
+
+
+def test_run_state_checkpoint_round_trip(pieces, tmp_path):
+    state = train.init_or_restore(pieces).replace(step=7, data='{"x": 1}', origin="test")
+    manager = checkpoint.make_manager(str(tmp_path / "ckpt"), async_save=False)
+    checkpoint.save(manager, state)
+    restored = checkpoint.restore_latest(manager, pieces.abstract_state())
+    manager.close()
+    assert restored.step == 7 and restored.data == '{"x": 1}'
+    assert restored.origin.startswith("checkpoint 7 in ")
+    assert jax.tree.structure(state) == jax.tree.structure(restored.replace(origin="test"))
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(restored)):
+        np.testing.assert_array_equal(a, b)
+        assert a.sharding == b.sharding
