@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -96,12 +97,17 @@ class Run:
         self.manager.close()
 
 
-def setup(config, workdir: str) -> Run:
-    """Validate `config`, then build every fixed piece of the run in `workdir`."""
+def setup(config, workdir: str, *, devices: Sequence[jax.Device] | None = None) -> Run:
+    """Validate `config`, then build every fixed piece of the run in `workdir`.
+
+    The mesh (config.mesh) spans `devices`, by default all of them; a subset runs a
+    one-device reference beside a sharded run in one process (tests, a Colab).
+    """
     c = config
     workdir = os.path.abspath(workdir)
-    config_lib.validate(c, num_devices=jax.device_count(), num_processes=jax.process_count())
-    mesh = sharding_lib.make_mesh(config_lib.mesh_shape(c, jax.device_count()))
+    devices = list(jax.devices() if devices is None else devices)
+    config_lib.validate(c, num_devices=len(devices), num_processes=jax.process_count())
+    mesh = sharding_lib.make_mesh(config_lib.mesh_shape(c, len(devices)), devices)
     os.makedirs(workdir, exist_ok=True)
     if jax.process_index() == 0:
         with open(os.path.join(workdir, "config.json"), "w") as f:
@@ -165,7 +171,7 @@ def setup(config, workdir: str) -> Run:
         ),
         batch_shardings=batch_shardings(step_config, mesh),
         logprobs_fn=make_logprobs_fn(step_config, return_routing=True),
-        advantage_fn=rollout.make_advantage_fn(c),
+        advantage_fn=rollout.make_advantage_fn(c, mesh),
         reward=rollout.Scorer(
             build_reward(c.reward.spec), c.invalid_reward, timeout_s=timeout, pool=pool
         ),
