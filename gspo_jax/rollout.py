@@ -107,7 +107,7 @@ def score_responses(
     return rewards_B, valid_B, stats
 
 
-def make_advantage_fn(config):
+def make_advantage_fn(config, mesh=None):
     """Jitted advantages from the config's ROLL-named options:
 
         fn(rewards [B], valid [B], running, *, old_logprobs, ref_logprobs, mask)
@@ -118,18 +118,21 @@ def make_advantage_fn(config):
     sequence reward on the last one, goes through `compute_token_advantages`
     (reward-to-go for "reinforce", the summed score for "grpo"), as verl/ROLL do. The
     log-prob arguments are only read in that case.
+
+    Given `mesh`, the jitted function declares its layout: every [B] / [B, T] input and the
+    advantages split over the mesh's batch axes (as the train step takes them), the running
+    statistics replicated; inputs are put into that layout first (a no-op when they are).
+    B must then split over the data-parallel devices, which `config.validate` ensures.
     """
     kwargs = advantage_kwargs(config)
     beta = float(config.token_level_kl_coef)
     estimator = config.kl_estimator
 
-    @jax.jit
     def sequence_level(rewards_B, valid_B, running):
         return advantages_lib.compute_advantages(
             rewards_B, mask=valid_B.astype(jnp.float32), running=running, **kwargs
         )
 
-    @jax.jit
     def token_level(rewards_B, valid_B, running, old_logprobs_BT, ref_logprobs_BT, mask_BT):
         kl_BT = objectives.kl_penalty(old_logprobs_BT, ref_logprobs_BT, estimator, mask=mask_BT)
         return advantages_lib.compute_token_advantages(
@@ -141,10 +144,33 @@ def make_advantage_fn(config):
             **kwargs,
         )
 
+    if mesh is None:
+        in_seq = in_tok = None
+        sequence_level, token_level = jax.jit(sequence_level), jax.jit(token_level)
+    else:
+        rows, rows_T = sharding_lib.batch_sharding(mesh, 1), sharding_lib.batch_sharding(mesh, 2)
+        same = sharding_lib.replicated(mesh)  # the running moments (a pytree prefix)
+        in_seq, out_seq = (rows, rows, same), (rows, same)
+        in_tok, out_tok = (rows, rows, same, rows_T, rows_T, rows_T), (rows_T, same)
+        sequence_level = jax.jit(sequence_level, in_shardings=in_seq, out_shardings=out_seq)
+        token_level = jax.jit(token_level, in_shardings=in_tok, out_shardings=out_tok)
+
+    def call(jitted, in_shardings, args):
+        if in_shardings is not None:
+            dp = sharding_lib.data_parallel_size(mesh)
+            if np.shape(args[0])[0] % dp:
+                raise ValueError(
+                    f"advantages: {np.shape(args[0])[0]} rewards do not split over the {dp} "
+                    "data-parallel devices of the mesh"
+                )
+            args = jax.device_put(args, in_shardings)
+        return jitted(*args)
+
     def fn(rewards_B, valid_B, running, *, old_logprobs=None, ref_logprobs=None, mask=None):
         if config.add_token_level_kl:
-            return token_level(rewards_B, valid_B, running, old_logprobs, ref_logprobs, mask)
-        return sequence_level(rewards_B, valid_B, running)
+            args = (rewards_B, valid_B, running, old_logprobs, ref_logprobs, mask)
+            return call(token_level, in_tok, args)
+        return call(sequence_level, in_seq, (rewards_B, valid_B, running))
 
     return fn
 
