@@ -224,7 +224,8 @@ class Rollout:
     batch           the train step's input (train_step.py's module docstring), on device,
                     laid out over the mesh's batch axes
     running         the reward statistics after this rollout (reward_norm="running")
-    host_metrics    plain floats: rewards, accuracy, response lengths, phase timings
+    host_metrics    plain floats: rewards, accuracy, response lengths (of the global batch:
+                    every process's rows), phase timings
     device_metrics  scalars still on the device (the sampler/trainer log-prob gap); the loop
                     fetches them one step late
     completions     the decoded responses [B] (this process's rows), rewards / valid [B]
@@ -242,8 +243,9 @@ class Rollout:
 def collect(run, state, batch: dict[str, np.ndarray]) -> Rollout:
     """Sample, score and prepare one rollout batch for `state`'s policy.
 
-    `batch` is this process's prompt batch (`run.train_iter`); RL step `state.step` samples
-    with fold_in(state.rng, state.step), so a resumed run draws what it would have drawn.
+    `batch` is this process's rows of the prompt batch (`run.train_iter`); RL step
+    `state.step` samples with fold_in(state.rng, state.step), so a resumed run draws what it
+    would have drawn.
     """
     c = run.config
     t0 = time.perf_counter()
@@ -255,9 +257,16 @@ def collect(run, state, batch: dict[str, np.ndarray]) -> Rollout:
     t2 = time.perf_counter()
     train_batch, running, device_metrics = _train_batch(run, state, out, rewards, valid)
 
-    host = reward_metrics(rewards, valid, correct, stats, c.num_return_sequences_in_group)
-    host.update(response_metrics(response_mask, sharding_lib.to_local(out.truncated)))
-    num_generated = float(response_mask.sum()) * jax.process_count()
+    # Metrics of the global batch (every process's rows): the same on every process, and
+    # for any number of processes.
+    counts = ("num_errors", "num_timeouts", "num_nonfinite", "num_nonnumeric")
+    totals = sharding_lib.host_sum(np.array([stats.get(k, 0) for k in counts]))
+    rows = (rewards, valid, correct, response_mask, sharding_lib.to_local(out.truncated))
+    rewards_B, valid_B, correct_B, mask_BT, truncated_B = sharding_lib.gather_rows(rows)
+    g = c.num_return_sequences_in_group
+    host = reward_metrics(rewards_B, valid_B, correct_B, dict(zip(counts, totals)), g)
+    host.update(response_metrics(mask_BT, truncated_B))
+    num_generated = float(mask_BT.sum())
     host["perf/sample_tokens_per_s"] = num_generated / max(t1 - t0, 1e-9)
     host["data/epoch"] = float(run.train_iter.epoch)
     host["time/sample_s"] = t1 - t0

@@ -264,6 +264,14 @@ def host_sum(values: np.ndarray) -> np.ndarray:
     return np.sum(_multihost().process_allgather(values), axis=0)
 
 
+def gather_rows(local_tree):
+    """Every process's rows of a small host batch (numpy), concatenated in process order, on
+    every process; with one process, `local_tree` itself. For metrics of the global batch."""
+    if jax.process_count() == 1:
+        return local_tree
+    return jax.tree.map(np.asarray, _multihost().process_allgather(local_tree, tiled=True))
+
+
 def gather_json(obj: Any) -> list:
     """[obj of process 0, obj of process 1, ...] for a JSON-able obj, on every process."""
     if jax.process_count() == 1:
