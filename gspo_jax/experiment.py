@@ -44,7 +44,8 @@ class Run:
     tokenizer: Any  # transformers tokenizer
     eos_ids: tuple[int, ...]
     pad_id: int
-    # Data: the train split's prompt iterator (this process's shard) and the held-out split.
+    # Data: the train split's prompt iterator (global batches of rollout_batch_size prompts,
+    # this process's rows of each) and the whole held-out split.
     train_iter: data.BatchIterator
     eval_data: data.PreparedData
     sft_source: Any  # the train split's records, for the supervised warm start
@@ -123,8 +124,12 @@ def setup(config, workdir: str, *, devices: Sequence[jax.Device] | None = None) 
         "system_prompt": c.data.system_prompt,
         "instruction": instruction or None,
     }
-    train_data = data.prepare_prompts(sources[c.data.train_split], tokenizer, **prompt_kwargs)
-    local_prompts = c.rollout_batch_size // jax.process_count()
+    # Every process prepares the whole split and keeps its rows of each global batch, so the
+    # batches (and a saved data position) do not depend on the number of processes.
+    whole = {"shard_index": 0, "shard_count": 1}
+    train_data = data.prepare_prompts(
+        sources[c.data.train_split], tokenizer, **prompt_kwargs, **whole
+    )
 
     model_config = config_lib.model_config(c, tokenizer)
     if c.model.routing_replay and model_config.num_experts == 0:
@@ -159,8 +164,15 @@ def setup(config, workdir: str, *, devices: Sequence[jax.Device] | None = None) 
         tokenizer=tokenizer,
         eos_ids=tuple(data.stop_token_ids(tokenizer)),
         pad_id=int(tokenizer.pad_token_id),
-        train_iter=train_data.iterator(local_prompts, seed=c.seed, train=True),
-        eval_data=data.prepare_prompts(sources[c.data.eval_split], tokenizer, **prompt_kwargs),
+        train_iter=train_data.iterator(
+            c.rollout_batch_size,
+            seed=c.seed,
+            train=True,
+            rows=sharding_lib.process_rows(mesh, c.rollout_batch_size),
+        ),
+        eval_data=data.prepare_prompts(
+            sources[c.data.eval_split], tokenizer, **prompt_kwargs, **whole
+        ),
         sft_source=sources[c.data.train_split],
         data_spec=spec,
         prompt_kwargs=prompt_kwargs,

@@ -9,10 +9,11 @@ Mesh axes: data (batch only), fsdp (batch + parameters, ZeRO-3 style), tensor (h
 vocab), expert (MoE experts; batch too, so expert devices never duplicate dense work).
 
 Host side of a multi-process run (every host runs the same program): `to_global` /
-`to_local` move a batch between this process's numpy rows and global arrays, and
-`host_max`, `host_sum`, `gather_json`, `lead_first` and `gather_params` are the only places
-that talk to the other processes (`jax.experimental.multihost_utils`). With one process
-they cost nothing.
+`to_local` move a batch between this process's numpy rows and global arrays,
+`process_rows` says which rows of a global batch are this process's, and `host_max`,
+`host_sum`, `gather_rows`, `gather_json`, `lead_first` and `gather_params` are the only
+places that talk to the other processes (`jax.experimental.multihost_utils`). With one
+process they cost nothing.
 """
 
 from __future__ import annotations
@@ -227,6 +228,25 @@ def to_global(mesh: Mesh, local_tree):
         return jax.make_array_from_process_local_data(sharding, x)
 
     return jax.tree.map(put, local_tree)
+
+
+def process_rows(mesh: Mesh, num_rows: int) -> np.ndarray:
+    """The rows of a global batch of `num_rows` that this process holds under the batch
+    sharding, in the order `to_global` takes them and `to_local` returns them (all rows with
+    one process). A data iterator that serves each process exactly these rows of one global
+    batch makes that batch, and the step, independent of the number of processes."""
+    if jax.process_count() == 1:
+        return np.arange(num_rows)
+    dp = data_parallel_size(mesh)
+    if num_rows % dp:
+        raise ValueError(
+            f"a batch of {num_rows} rows does not split over the {dp} data-parallel devices"
+        )
+    index_map = batch_sharding(mesh, 1).addressable_devices_indices_map((num_rows,))
+    spans = {
+        (s[0].start or 0, num_rows if s[0].stop is None else s[0].stop) for s in index_map.values()
+    }
+    return np.concatenate([np.arange(start, stop) for start, stop in sorted(spans)])
 
 
 def to_local(array) -> np.ndarray:

@@ -2,6 +2,7 @@
 checkpoint of a RunState (docs/architecture.md, "One RL step")."""
 
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -107,3 +108,28 @@ def test_run_state_checkpoint_round_trip(pieces, tmp_path):
     for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(restored)):
         np.testing.assert_array_equal(a, b)
         assert a.sharding == b.sharding
+
+
+def test_checkpoints_with_per_process_data_positions(pieces, tmp_path):
+    """The format before global prompt batches kept one data position per process: one
+    process's resumes (its order was the global one), several are refused by name."""
+    import orbax.checkpoint as ocp
+
+    state = train.init_or_restore(pieces)
+    position = json.dumps(pieces.train_iter.get_state())
+    for step, positions in ((1, [position]), (2, [position, position])):
+        manager = checkpoint.make_manager(str(tmp_path / str(step)), async_save=False)
+        meta = {**state.meta(), "step": step, "data": positions}
+        manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state.arrays()), meta=ocp.args.JsonSave(meta)
+            ),
+        )
+        if len(positions) == 1:
+            restored = checkpoint.restore_latest(manager, pieces.abstract_state())
+            assert restored.data == position and restored.step == 1
+        else:
+            with pytest.raises(ValueError, match="holds one data position per process .2 of"):
+                checkpoint.restore_latest(manager, pieces.abstract_state())
+        manager.close()
