@@ -39,7 +39,7 @@ from gspo_jax import experiment, objectives, rollout, sharding, train
 from gspo_jax.train_step import make_train_step
 
 DENSE, MOE = "tests/fixtures/models/qwen3", "tests/fixtures/models/qwen3_moe"
-TOL = 1e-5
+TOL = 1e-5  # f32
 RATIOS = ("seq", "token", "seq_token")
 AGGS = tuple(objectives.LOSS_AGG_MODES)
 GRID = tuple(itertools.product(RATIOS, AGGS))
@@ -50,6 +50,12 @@ COVER = (
     ("seq_token", "seq-mean-token-sum"),
     ("seq", "seq-mean-token-sum-norm"),
 )
+DENSE_MESHES = {
+    "data 8": {"data": 8},
+    "data 2 x fsdp 4": {"data": 2, "fsdp": 4},
+    "data 2 x fsdp 2 x tensor 2": {"data": 2, "fsdp": 2, "tensor": 2},
+}
+MOE_MESHES = {"fsdp 2 x expert 2 x tensor 2": {"fsdp": 2, "expert": 2, "tensor": 2}}
 # Paper §5.1: GSPO's clip range, and GRPO's for the token ratio.
 CLIP = {"seq": (3e-4, 4e-4), "seq_token": (3e-4, 4e-4), "token": (0.2, 0.27)}
 
@@ -221,14 +227,6 @@ def test_advantage_function_declares_its_layout_and_matches_one_device(token_lev
         np.testing.assert_allclose(np.asarray(got_running), np.asarray(want_running), rtol=1e-6)
     with pytest.raises(ValueError, match="12 rewards do not split over the 8 data-parallel"):
         fn(rewards[:12], valid[:12], running, **{k: v[:12] for k, v in kwargs.items()})
-
-
-DENSE_MESHES = {
-    "data 8": {"data": 8},
-    "data 2 x fsdp 4": {"data": 2, "fsdp": 4},
-    "data 2 x fsdp 2 x tensor 2": {"data": 2, "fsdp": 2, "tensor": 2},
-}
-MOE_MESHES = {"fsdp 2 x expert 2 x tensor 2": {"fsdp": 2, "expert": 2, "tensor": 2}}
 
 
 @pytest.mark.slow

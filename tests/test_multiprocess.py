@@ -9,8 +9,9 @@ resumed by one process with 8 devices and another mesh (fsdp 8 instead of data 8
 matches within float rounding: the global prompt batch and the data position do not depend
 on the process count, and orbax reshards the state into the new mesh.
 
-The warm start is long enough (120 steps) for some responses to earn partial credit
-(`arith_digits`), so step 3 has non-zero advantages, loss and gradients to compare.
+The processes run `gspo_jax.main` with the test rewards registered: `test_checksum`, a
+function of the response text that varies within a group even for a barely trained model, so
+step 3 has non-zero advantages, loss and gradients to compare.
 """
 
 import contextlib
@@ -29,11 +30,9 @@ from tiny_flags import TINY_MODEL, metrics_by_step
 TINY = [
     *TINY_MODEL,
     "--config.rollout_batch_size=8",  # 8 prompts: 4 per process, split over 8 devices
-    "--config.num_return_sequences_in_group=4",
+    "--config.num_return_sequences_in_group=2",
     "--config.num_mini_batches=2",
-    "--config.warm_start.steps=120",
-    "--config.warm_start.learning_rate=3e-3",
-    "--config.reward.spec=arith_digits",
+    "--config.reward.spec=test_checksum",
     "--config.eval.num_prompts=16",
     "--config.eval.batch_size=8",
     "--config.eval.every_steps=0",
@@ -49,11 +48,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# `python -m gspo_jax.main`, after importing the module that registers the test rewards.
+MAIN = (
+    "import runpy, gspo_jax.rewards.testing; runpy.run_module('gspo_jax.main', run_name='__main__')"
+)
+
+
 def _command(workdir, data_dir, num_steps, *extra):
     return [
         sys.executable,
-        "-m",
-        "gspo_jax.main",
+        "-c",
+        MAIN,
         "--config=configs/default.py",
         f"--workdir={workdir}",
         f"--config.data.data_dir={data_dir}",
