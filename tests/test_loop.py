@@ -3,6 +3,7 @@ checkpoint of a RunState (docs/architecture.md, "One RL step")."""
 
 import dataclasses
 import json
+import types
 
 import jax
 import jax.numpy as jnp
@@ -133,3 +134,37 @@ def test_checkpoints_with_per_process_data_positions(pieces, tmp_path):
             with pytest.raises(ValueError, match="holds one data position per process .2 of"):
                 checkpoint.restore_latest(manager, pieces.abstract_state())
         manager.close()
+
+
+@pytest.mark.parametrize("num_prompts, batch_size", [(10, 8), (3, 64), (20, 5)])
+def test_evaluation_scores_exactly_the_first_num_prompts(pieces, num_prompts, batch_size):
+    """Whatever the batch size (and so the padding of the last call): the first num_prompts
+    of the split, each once. The accuracy reward here is the reference itself."""
+    import gspo_jax.rewards.testing  # noqa: F401  (registers test_const)
+    from gspo_jax import evaluation
+    from gspo_jax.rewards import build_reward
+
+    seen = []
+
+    def sample_greedy(tokens, mask):
+        seen.append(np.asarray(tokens).shape[0])
+        rows = np.asarray(tokens).shape[0]
+        return types.SimpleNamespace(tokens=np.zeros((rows, 2), np.int32), mask=np.ones((rows, 2)))
+
+    scorer = rollout.Scorer(build_reward("test_const"), "zero")
+    got = evaluation.greedy_accuracy(
+        sample_greedy,
+        pieces.eval_data,
+        pieces.tokenizer,
+        scorer,
+        pieces.mesh,
+        num_prompts=num_prompts,
+        batch_size=batch_size,
+        buckets=pieces.config.sampling.prompt_buckets,
+    )
+    references = pieces.eval_data.arrays["reference"][:num_prompts].astype(float)
+    assert got["eval/num_prompts"] == num_prompts
+    np.testing.assert_allclose(got["eval/accuracy"], references.mean(), rtol=1e-6)
+    assert got["eval/length_mean"] == 2
+    # Each call a whole number of rows per data-parallel device (8), at most batch_size.
+    assert all(n % 8 == 0 or n == batch_size for n in seen) and sum(seen) >= num_prompts
