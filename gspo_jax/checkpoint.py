@@ -3,8 +3,16 @@
 One checkpoint per saved RL step holds the `RunState` (state.py) as two items:
   state: its arrays: the train state (params, optimizer state, update count), the RNG key
          data, the running reward moments, π_ref's params when there is a KL term;
-  meta:  JSON: its host fields: the RL step, every process's data iterator position, and
-         where the params came from.
+  meta:  JSON: its host fields: the RL step, the prompt iterator's position (one global
+         position, the same on every process: `sharding.process_rows`), and where the params
+         came from.
+
+Neither item depends on the number of processes or the mesh: a checkpoint written by 2
+processes x 4 devices restores onto 1 process x 8 devices with another mesh (orbax reshards
+the arrays into the new `RunState` shardings) and the run continues with the same prompts.
+Checkpoints written before the data position was global hold a per-process list: a list of
+one (one process, whose order was the global one) resumes; a longer one is refused with a
+message, its positions index per-process shuffles that no longer exist.
 
 Resume order (train.py follows it, automatically):
   1. the workdir's latest complete checkpoint (orbax only lists committed steps);
@@ -43,13 +51,12 @@ def make_manager(
 
 def save(manager: ocp.CheckpointManager, state: RunState) -> None:
     """Start saving `state` at its RL step: its arrays as the `state` item, its host fields
-    as JSON `meta`, the data position of every process gathered into one list.
+    as JSON `meta`.
 
     Asynchronous when the manager is: the call returns once device buffers are copied, and
     `manager.wait_until_finished()` blocks until the files are committed.
     """
     meta = state.meta()
-    meta["data"] = sharding_lib.gather_json(state.data)
     manager.save(
         state.step,
         args=ocp.args.Composite(
@@ -71,13 +78,15 @@ def restore_latest(manager: ocp.CheckpointManager, abstract: RunState) -> RunSta
         ),
     )
     meta = dict(restored[META])
-    states = meta["data"]
-    if len(states) != jax.process_count():
-        raise ValueError(
-            f"checkpoint {step} was written by {len(states)} processes; resuming it with "
-            f"{jax.process_count()} would change every process's data shard"
-        )
-    meta["data"] = states[jax.process_index()]
+    if isinstance(meta["data"], list):  # the format before global batches: one per process
+        if len(meta["data"]) > 1:
+            raise ValueError(
+                f"checkpoint {step} in {manager.directory} holds one data position per process "
+                f"({len(meta['data'])} of them): it was written before prompt batches became "
+                "global, and this version cannot continue its per-process prompt order. "
+                "Resume it with the version that wrote it, on the same number of processes."
+            )
+        meta["data"] = meta["data"][0]  # one process: its order was the global one
     meta["origin"] = f"checkpoint {step} in {manager.directory}"
     return abstract.restored(dict(restored[STATE]), meta)
 
