@@ -4,7 +4,7 @@ The train step (the differentiated full-sequence pass, 4 mini-batches, micro-bat
 accumulation, AdamW) is traced, lowered and compiled ahead of time for Qwen3-0.6B widths
 (d = 1024, 16/8 heads × 128, MLP 3072, vocab 151,936, tied) cut to each depth of
 `--layers`; nothing runs. With unrolled layers the compiled program grows with depth;
-with scanned layers it should not (DESIGN.md §5: TPU-first).
+with scanned layers it should not.
 
     python benchmarks/compile_time.py                                   # CPU, 4/28/48 layers
     python benchmarks/compile_time.py --topology v5e:2x4                # TPU AOT (needs libtpu)

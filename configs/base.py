@@ -60,7 +60,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.old_logprobs_source = "recompute"  # pi_old: "recompute" (a forward pass of the rollout
     # policy) or "sampler" (the sampler's own log-probs, paper §5.4: saves that pass)
     c.logprob_chunk_size = 256  # tokens per chunk of the chunked log-softmax: [B, T, V] f32
-    # logits never exist (DESIGN.md §5); larger chunks are faster, smaller use less memory
+    # logits never exist (docs/architecture.md); larger chunks are faster, smaller use less memory
     c.invalid_reward = "mask"  # NaN / non-numeric / failed-verifier rewards: "mask" (excluded
     # from group statistics, advantage 0, counted) or "zero" (treated as reward 0, counted)
 

@@ -17,6 +17,7 @@ garbage (NaN), and get advantage 0. Non-finite rewards at *valid* positions are 
 here (they would spread NaN loudly); the trainer masks and counts them.
 """
 
+import dataclasses
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -29,15 +30,36 @@ EPS = 1e-6
 
 # Names accepted by `reward_norm` (None = no reward normalisation).
 REWARD_NORMS = (None, "batch", "group", "running")
-# name -> fn(rewards_B, valid_B, *, group_size, eps) -> advantages_B.
-ADV_ESTIMATORS: dict[str, Callable[..., Array]] = {}
 
 
-def _register_estimator(name: str):
+@dataclasses.dataclass
+class Estimator:
+    """An advantage estimator's two forms (`adv_estimator` names one).
+
+    sequence: fn(rewards_B, valid_B, *, group_size, eps) -> advantages_B
+              (`compute_advantages`, one reward per response);
+    token:    fn(rewards_BT, valid_BT, valid_B, *, group_size, gamma, eps) -> advantages_BT
+              (`compute_token_advantages`, rewards per token), or None when it has none.
+    """
+
+    sequence: Callable[..., Array] | None = None
+    token: Callable[..., Array] | None = None
+
+
+# name -> Estimator; config validation lists these names.
+ADV_ESTIMATORS: dict[str, Estimator] = {}
+
+
+def _register_estimator(name: str, level: str = "sequence"):
+    """Decorator adding a sequence- or token-level form of estimator `name`."""
+    if level not in ("sequence", "token"):
+        raise ValueError(f"level must be 'sequence' or 'token', got {level!r}")
+
     def decorator(fn):
-        if name in ADV_ESTIMATORS:
-            raise ValueError(f"duplicate advantage estimator {name!r}")
-        ADV_ESTIMATORS[name] = fn
+        estimator = ADV_ESTIMATORS.setdefault(name, Estimator())
+        if getattr(estimator, level) is not None:
+            raise ValueError(f"duplicate {level}-level advantage estimator {name!r}")
+        setattr(estimator, level, fn)
         return fn
 
     return decorator
@@ -280,7 +302,8 @@ def compute_advantages(
         running=running,
         eps=eps,
     )
-    adv_B = ADV_ESTIMATORS[adv_estimator](rewards_B, valid_B, group_size=group_size, eps=eps)
+    estimate = ADV_ESTIMATORS[adv_estimator].sequence
+    adv_B = estimate(rewards_B, valid_B, group_size=group_size, eps=eps)
     if whiten_advantages:
         adv_B = _zscore(adv_B, valid_B, eps=eps)
     if advantage_clip is not None:
@@ -316,6 +339,25 @@ def token_level_returns(token_rewards_BT: Array, mask_BT: Array, gamma: float = 
     init_B = jnp.zeros(rewards_BT.shape[:1], jnp.float32)
     _, returns_TB = jax.lax.scan(step, init_B, (rewards_BT.T, valid_BT.T), reverse=True)
     return returns_TB.T
+
+
+@_register_estimator("reinforce", level="token")
+def reinforce_token_advantages(
+    rewards_BT: Array, valid_BT: Array, valid_B: Array, *, group_size: int, gamma, eps=EPS
+):
+    """REINFORCE per token: Â_t = reward-to-go of the token rewards (`token_level_returns`)."""
+    del valid_B, group_size, eps
+    return token_level_returns(rewards_BT, valid_BT, gamma)
+
+
+@_register_estimator("grpo", level="token")
+def grpo_token_advantages(
+    rewards_BT: Array, valid_BT: Array, valid_B: Array, *, group_size: int, gamma, eps=EPS
+):
+    """GRPO per token: the sequence score Σ_t r_t, group z-scored, on each of its tokens."""
+    del valid_BT, gamma
+    adv_B = grpo_advantages(jnp.sum(rewards_BT, axis=-1), valid_B, group_size=group_size, eps=eps)
+    return jnp.broadcast_to(adv_B[:, None], rewards_BT.shape)
 
 
 def compute_token_advantages(
@@ -391,17 +433,16 @@ def compute_token_advantages(
     combined_BT = jnp.where(tok_valid_BT, token_rewards_BT.astype(jnp.float32), 0.0)
     combined_BT = combined_BT + jnp.where(is_last_BT & tok_valid_BT, seq_rewards_B[:, None], 0.0)
 
-    if adv_estimator == "reinforce":
-        adv_BT = token_level_returns(combined_BT, tok_valid_BT, gamma)
-    elif adv_estimator == "grpo":
-        score_B = jnp.sum(combined_BT, axis=-1)
-        adv_B = grpo_advantages(score_B, valid_B, group_size=group_size, eps=eps)
-        adv_BT = jnp.broadcast_to(adv_B[:, None], combined_BT.shape)
-    else:
+    estimate = ADV_ESTIMATORS[adv_estimator].token
+    if estimate is None:
+        valid = sorted(n for n, e in ADV_ESTIMATORS.items() if e.token is not None)
         raise ValueError(
             f"compute_token_advantages: adv_estimator {adv_estimator!r} has no token-level "
-            "form; valid: ['grpo', 'reinforce']"
+            f"form; valid: {valid}"
         )
+    adv_BT = estimate(
+        combined_BT, tok_valid_BT, valid_B, group_size=group_size, gamma=gamma, eps=eps
+    )
     if whiten_advantages:
         adv_BT = _zscore(adv_BT, tok_valid_BT, eps=eps)
     if advantage_clip is not None:

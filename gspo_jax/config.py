@@ -1,17 +1,31 @@
-"""Start-up validation of an experiment config (configs/base.py holds every field).
+"""The experiment config: start-up validation, and its translation into the pieces' arguments.
 
-`validate(config)` runs before anything is compiled or loaded, so a bad config costs a
-second, not a TPU-pod start-up. Errors name the field and list the valid values; settings
-that are legal but far from the paper's (GSPO with a GRPO-sized clip range, GSPO with a
-token-sum aggregation) warn with the paper's values.
+`configs/base.py` holds every field and its default; nothing else defines a default. This
+module is the one place a config is read into the arguments of the pieces it drives:
+
+  validate(config)                     before anything is compiled or loaded
+  model_config(config, tokenizer)      the policy architecture (scratch or Hugging Face)
+  step_config(config, model_config)    the train step's static StepConfig
+  advantage_kwargs(config)             compute_advantages' options (ROLL's names)
+  sampler_kwargs(config, greedy=)      sampling.sample's options
+  batch_sizes(config)                  responses, mini-batch and micro-batch sizes
+
+Valid names are read from the registries that define them (objectives, advantages, optim,
+models, data), never restated here. Errors name the field and list the valid values;
+settings that are legal but far from the paper's (GSPO with a GRPO-sized clip range, GSPO
+with a token-sum aggregation) warn with the paper's values.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
-from gspo_jax import advantages, objectives
-from gspo_jax.sharding import BATCH_AXES, MESH_AXES
+from gspo_jax import advantages, models, objectives, optim
+from gspo_jax import sharding as sharding_lib
+from gspo_jax.data.build import DATASETS
+from gspo_jax.models.config import ARCHS, ATTENTION_IMPLS, DTYPES, MOE_IMPLS, REMAT_POLICIES
+from gspo_jax.train_step import StepConfig
 
 
 class ConfigError(ValueError):
@@ -22,15 +36,9 @@ class ConfigWarning(UserWarning):
     """A config is legal but departs from the paper's settings in a way worth knowing."""
 
 
-SEQ_MODES = ("seq", "seq_token")
+SEQ_MODES = tuple(sorted(objectives.SEQUENCE_LEVEL_IS_MODES))
 OLD_LOGPROBS_SOURCES = ("recompute", "sampler")
 INVALID_REWARD_RULES = ("mask", "zero")
-SCHEDULES = ("constant", "cosine")
-DTYPES = ("float32", "bfloat16")
-REMAT_POLICIES = ("none", "full", "dots")
-MOE_IMPLS = ("ragged", "dense")
-ATTENTION_IMPLS = ("auto", "xla", "splash", "cudnn")
-DATASETS = ("arithmetic", "gsm8k")
 # GSPO's paper clip range is 3e-4 / 4e-4 (§5.1); anything this large is GRPO-sized.
 GSPO_CLIP_WARN = 0.01
 
@@ -87,13 +95,14 @@ def validate(config, *, num_devices: int | None = None, num_processes: int = 1) 
     _choice("reward_norm", reward_norm, [None, *[n for n in advantages.REWARD_NORMS if n]])
     _choice("old_logprobs_source", config.old_logprobs_source, OLD_LOGPROBS_SOURCES)
     _choice("invalid_reward", config.invalid_reward, INVALID_REWARD_RULES)
-    _choice("optim.schedule", config.optim.schedule, SCHEDULES)
+    _choice("optim.schedule", config.optim.schedule, optim.SCHEDULES)
+    _choice("model.arch", config.model.arch, ARCHS)
     _choice("model.param_dtype", config.model.param_dtype, DTYPES)
     _choice("model.dtype", config.model.dtype, DTYPES)
     _choice("model.remat", config.model.remat, REMAT_POLICIES)
     _choice("model.moe_impl", config.model.moe_impl, MOE_IMPLS)
     _choice("model.attention_impl", config.model.attention_impl, ATTENTION_IMPLS)
-    _choice("data.name", config.data.name, DATASETS)
+    _choice("data.name", config.data.name, sorted(DATASETS))
 
     # -- sizes -----------------------------------------------------------------------------
     for name in (
@@ -233,33 +242,115 @@ def validate(config, *, num_devices: int | None = None, num_processes: int = 1) 
 
 
 def _data_parallel_size(config, num_devices: int) -> int:
-    shape = mesh_shape(config, num_devices)
-    size = 1
-    for axis in BATCH_AXES:
-        size *= shape[axis]
-    return size
+    return sharding_lib.data_parallel_size_of(mesh_shape(config, num_devices))
 
 
 def mesh_shape(config, num_devices: int) -> dict[str, int]:
-    """Resolve the mesh axes (one may be -1) to sizes whose product is num_devices."""
-    sizes = {axis: config.mesh[axis] for axis in MESH_AXES}
-    free = [a for a, s in sizes.items() if s == -1]
-    if len(free) > 1:
-        raise ConfigError(f"only one mesh axis may be -1, got {free}")
-    for axis, size in sizes.items():
-        if size != -1 and (not isinstance(size, int) or size < 1):
-            raise ConfigError(f"config.mesh.{axis}={size!r} must be a positive int or -1")
-    fixed = 1
-    for s in sizes.values():
-        if s != -1:
-            fixed *= s
-    if free:
-        if num_devices % fixed:
-            raise ConfigError(
-                f"mesh axes {sizes} leave {num_devices} devices / {fixed} = "
-                f"{num_devices / fixed} for mesh.{free[0]}"
-            )
-        sizes[free[0]] = num_devices // fixed
-    elif fixed != num_devices:
-        raise ConfigError(f"mesh {sizes} has {fixed} devices, but {num_devices} are present")
-    return sizes
+    """`sharding.mesh_shape` of config.mesh (one axis may be -1), as a ConfigError."""
+    try:
+        return sharding_lib.mesh_shape(config.mesh, num_devices)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+# ------------------------------------------------------------------------------ translation
+
+
+def model_config(config, tokenizer) -> models.ModelConfig:
+    """The policy's architecture and numerics.
+
+    With `model.hf_path`: the checkpoint's config.json, with the run's numerics
+    (param_dtype, dtype, remat, moe_impl, attention_impl). Otherwise the scratch model of `model.*`, its
+    vocabulary and special tokens taken from the tokenizer.
+    """
+    m = config.model
+    numerics = {
+        "param_dtype": m.param_dtype,
+        "dtype": m.dtype,
+        "remat": m.remat,
+        "moe_impl": m.moe_impl,
+        "attention_impl": m.attention_impl,
+    }
+    if m.hf_path:
+        hf = models.ModelConfig.from_hf_config(models.read_hf_config(m.hf_path))
+        return dataclasses.replace(hf, **numerics)
+    from gspo_jax import data
+
+    moe = m.arch == "qwen3_moe"
+    return models.ModelConfig(
+        arch=m.arch,
+        vocab_size=len(tokenizer),
+        hidden_size=m.hidden_size,
+        intermediate_size=m.intermediate_size,
+        num_layers=m.num_layers,
+        num_heads=m.num_heads,
+        num_kv_heads=m.num_kv_heads,
+        head_dim=m.head_dim,
+        rope_theta=m.rope_theta,
+        tie_word_embeddings=m.tie_word_embeddings,
+        qkv_bias=m.arch == "qwen2",
+        qk_norm=m.arch != "qwen2",
+        num_experts=m.num_experts if moe else 0,
+        num_experts_per_tok=m.num_experts_per_tok if moe else 0,
+        moe_intermediate_size=m.moe_intermediate_size if moe else 0,
+        norm_topk_prob=moe,
+        max_position_embeddings=max(4096, config.prompt_length + config.response_length),
+        eos_token_ids=tuple(data.stop_token_ids(tokenizer)),
+        pad_token_id=tokenizer.pad_token_id,
+        **numerics,
+    )
+
+
+def step_config(config, model_config: models.ModelConfig) -> StepConfig:
+    """The train step's static configuration (part of its compilation key)."""
+    temperature = config.sampling.temperature
+    return StepConfig(
+        model=model_config,
+        importance_sampling=config.importance_sampling,
+        clip_low=float(config.clip_low),
+        clip_high=float(config.clip_high),
+        dual_clip_loss=bool(config.dual_clip_loss),
+        dual_clip_ratio=float(config.dual_clip_ratio),
+        loss_agg_mode=config.loss_agg_mode,
+        horizon=int(config.response_length),
+        ppo_epochs=int(config.ppo_epochs),
+        num_mini_batches=int(config.num_mini_batches),
+        micro_batch_size=config.micro_batch_size,
+        use_kl_loss=bool(config.use_kl_loss),
+        kl_loss_coef=float(config.kl_loss_coef),
+        kl_estimator=config.kl_estimator,
+        entropy_coef=float(config.entropy_coef),
+        # log-probs are of softmax(logits / τ), as sampled; greedy (τ = 0) scores with τ = 1
+        temperature=float(temperature) if temperature > 0 else 1.0,
+        logprob_chunk_size=int(config.logprob_chunk_size),
+        routing_replay=bool(config.model.routing_replay),
+        token_advantages=bool(config.add_token_level_kl),
+    )
+
+
+def advantage_kwargs(config) -> dict:
+    """`advantages.compute_advantages` / `compute_token_advantages` options (ROLL's names)."""
+    return {
+        "group_size": config.num_return_sequences_in_group,
+        "adv_estimator": config.adv_estimator,
+        "reward_clip": config.reward_clip,
+        "reward_norm": normalize_reward_norm(config.reward_norm),
+        "reward_shift": config.reward_shift,
+        "reward_scale": config.reward_scale,
+        "whiten_advantages": config.whiten_advantages,
+        "advantage_clip": config.advantage_clip,
+    }
+
+
+def sampler_kwargs(config, *, greedy: bool = False) -> dict:
+    """`sampling.sample` options: the rollout's (G samples at config.sampling.*) or, with
+    greedy, one temperature-0 response per prompt (evaluation)."""
+    s = config.sampling
+    return {
+        "num_samples": 1 if greedy else config.num_return_sequences_in_group,
+        "max_new_tokens": config.response_length,
+        "temperature": 0.0 if greedy else s.temperature,
+        "top_k": None if greedy else s.top_k,
+        "top_p": None if greedy else s.top_p,
+        "buckets": tuple(s.prompt_buckets),
+    }

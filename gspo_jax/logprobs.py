@@ -8,7 +8,7 @@ sampler's and the trainer's numbers go through the same f32 arithmetic (divide b
 max-shifted log-softmax). Sequence-level reductions for GSPO (paper §4, the 1/|y_i| length
 normalisation of the sequence log-ratio) live at the bottom.
 
-Why chunks (DESIGN.md §5): with Qwen's vocabulary V = 151,936 one 4k-token response is 2.5 GB
+Why chunks (docs/architecture.md, performance rules): with Qwen's vocabulary V = 151,936 one 4k-token response is 2.5 GB
 of f32 logits, and autodiff would keep that plus its cotangent alive. Here the forward pass
 runs over chunks of about `chunk_size` tokens and keeps only per-token scalars (log p, the
 logsumexp, the entropy); the backward pass is a hand-written `custom_vjp` that recomputes the
@@ -29,7 +29,7 @@ Contract a caller must know:
   * Reverse-mode only (`custom_vjp`): `jax.grad`/`vjp`/`vmap` work, `jax.jvp` does not.
 
 Shape letters: B batch (responses), T tokens per response, D model width, V vocabulary,
-K number of chunks (or vocabulary slices), C token positions per chunk (per row), Vc columns
+J number of chunks (or vocabulary slices), I token positions per chunk (per row), Vc columns
 per vocabulary slice of the backward pass.
 """
 
@@ -39,6 +39,8 @@ import math
 
 import jax
 import jax.numpy as jnp
+
+from gspo_jax.masked import row_mean
 
 __all__ = [
     "logprobs_from_logits",
@@ -138,13 +140,13 @@ def _logprob_and_entropy(z_V, targets, want_entropy: bool):
     return logprob, entropy, lse
 
 
-def _chunk_logits(hidden_BCD, unembed_DV, temperature: float):
+def _chunk_logits(hidden_BID, unembed_DV, temperature: float):
     # preferred_element_type: bf16 inputs accumulate the D-sum in f32 (the "upcast to f32");
     # f32 inputs are unaffected.
-    logits_BCV = jnp.einsum(
-        "bcd,dv->bcv", hidden_BCD, unembed_DV, preferred_element_type=jnp.float32
+    logits_BIV = jnp.einsum(
+        "bid,dv->biv", hidden_BID, unembed_DV, preferred_element_type=jnp.float32
     )
-    return _scaled_logits(logits_BCV, temperature)
+    return _scaled_logits(logits_BIV, temperature)
 
 
 # ----------------------------------------------------------------------------- chunked core
@@ -155,44 +157,44 @@ _VOCAB_ALIGN = 128
 
 
 def _to_chunks(hidden_BTD, targets_BT, chunk_size: int):
-    """[B, T, ·] -> [K, B, C, ·] with C = positions per chunk, padding T up to K·C.
+    """[B, T, ·] -> [J, B, I, ·] with I = positions per chunk, padding T up to J·I.
 
-    Chunks are [B, C] slabs of the B·T tokens (C = chunk_size // B, at least 1, at most T), so
+    Chunks are [B, I] slabs of the B·T tokens (I = chunk_size // B, at least 1, at most T), so
     a chunk holds about chunk_size tokens. Slicing along T rather than along the flattened
     B·T axis keeps a batch-sharded `hidden_BTD` sharded through the loop: each device
     computes its own rows of every chunk instead of one device holding a whole chunk.
     Padded positions get zero hidden states and target 0 and are sliced off afterwards.
     """
     B, T, D = hidden_BTD.shape
-    C = min(T, max(1, chunk_size // max(B, 1)))
-    K = -(-T // C)
-    pad = K * C - T
+    I = min(T, max(1, chunk_size // max(B, 1)))
+    J = -(-T // I)
+    pad = J * I - T
     if pad:
         hidden_BTD = jnp.pad(hidden_BTD, ((0, 0), (0, pad), (0, 0)))
         targets_BT = jnp.pad(targets_BT, ((0, 0), (0, pad)))
-    hidden_KBCD = hidden_BTD.reshape(B, K, C, D).transpose(1, 0, 2, 3)
-    targets_KBC = targets_BT.reshape(B, K, C).transpose(1, 0, 2)
-    return hidden_KBCD, targets_KBC
+    hidden_JBID = hidden_BTD.reshape(B, J, I, D).transpose(1, 0, 2, 3)
+    targets_JBI = targets_BT.reshape(B, J, I).transpose(1, 0, 2)
+    return hidden_JBID, targets_JBI
 
 
-def _from_chunks(x_KBC, T: int):
-    K, B, C = x_KBC.shape
-    return x_KBC.transpose(1, 0, 2).reshape(B, K * C)[:, :T]
+def _from_chunks(x_JBI, T: int):
+    J, B, I = x_JBI.shape
+    return x_JBI.transpose(1, 0, 2).reshape(B, J * I)[:, :T]
 
 
 def _forward(temperature, chunk_size, want_entropy, hidden_BTD, unembed_DV, targets_BT):
     """Token-chunked forward: (logprob_BT, entropy_BT or None, lse_BT); one chunk's logits live."""
     T = hidden_BTD.shape[1]
-    hidden_KBCD, targets_KBC = _to_chunks(hidden_BTD, targets_BT, chunk_size)
+    hidden_JBID, targets_JBI = _to_chunks(hidden_BTD, targets_BT, chunk_size)
 
     def one_chunk(xs):
-        hidden_BCD, targets_BC = xs
-        z_BCV = _chunk_logits(hidden_BCD, unembed_DV, temperature)
-        return _logprob_and_entropy(z_BCV, targets_BC, want_entropy)
+        hidden_BID, targets_BI = xs
+        z_BIV = _chunk_logits(hidden_BID, unembed_DV, temperature)
+        return _logprob_and_entropy(z_BIV, targets_BI, want_entropy)
 
-    logprob_KBC, entropy_KBC, lse_KBC = jax.lax.map(one_chunk, (hidden_KBCD, targets_KBC))
-    entropy_BT = _from_chunks(entropy_KBC, T) if want_entropy else None
-    return _from_chunks(logprob_KBC, T), entropy_BT, _from_chunks(lse_KBC, T)
+    logprob_JBI, entropy_JBI, lse_JBI = jax.lax.map(one_chunk, (hidden_JBID, targets_JBI))
+    entropy_BT = _from_chunks(entropy_JBI, T) if want_entropy else None
+    return _from_chunks(logprob_JBI, T), entropy_BT, _from_chunks(lse_JBI, T)
 
 
 def _core_impl(temperature, chunk_size, want_entropy, hidden_BTD, unembed_DV, targets_BT):
@@ -215,14 +217,14 @@ def _core_fwd(temperature, chunk_size, want_entropy, hidden_BTD, unembed_DV, tar
 
 
 def _vocab_slices(num_tokens: int, V: int, chunk_size: int):
-    """(K, Vc): K slices of Vc columns covering [0, V), with num_tokens·Vc ≈ chunk_size·V / 2.
+    """(J, Vc): J slices of Vc columns covering [0, V), with num_tokens·Vc ≈ chunk_size·V / 2.
 
     Half a forward chunk, because a backward step keeps two such arrays alive (the recomputed
     logits and their cotangent) where a forward step keeps one: both passes then peak at
     about chunk_size·V f32 values.
     """
-    K = max(1, -(-2 * num_tokens // chunk_size))
-    Vc = -(-V // K)
+    J = max(1, -(-2 * num_tokens // chunk_size))
+    Vc = -(-V // J)
     Vc = min(V, -(-Vc // _VOCAB_ALIGN) * _VOCAB_ALIGN)
     return -(-V // Vc), Vc
 
@@ -253,7 +255,7 @@ def _core_bwd(temperature, chunk_size, want_entropy, residuals, cotangents):
     g_BT, g_entropy_BT = cotangents
     B, T, _ = hidden_BTD.shape
     V = unembed_DV.shape[1]
-    K, Vc = _vocab_slices(B * T, V, chunk_size)
+    J, Vc = _vocab_slices(B * T, V, chunk_size)
     compute_dtype = jnp.result_type(hidden_BTD.dtype, unembed_DV.dtype)
     g_BT = g_BT.astype(jnp.float32)
     if want_entropy:
@@ -296,7 +298,7 @@ def _core_bwd(temperature, chunk_size, want_entropy, residuals, cotangents):
         return (d_hidden_BTD, d_unembed_DV), None
 
     init = (jnp.zeros(hidden_BTD.shape, jnp.float32), jnp.zeros_like(unembed_DV))
-    (d_hidden_BTD, d_unembed_DV), _ = jax.lax.scan(one_slice, init, jnp.arange(K))
+    (d_hidden_BTD, d_unembed_DV), _ = jax.lax.scan(one_slice, init, jnp.arange(J))
     return d_hidden_BTD.astype(hidden_BTD.dtype), d_unembed_DV, None
 
 
@@ -323,9 +325,9 @@ def token_logprobs(
 
     These are the log π_θ(y_i,t | x, y_i,<t) of the GSPO sequence ratio (paper §4) and of the
     GRPO token ratio. The caller has already shifted: `hidden_BTD[:, t]` predicts
-    `targets_BT[:, t]`. The forward runs over chunks of about `chunk_size` tokens (a [B, C]
-    slab, C = chunk_size // B positions, at least one position per chunk) and keeps one
-    chunk's [B, C, V] logits alive; the backward (a custom VJP) recomputes the logits once,
+    `targets_BT[:, t]`. The forward runs over chunks of about `chunk_size` tokens (a [B, I]
+    slab, I = chunk_size // B positions, at least one position per chunk) and keeps one
+    chunk's [B, I, V] logits alive; the backward (a custom VJP) recomputes the logits once,
     in vocabulary slices of [B, T, Vc] with B·T·Vc ≈ chunk_size·V / 2. Peak temporary memory
     is therefore about chunk_size·V f32 values plus a [D, Vc] slice, not O(B·T·V).
     Gradients flow to `hidden_BTD` and `unembed_DV` (not to the integer targets); the
@@ -369,7 +371,7 @@ def token_logprobs_naive(
 
     Same formula and arithmetic as `token_logprobs`. It exists for tests and for
     `benchmarks/logprobs_memory.py`; never use it in the train step or the log-prob pass
-    (DESIGN.md §5: at V = 151,936 it holds 0.6 MB of f32 logits per token, twice over in the
+    (at V = 151,936 it holds 0.6 MB of f32 logits per token, twice over in the
     backward pass).
     """
     temperature = _check_temperature(temperature)
@@ -418,10 +420,11 @@ def sequence_logprob_mean(logprobs_BT, mask_BT):
     """(1/|y_i|) Σ_t m_i,t · log π(y_i,t | ·)  ->  [B], with |y_i| = Σ_t m_i,t.
 
     The length-normalised log-likelihood inside the GSPO ratio s_i(θ) (paper §4, eq. for
-    s_i). A row with no valid token gives 0, never NaN (its gradient is 0 too).
+    s_i); `objectives` takes the same `masked.row_mean` of the token log-ratios. A row with
+    no valid token gives 0, never NaN (its gradient is 0 too).
     """
-    total_B = sequence_logprob_sum(logprobs_BT, mask_BT)
-    length_B = jnp.sum(mask_BT.astype(total_B.dtype), axis=-1)
-    nonempty_B = length_B > 0
-    # Divide by 1 on empty rows so that neither the value nor the gradient sees 0/0.
-    return jnp.where(nonempty_B, total_B / jnp.where(nonempty_B, length_B, 1.0), 0.0)
+    if logprobs_BT.shape != mask_BT.shape:
+        raise ValueError(
+            f"logprobs_BT {logprobs_BT.shape} and mask_BT {mask_BT.shape} must have equal shapes"
+        )
+    return row_mean(logprobs_BT, mask_BT)

@@ -26,6 +26,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from gspo_jax.masked import masked_mean, row_mean, safe_count
+
 Array = jax.Array
 
 # ---------------------------------------------------------------------------------------------
@@ -76,18 +78,8 @@ def _check_mode(kind: str, name: Any, registry) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _safe_denominator(count: Array) -> Array:
-    """A count used as a divisor: 1 where it is 0 (the numerator is then 0 too)."""
-    count = jnp.asarray(count, jnp.float32)
-    return jnp.where(count > 0, count, 1.0)
-
-
 def _seq_token_counts(mask_BT: Array) -> Array:
     return jnp.sum(mask_BT, axis=-1)
-
-
-def _masked_mean(x: Array, mask: Array) -> Array:
-    return jnp.sum(jnp.where(mask > 0, x, 0.0)) / _safe_denominator(jnp.sum(mask))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -102,8 +94,7 @@ def token_log_ratio(logprobs_BT: Array, old_logprobs_BT: Array, mask_BT: Array) 
 
 
 def _seq_log_ratio_B(logprobs_BT: Array, old_logprobs_BT: Array, mask_BT: Array) -> Array:
-    diff_BT = jnp.where(mask_BT > 0, logprobs_BT - old_logprobs_BT, 0.0)
-    return jnp.sum(diff_BT, axis=-1) / _safe_denominator(_seq_token_counts(mask_BT))
+    return row_mean(logprobs_BT - old_logprobs_BT, mask_BT)
 
 
 @register_importance_sampling("seq", sequence_level=True)
@@ -144,7 +135,7 @@ def _agg_token_mean(loss_BT, mask_BT, *, horizon, num_valid_tokens, num_valid_se
     """Σ_{b,t} m·L / Σ_{b,t} m."""
     del horizon, num_valid_seqs
     denom = jnp.sum(mask_BT) if num_valid_tokens is None else num_valid_tokens
-    return jnp.sum(loss_BT) / _safe_denominator(denom)
+    return jnp.sum(loss_BT) / safe_count(denom)
 
 
 @_register(LOSS_AGG_MODES, "seq-mean-token-sum")
@@ -152,16 +143,16 @@ def _agg_seq_mean_token_sum(loss_BT, mask_BT, *, horizon, num_valid_tokens, num_
     """(1/#valid seqs) Σ_b Σ_t m·L."""
     del horizon, num_valid_tokens
     denom = _num_valid_seqs(mask_BT) if num_valid_seqs is None else num_valid_seqs
-    return jnp.sum(loss_BT) / _safe_denominator(denom)
+    return jnp.sum(loss_BT) / safe_count(denom)
 
 
 @_register(LOSS_AGG_MODES, "seq-mean-token-mean")
 def _agg_seq_mean_token_mean(loss_BT, mask_BT, *, horizon, num_valid_tokens, num_valid_seqs):
     """(1/#valid seqs) Σ_b (Σ_t m·L / Σ_t m)."""
     del horizon, num_valid_tokens
-    per_seq_B = jnp.sum(loss_BT, axis=-1) / _safe_denominator(_seq_token_counts(mask_BT))
+    per_seq_B = jnp.sum(loss_BT, axis=-1) / safe_count(_seq_token_counts(mask_BT))
     denom = _num_valid_seqs(mask_BT) if num_valid_seqs is None else num_valid_seqs
-    return jnp.sum(per_seq_B) / _safe_denominator(denom)
+    return jnp.sum(per_seq_B) / safe_count(denom)
 
 
 @_register(LOSS_AGG_MODES, "seq-mean-token-sum-norm")
@@ -169,7 +160,7 @@ def _agg_seq_mean_token_sum_norm(loss_BT, mask_BT, *, horizon, num_valid_tokens,
     """(1/#valid seqs) Σ_b Σ_t m·L / horizon  (Dr. GRPO's constant normaliser)."""
     del num_valid_tokens
     denom = _num_valid_seqs(mask_BT) if num_valid_seqs is None else num_valid_seqs
-    return jnp.sum(loss_BT) / _safe_denominator(denom) / horizon
+    return jnp.sum(loss_BT) / safe_count(denom) / horizon
 
 
 def aggregate_loss(
@@ -463,13 +454,13 @@ def _policy_metrics(
     n_seq = jnp.sum(valid_B.astype(jnp.float32))
 
     def tok_frac(flag_BT):
-        return jnp.sum(flag_BT.astype(jnp.float32)) / _safe_denominator(n_tok)
+        return jnp.sum(flag_BT.astype(jnp.float32)) / safe_count(n_tok)
 
     clipped_BT = clipped_low_BT | clipped_high_BT
 
     def seq_frac(flag_BT):
         flag_B = jnp.any(flag_BT, axis=-1) & valid_B
-        return jnp.sum(flag_B.astype(jnp.float32)) / _safe_denominator(n_seq)
+        return jnp.sum(flag_B.astype(jnp.float32)) / safe_count(n_seq)
 
     if importance_sampling in SEQUENCE_LEVEL_IS_MODES:
         # One ratio per sequence: the max over its valid tokens is that value, exactly.
@@ -484,7 +475,7 @@ def _policy_metrics(
     any_valid = count > 0
     ratio_min = jnp.where(any_valid, jnp.min(jnp.where(valid, values, jnp.inf)), 1.0)
     ratio_max = jnp.where(any_valid, jnp.max(jnp.where(valid, values, -jnp.inf)), 1.0)
-    ratio_mean = jnp.where(any_valid, _masked_mean(values, valid.astype(jnp.float32)), 1.0)
+    ratio_mean = jnp.where(any_valid, masked_mean(values, valid.astype(jnp.float32)), 1.0)
 
     token_log_ratio_BT = jnp.where(valid_BT, logp_BT - old_BT, 0.0)
     clamp = 20.0 if log_ratio_clamp is None else log_ratio_clamp
@@ -502,8 +493,8 @@ def _policy_metrics(
         "ratio_min": ratio_min,
         "ratio_mean": ratio_mean,
         "ratio_max": ratio_max,
-        "approx_kl": _masked_mean(-token_log_ratio_BT, mask_BT),
-        "approx_kl_k3": _masked_mean(k3_BT, mask_BT),
+        "approx_kl": masked_mean(-token_log_ratio_BT, mask_BT),
+        "approx_kl_k3": masked_mean(k3_BT, mask_BT),
         "num_valid_tokens": n_tok,
         "num_valid_seqs": n_seq,
     }

@@ -1,22 +1,29 @@
-"""One rollout's host-side glue: responses -> text -> rewards -> advantages -> train batch.
+"""One rollout: prompts -> G responses each -> rewards -> advantages -> the train batch.
 
-Where it sits (DESIGN.md §4): train.py samples G responses per prompt with
-`sampling.sample`, then calls these pieces in order:
+`collect(run, state, batch) -> Rollout` is the rollout half of an RL step (train.py runs the
+other half, the train step, on what it returns). In order:
 
-  prompts = bucket_prompts(...)                    host, fixed compiled widths
-  completions = decode_responses(...)              host, tokenizer
-  rewards, valid, stats = score_responses(...)     host, verifier worker pool
-  advantages, running = advantage_fn(...)          jitted, sharded like the batch
+  bucket_prompts                 host: drop padding columns down to a fixed compiled width
+  run.sample                     G responses per prompt, with the sampler's log-probs
+  decode_responses, Scorer       host: text -> rewards in verifier worker processes
+  run.logprobs_fn                π_old (recomputed, or the sampler's: old_logprobs_source)
+                                 and π_ref (with a KL term); MoE routing for Routing Replay
+  run.advantage_fn               jitted advantages (running reward statistics carried)
 
 Invalid rewards (a verifier that raised or timed out, NaN, non-numeric) follow the
 config's `invalid_reward` rule: "mask" excludes the response from group statistics and
 gives it advantage 0 (so it neither pushes nor pulls the policy); "zero" scores it 0.
 Both are counted in the metrics.
 
-Shapes: N prompts, G samples each, B = N·G responses, P prompt tokens, T response tokens.
+Shapes: N prompts, G samples each, B = N·G responses, P prompt tokens, T response tokens,
+L = P + T.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +31,9 @@ import numpy as np
 
 from gspo_jax import advantages as advantages_lib
 from gspo_jax import objectives, sampling
-from gspo_jax.config import normalize_reward_norm
+from gspo_jax import sharding as sharding_lib
+from gspo_jax.config import advantage_kwargs
+from gspo_jax.masked import masked_mean
 from gspo_jax.rewards import score_batch
 
 
@@ -35,11 +44,7 @@ def bucket_prompts(tokens_NP: np.ndarray, mask_NP: np.ndarray, buckets) -> tuple
     so each compiled shape comes from the fixed bucket list: a new prompt batch of a known
     bucket never recompiles, in the sampler or in the train step.
     """
-    longest = int(mask_NP.sum(axis=1).max())
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        longest = int(np.max(multihost_utils.process_allgather(np.int32(longest))))
+    longest = sharding_lib.host_max(int(mask_NP.sum(axis=1).max()))
     width = tokens_NP.shape[1]
     bucket = sampling.choose_bucket(longest, width, buckets)
     return tokens_NP[:, width - bucket :], mask_NP[:, width - bucket :]
@@ -102,48 +107,35 @@ def score_responses(
     return rewards_B, valid_B, stats
 
 
-def _advantage_kwargs(config) -> dict:
-    """compute_advantages' processing options, read from the config's ROLL-named fields."""
-    return {
-        "group_size": config.num_return_sequences_in_group,
-        "adv_estimator": config.adv_estimator,
-        "reward_clip": config.reward_clip,
-        "reward_norm": normalize_reward_norm(config.reward_norm),
-        "reward_shift": config.reward_shift,
-        "reward_scale": config.reward_scale,
-        "whiten_advantages": config.whiten_advantages,
-        "advantage_clip": config.advantage_clip,
-    }
+def make_advantage_fn(config, mesh=None):
+    """Jitted advantages from the config's ROLL-named options:
 
+        fn(rewards [B], valid [B], running, *, old_logprobs, ref_logprobs, mask)
+            -> (advantages, running)
 
-def make_advantage_fn(config):
-    """Jitted (rewards [B], valid [B], running) -> (advantages [B], running) from config."""
-    kwargs = _advantage_kwargs(config)
+    advantages are [B] (`compute_advantages`), or [B, T] with `add_token_level_kl`: then
+    the token reward r_t = −β·KL_t(π_old ‖ π_ref) on every response token, plus the
+    sequence reward on the last one, goes through `compute_token_advantages`
+    (reward-to-go for "reinforce", the summed score for "grpo"), as verl/ROLL do. The
+    log-prob arguments are only read in that case.
 
-    @jax.jit
-    def fn(rewards_B, valid_B, running):
+    Given `mesh`, the jitted function declares its layout: every [B] / [B, T] input and the
+    advantages split over the mesh's batch axes (as the train step takes them), the running
+    statistics replicated; inputs are put into that layout first (a no-op when they are).
+    B must then split over the data-parallel devices, which `config.validate` ensures.
+    """
+    kwargs = advantage_kwargs(config)
+    beta = float(config.token_level_kl_coef)
+    estimator = config.kl_estimator
+
+    def sequence_level(rewards_B, valid_B, running):
         return advantages_lib.compute_advantages(
             rewards_B, mask=valid_B.astype(jnp.float32), running=running, **kwargs
         )
 
-    return fn
-
-
-def make_token_advantage_fn(config):
-    """Jitted advantages [B, T] with an in-reward token-level KL (add_token_level_kl).
-
-    Token reward r_t = −β·KL_t(π_old ‖ π_ref) on every response token, plus the sequence
-    reward on the last one; the estimator then works on these (reward-to-go for
-    "reinforce", the summed score for "grpo"), as verl/ROLL do.
-    """
-    kwargs = _advantage_kwargs(config)
-    beta = float(config.token_level_kl_coef)
-    estimator = config.kl_estimator
-
-    @jax.jit
-    def fn(rewards_B, valid_B, running, old_logprobs_BT, ref_logprobs_BT, mask_BT):
+    def token_level(rewards_B, valid_B, running, old_logprobs_BT, ref_logprobs_BT, mask_BT):
         kl_BT = objectives.kl_penalty(old_logprobs_BT, ref_logprobs_BT, estimator, mask=mask_BT)
-        adv_BT, running = advantages_lib.compute_token_advantages(
+        return advantages_lib.compute_token_advantages(
             rewards_B,
             -beta * kl_BT,
             mask_BT,
@@ -151,7 +143,34 @@ def make_token_advantage_fn(config):
             running=running,
             **kwargs,
         )
-        return adv_BT, running
+
+    if mesh is None:
+        in_seq = in_tok = None
+        sequence_level, token_level = jax.jit(sequence_level), jax.jit(token_level)
+    else:
+        rows, rows_T = sharding_lib.batch_sharding(mesh, 1), sharding_lib.batch_sharding(mesh, 2)
+        same = sharding_lib.replicated(mesh)  # the running moments (a pytree prefix)
+        in_seq, out_seq = (rows, rows, same), (rows, same)
+        in_tok, out_tok = (rows, rows, same, rows_T, rows_T, rows_T), (rows_T, same)
+        sequence_level = jax.jit(sequence_level, in_shardings=in_seq, out_shardings=out_seq)
+        token_level = jax.jit(token_level, in_shardings=in_tok, out_shardings=out_tok)
+
+    def call(jitted, in_shardings, args):
+        if in_shardings is not None:
+            dp = sharding_lib.data_parallel_size(mesh)
+            if np.shape(args[0])[0] % dp:
+                raise ValueError(
+                    f"advantages: {np.shape(args[0])[0]} rewards do not split over the {dp} "
+                    "data-parallel devices of the mesh"
+                )
+            args = jax.device_put(args, in_shardings)
+        return jitted(*args)
+
+    def fn(rewards_B, valid_B, running, *, old_logprobs=None, ref_logprobs=None, mask=None):
+        if config.add_token_level_kl:
+            args = (rewards_B, valid_B, running, old_logprobs, ref_logprobs, mask)
+            return call(token_level, in_tok, args)
+        return call(sequence_level, in_seq, (rewards_B, valid_B, running))
 
     return fn
 
@@ -159,8 +178,8 @@ def make_token_advantage_fn(config):
 @jax.jit
 def logprob_gap(a_BT, b_BT, mask_BT):
     """Mean and max |sampler − trainer| log-prob over valid tokens (paper §5.4's premise)."""
-    diff = jnp.abs(a_BT - b_BT) * mask_BT
-    return jnp.sum(diff) / jnp.maximum(jnp.sum(mask_BT), 1.0), jnp.max(diff)
+    diff_BT = jnp.where(mask_BT > 0, jnp.abs(a_BT - b_BT), 0.0)
+    return masked_mean(diff_BT, mask_BT), jnp.max(diff_BT)
 
 
 def reward_metrics(rewards_B, valid_B, correct_B, stats, group_size: int) -> dict[str, float]:
@@ -193,3 +212,136 @@ def response_metrics(mask_BT: np.ndarray, truncated_B: np.ndarray) -> dict[str, 
         "response/length_max": float(lengths.max()),
         "response/truncated_frac": float(np.mean(truncated_B)),
     }
+
+
+# ------------------------------------------------------------------------------ the rollout
+
+
+@dataclasses.dataclass(frozen=True)
+class Rollout:
+    """What one rollout hands to the train step, as data.
+
+    batch           the train step's input (train_step.py's module docstring), on device,
+                    laid out over the mesh's batch axes
+    running         the reward statistics after this rollout (reward_norm="running")
+    host_metrics    plain floats: rewards, accuracy, response lengths (of the global batch:
+                    every process's rows), phase timings
+    device_metrics  scalars still on the device (the sampler/trainer log-prob gap); the loop
+                    fetches them one step late
+    completions     the decoded responses [B] (this process's rows), rewards / valid [B]
+    """
+
+    batch: dict[str, jax.Array]
+    running: Any
+    host_metrics: dict[str, float]
+    device_metrics: dict[str, jax.Array]
+    completions: list[str]
+    rewards: np.ndarray
+    valid: np.ndarray
+
+
+def collect(run, state, batch: dict[str, np.ndarray]) -> Rollout:
+    """Sample, score and prepare one rollout batch for `state`'s policy.
+
+    `batch` is this process's rows of the prompt batch (`run.train_iter`); RL step
+    `state.step` samples with fold_in(state.rng, state.step), so a resumed run draws what it
+    would have drawn.
+    """
+    c = run.config
+    t0 = time.perf_counter()
+    out = _sample(run, state, batch)
+    response_mask = sharding_lib.to_local(out.mask)
+    t1 = time.perf_counter()
+    completions = decode_responses(run.tokenizer, sharding_lib.to_local(out.tokens), response_mask)
+    rewards, valid, correct, stats = _score(run, batch, completions)
+    t2 = time.perf_counter()
+    train_batch, running, device_metrics = _train_batch(run, state, out, rewards, valid)
+
+    # Metrics of the global batch (every process's rows): the same on every process, and
+    # for any number of processes.
+    counts = ("num_errors", "num_timeouts", "num_nonfinite", "num_nonnumeric")
+    totals = sharding_lib.host_sum(np.array([stats.get(k, 0) for k in counts]))
+    rows = (rewards, valid, correct, response_mask, sharding_lib.to_local(out.truncated))
+    rewards_B, valid_B, correct_B, mask_BT, truncated_B = sharding_lib.gather_rows(rows)
+    g = c.num_return_sequences_in_group
+    host = reward_metrics(rewards_B, valid_B, correct_B, dict(zip(counts, totals)), g)
+    host.update(response_metrics(mask_BT, truncated_B))
+    num_generated = float(mask_BT.sum())
+    host["perf/sample_tokens_per_s"] = num_generated / max(t1 - t0, 1e-9)
+    host["data/epoch"] = float(run.train_iter.epoch)
+    host["time/sample_s"] = t1 - t0
+    host["time/reward_s"] = t2 - t1
+    return Rollout(
+        batch=train_batch,
+        running=running,
+        host_metrics=host,
+        device_metrics=device_metrics,
+        completions=completions,
+        rewards=rewards,
+        valid=valid,
+    )
+
+
+def _sample(run, state, batch) -> sampling.SampleOutput:
+    """G responses to each prompt of `batch` from the state's policy."""
+    tokens_NP, mask_NP = bucket_prompts(
+        batch["prompt_tokens"], batch["prompt_mask"], run.config.sampling.prompt_buckets
+    )
+    prompt_tokens, prompt_mask = sharding_lib.to_global(run.mesh, (tokens_NP, mask_NP))
+    key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+    return run.sample(state.train.params, prompt_tokens, prompt_mask, key)
+
+
+def _score(run, batch, completions):
+    """(rewards [B], valid [B], correct [B], scoring stats) of this process's responses."""
+    g = run.config.num_return_sequences_in_group
+    prompts = np.repeat(batch["prompt_text"], g)
+    references = np.repeat(batch["reference"], g)
+    rewards, valid, stats = run.reward.score(prompts, completions, references)
+    if run.config.reward.accuracy == run.config.reward.spec:
+        return rewards, valid, rewards, stats
+    correct, _, _ = run.accuracy.score(prompts, completions, references)
+    return rewards, valid, correct, stats
+
+
+def _train_batch(run, state, out: sampling.SampleOutput, rewards, valid):
+    """The train step's batch: π_old (recomputed or the sampler's), π_ref, the routing to
+    replay and the advantages. Returns (batch, running reward statistics, device metrics)."""
+    c = run.config
+    tokens_BL, mask_BL = out.sequences()  # prompt (repeated G times) then response
+    mask_BT = out.mask.astype(jnp.float32)
+    device_metrics = {}
+    old_logprobs, routing = out.logprobs, None
+    if c.old_logprobs_source == "recompute" or c.model.routing_replay:
+        params = state.train.params
+        recomputed, _, routing = run.logprobs_fn(params, tokens_BL, mask_BL, c.response_length)
+        gap_mean, gap_max = logprob_gap(out.logprobs, recomputed, mask_BT)
+        device_metrics["sampler/logprob_gap_mean"] = gap_mean
+        device_metrics["sampler/logprob_gap_max"] = gap_max
+        if c.old_logprobs_source == "recompute":
+            old_logprobs = recomputed
+    ref_logprobs = None
+    if run.needs_ref:
+        ref_logprobs = run.logprobs_fn(state.ref_params, tokens_BL, mask_BL, c.response_length)[0]
+    rewards_B, valid_B = sharding_lib.to_global(run.mesh, (rewards, valid))
+    advantages, running = run.advantage_fn(
+        rewards_B,
+        valid_B,
+        state.running,
+        old_logprobs=old_logprobs,
+        ref_logprobs=ref_logprobs,
+        mask=mask_BT,
+    )
+    batch = {
+        "tokens": tokens_BL,
+        "attention_mask": mask_BL,
+        "response_mask": mask_BT,
+        "old_logprobs": old_logprobs,
+        "advantages": advantages,
+    }
+    if c.use_kl_loss:
+        batch["ref_logprobs"] = ref_logprobs
+    if c.model.routing_replay:
+        batch["routing"] = routing
+    # The layout the jitted train step declares (`train_step.batch_shardings`).
+    return jax.device_put(batch, run.batch_shardings), running, device_metrics

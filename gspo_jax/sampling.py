@@ -1,6 +1,6 @@
 """Rollout sampler: N prompts in, G responses per prompt out, with the sampler's log-probs.
 
-Where it sits (DESIGN.md §4): `train.py` calls `sample(...)` once per RL step; the response
+Where it sits (docs/architecture.md): `train.py` calls `sample(...)` once per RL step; the response
 tokens go to the verifiers, and `logprobs` can serve as π_old (paper §5.4: the sampler's own
 likelihoods instead of a recomputation). Imports only `models` and `draw` (the token draw,
 whose log-probs use the trainer's own log-softmax formula).
@@ -61,17 +61,14 @@ import numpy as np
 from flax import struct
 
 from gspo_jax import models
-from gspo_jax.draw import draw_categorical, filter_logits, next_token
+from gspo_jax.draw import next_token
 
 __all__ = [
     "DEFAULT_BUCKETS",
     "BiasedPiOldWarning",
-    "PromptCache",
     "SampleOutput",
     "SamplerState",
     "choose_bucket",
-    "draw_categorical",
-    "filter_logits",
     "sample",
     "trace_counts",
     "warn_if_biased_pi_old",
@@ -124,9 +121,6 @@ class SampleOutput:
         tokens = jnp.concatenate([self.prompt_tokens, self.tokens], axis=1)
         mask = jnp.concatenate([self.prompt_mask, self.mask.astype(self.prompt_mask.dtype)], 1)
         return tokens, mask
-
-
-PromptCache = models.PromptCache  # the per-prompt KV cache `_prefill` returns (models' type)
 
 
 @struct.dataclass

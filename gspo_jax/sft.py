@@ -51,8 +51,18 @@ def make_sft_optimizer(warm_start_config) -> optax.GradientTransformation:
     return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.0))
 
 
-def make_sft_step(model_config, tx: optax.GradientTransformation, *, chunk_size: int = 256):
-    """Jitted (params, opt_state, batch) -> (params, opt_state, metrics); both states donated."""
+def make_sft_step(
+    model_config,
+    tx: optax.GradientTransformation,
+    *,
+    chunk_size: int = 256,
+    state_shardings: tuple | None = None,
+):
+    """Jitted (params, opt_state, batch) -> (params, opt_state, metrics); both states donated.
+
+    `state_shardings` = (param shardings, optimizer-state shardings) pins both states'
+    layout in and out; the batch keeps the layout `sharding.to_global` gave it.
+    """
 
     def step(params, opt_state, batch):
         loss_fn = functools.partial(
@@ -68,7 +78,11 @@ def make_sft_step(model_config, tx: optax.GradientTransformation, *, chunk_size:
         params = optax.apply_updates(params, updates)
         return params, opt_state, {"sft/loss": loss, "sft/tokens": num_tokens}
 
-    return jax.jit(step, donate_argnums=(0, 1))
+    kwargs = {}
+    if state_shardings is not None:
+        kwargs["in_shardings"] = (*state_shardings, None)
+        kwargs["out_shardings"] = (*state_shardings, None)
+    return jax.jit(step, donate_argnums=(0, 1), **kwargs)
 
 
 def warm_start(
@@ -87,6 +101,7 @@ def warm_start(
     instruction=None,
     chunk_size: int = 256,
     progress: bool = True,
+    param_shardings=None,
 ):
     """`warm_start_config.steps` SFT steps on (prompt, target) pairs of `source`; new params.
 
@@ -96,13 +111,19 @@ def warm_start(
     Targets follow the dataset's template (`data_spec.target_template`, e.g. "#### {answer}")
     plus the end token, laid out exactly as RL rollouts are (prompt left-padded into
     `prompt_length` columns), so the warm-started policy's first RL samples look the same.
+    `param_shardings` (default: replicated over `mesh`) keeps params and the optimizer's
+    moments sharded through the warm start.
     """
-    import jax
-
     steps = int(warm_start_config.steps)
     tx = make_sft_optimizer(warm_start_config)
-    opt_state = jax.jit(tx.init)(params)
-    step_fn = make_sft_step(model_config, tx, chunk_size=chunk_size)
+    abstract = models.abstract_params(model_config)
+    if param_shardings is None:
+        param_shardings = jax.tree.map(lambda _: sharding_lib.replicated(mesh), abstract)
+    opt_shardings = sharding_lib.optimizer_state_shardings(tx, abstract, param_shardings, mesh)
+    opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(params)
+    step_fn = make_sft_step(
+        model_config, tx, chunk_size=chunk_size, state_shardings=(param_shardings, opt_shardings)
+    )
     if warm_start_config.teacher_error_rate:
         source = data.NoisyTeacher(source, warm_start_config.teacher_error_rate, seed=seed)
     it = data.make_sft_iterator(

@@ -1,4 +1,5 @@
-"""The device mesh and every sharding of the run, derived from the config in one place.
+"""The device mesh, every sharding of the run, and the few multi-process collectives the
+host side needs, in one place.
 
 Model code only names logical axes ("vocab", "embed", "heads", "kv_heads", "mlp", "expert");
 LOGICAL_RULES maps them to mesh axes. Change the table (or the mesh shape in the config) to
@@ -6,11 +7,20 @@ move from pure data parallelism to FSDP, tensor or expert parallelism: no model 
 
 Mesh axes: data (batch only), fsdp (batch + parameters, ZeRO-3 style), tensor (heads, mlp,
 vocab), expert (MoE experts; batch too, so expert devices never duplicate dense work).
+
+Host side of a multi-process run (every host runs the same program): `to_global` /
+`to_local` move a batch between this process's numpy rows and global arrays,
+`process_rows` says which rows of a global batch are this process's, and `host_max`,
+`host_sum`, `gather_rows`, `gather_json`, `lead_first` and `gather_params` are the only
+places that talk to the other processes (`jax.experimental.multihost_utils`). With one
+process they cost nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -19,7 +29,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 MESH_AXES = ("data", "fsdp", "tensor", "expert")
 BATCH_AXES = ("data", "fsdp", "expert")
 
-# logical axis -> mesh axis (or axes). Missing names are replicated.
+# logical axis -> mesh axis (or axes); None: replicated. A name missing here is an error
+# (a misspelt axis must not silently replicate a weight on every device).
 LOGICAL_RULES: dict[str, str | tuple[str, ...] | None] = {
     "batch": BATCH_AXES,
     "layers": None,  # the stacked-layer axis the decoder scans over: never sharded
@@ -32,11 +43,39 @@ LOGICAL_RULES: dict[str, str | tuple[str, ...] | None] = {
 }
 
 
+def mesh_shape(axis_sizes: Mapping[str, int], num_devices: int) -> dict[str, int]:
+    """Resolve the mesh axes (`config.mesh`: one may be -1) to sizes whose product is
+    num_devices. Raises ValueError naming the field."""
+    sizes = {axis: axis_sizes[axis] for axis in MESH_AXES}
+    free = [a for a, s in sizes.items() if s == -1]
+    if len(free) > 1:
+        raise ValueError(f"only one mesh axis may be -1, got {free}")
+    for axis, size in sizes.items():
+        if size != -1 and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
+            raise ValueError(f"config.mesh.{axis}={size!r} must be a positive int or -1")
+    fixed = int(np.prod([s for s in sizes.values() if s != -1]))
+    if free:
+        if num_devices % fixed:
+            raise ValueError(
+                f"mesh axes {sizes} leave {num_devices} devices / {fixed} = "
+                f"{num_devices / fixed} for mesh.{free[0]}"
+            )
+        sizes[free[0]] = num_devices // fixed
+    elif fixed != num_devices:
+        raise ValueError(f"mesh {sizes} has {fixed} devices, but {num_devices} are present")
+    return sizes
+
+
+def data_parallel_size_of(axis_sizes: Mapping[str, int]) -> int:
+    """Devices a batch is split over (mesh.data x fsdp x expert) for resolved axis sizes."""
+    return int(np.prod([axis_sizes[a] for a in BATCH_AXES]))
+
+
 def make_mesh(axis_sizes: dict[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
     """A mesh with MESH_AXES of the given (resolved, positive) sizes over `devices`.
 
     Axis types are Auto: ordinary tensor-parallel code under Explicit axes fails with
-    "Contracting dimensions are sharded" (JAX_NOTES.md).
+    "Contracting dimensions are sharded" (docs/jax_notes.md).
     """
     devices = list(jax.devices() if devices is None else devices)
     shape = tuple(int(axis_sizes[a]) for a in MESH_AXES)
@@ -55,7 +94,9 @@ def make_mesh(axis_sizes: dict[str, int], devices: Sequence[jax.Device] | None =
 def _mesh_axes_for(name: str | None, rules) -> tuple[str, ...]:
     if name is None:
         return ()
-    target = rules.get(name)
+    if name not in rules:
+        raise ValueError(f"logical axis {name!r} has no rule; known: {sorted(rules)}")
+    target = rules[name]
     if target is None:
         return ()
     return (target,) if isinstance(target, str) else tuple(target)
@@ -93,25 +134,34 @@ def logical_to_spec(
 
 
 def _is_axes_leaf(x) -> bool:
-    return x is None or (isinstance(x, tuple) and all(isinstance(a, (str, type(None))) for a in x))
+    return isinstance(x, tuple) and all(isinstance(a, (str, type(None))) for a in x)
 
 
 def tree_shardings(abstract_tree, logical_tree, mesh: Mesh, rules: dict | None = None):
     """NamedShardings for a tree of arrays/ShapeDtypeStructs given its logical axis names.
 
-    `logical_tree` has the structure of `abstract_tree` with a tuple of names (or None: fully
-    replicated) per array.
+    `logical_tree` has the structure of `abstract_tree` with, per array, a tuple of names
+    (one per dimension, None for a replicated one) or None (fully replicated). Anything else
+    (a string, a list, a name without a rule, a tuple of the wrong length) raises naming the
+    leaf: a malformed annotation must not quietly replicate a weight on every device.
     """
-    leaves, treedef = jax.tree.flatten(abstract_tree)
+    leaves, treedef = jax.tree.flatten_with_path(abstract_tree)
     axes_leaves = (
         treedef.flatten_up_to(logical_tree) if logical_tree is not None else [None] * len(leaves)
     )
     out = []
-    for leaf, names in zip(leaves, axes_leaves):
-        if names is None or not _is_axes_leaf(names):
+    for (path, leaf), names in zip(leaves, axes_leaves):
+        if names is None:
             out.append(NamedSharding(mesh, PartitionSpec()))
-        else:
-            out.append(NamedSharding(mesh, logical_to_spec(names, leaf.shape, mesh, rules)))
+            continue
+        where = jax.tree_util.keystr(path)
+        if not _is_axes_leaf(names):
+            raise ValueError(f"logical axes of {where} must be a tuple of names, got {names!r}")
+        try:
+            spec = logical_to_spec(names, leaf.shape, mesh, rules)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+        out.append(NamedSharding(mesh, spec))
     return jax.tree.unflatten(treedef, out)
 
 
@@ -138,7 +188,7 @@ def data_parallel_size(mesh: Mesh) -> int:
 def optimizer_state_shardings(tx, abstract_params, param_shardings, mesh: Mesh):
     """Shardings of tx.init(params): moments shard like their params, counters replicate.
 
-    Without this, jax.jit(tx.init) put Adam's moments on one device (JAX_NOTES.md).
+    Without this, jax.jit(tx.init) put Adam's moments on one device (docs/jax_notes.md).
     """
     import optax
 
@@ -181,6 +231,25 @@ def to_global(mesh: Mesh, local_tree):
     return jax.tree.map(put, local_tree)
 
 
+def process_rows(mesh: Mesh, num_rows: int) -> np.ndarray:
+    """The rows of a global batch of `num_rows` that this process holds under the batch
+    sharding, in the order `to_global` takes them and `to_local` returns them (all rows with
+    one process). A data iterator that serves each process exactly these rows of one global
+    batch makes that batch, and the step, independent of the number of processes."""
+    if jax.process_count() == 1:
+        return np.arange(num_rows)
+    dp = data_parallel_size(mesh)
+    if num_rows % dp:
+        raise ValueError(
+            f"a batch of {num_rows} rows does not split over the {dp} data-parallel devices"
+        )
+    index_map = batch_sharding(mesh, 1).addressable_devices_indices_map((num_rows,))
+    spans = {
+        (s[0].start or 0, num_rows if s[0].stop is None else s[0].stop) for s in index_map.values()
+    }
+    return np.concatenate([np.arange(start, stop) for start, stop in sorted(spans)])
+
+
 def to_local(array) -> np.ndarray:
     """The rows of a batch-sharded global array that belong to this process, as numpy."""
     if getattr(array, "is_fully_addressable", True):
@@ -190,3 +259,65 @@ def to_local(array) -> np.ndarray:
         start = shard.index[0].start or 0
         shards.setdefault(start, np.asarray(shard.data))
     return np.concatenate([shards[k] for k in sorted(shards)], axis=0)
+
+
+# ----------------------------------------------------------------------- multi-process host side
+
+
+def _multihost():
+    from jax.experimental import multihost_utils
+
+    return multihost_utils
+
+
+def host_max(value: int) -> int:
+    """The largest `value` over all processes (the same answer on every process)."""
+    if jax.process_count() == 1:
+        return int(value)
+    return int(np.max(_multihost().process_allgather(np.int32(value))))
+
+
+def host_sum(values: np.ndarray) -> np.ndarray:
+    """Elementwise sum over all processes of a small host array."""
+    values = np.asarray(values)
+    if jax.process_count() == 1:
+        return values
+    return np.sum(_multihost().process_allgather(values), axis=0)
+
+
+def gather_rows(local_tree):
+    """Every process's rows of a small host batch (numpy), concatenated in process order, on
+    every process; with one process, `local_tree` itself. For metrics of the global batch."""
+    if jax.process_count() == 1:
+        return local_tree
+    return jax.tree.map(np.asarray, _multihost().process_allgather(local_tree, tiled=True))
+
+
+def gather_json(obj: Any) -> list:
+    """[obj of process 0, obj of process 1, ...] for a JSON-able obj, on every process."""
+    if jax.process_count() == 1:
+        return [obj]
+    raw = np.frombuffer(json.dumps(obj).encode(), np.uint8)
+    padded = np.zeros(host_max(raw.size), np.uint8)
+    padded[: raw.size] = raw
+    rows = _multihost().process_allgather(padded)
+    return [json.loads(bytes(r).rstrip(b"\x00").decode()) for r in np.asarray(rows)]
+
+
+def lead_first(name: str, lead_fn: Callable[[], Any], other_fn: Callable[[], Any]) -> Any:
+    """Process 0 runs `lead_fn` (which writes shared files); the others wait, then `other_fn`."""
+    if jax.process_count() == 1:
+        return lead_fn()
+    if jax.process_index() == 0:
+        out = lead_fn()
+        _multihost().sync_global_devices(f"gspo_jax:{name}")
+        return out
+    _multihost().sync_global_devices(f"gspo_jax:{name}")
+    return other_fn()
+
+
+def gather_params(tree) -> Any:
+    """A (possibly multi-host sharded) tree as whole numpy arrays on every process."""
+    if jax.process_count() > 1:
+        tree = _multihost().process_allgather(tree, tiled=True)
+    return jax.tree.map(np.asarray, jax.device_get(tree))

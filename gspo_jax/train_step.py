@@ -11,7 +11,7 @@ One call consumes one rollout batch of B = N·G responses:
 
 Denominators (valid tokens / valid sequences) are those of the whole mini-batch, so the loss
 and gradient of a mini-batch do not depend on how it is split into micro-batches or over how
-many devices it is sharded (DESIGN.md §4). From the second mini-batch on, params differ from
+many devices it is sharded (docs/architecture.md, "One RL step"). From the second mini-batch on, params differ from
 π_old, so ratios leave 1 and the clip range acts (paper §5.1 splits each rollout into 4).
 
 Mini-batch m holds rows {m, m+M, m+2M, ...} (and micro-batches likewise stride through a
@@ -44,6 +44,8 @@ import optax
 
 from gspo_jax import logprobs as logprobs_lib
 from gspo_jax import models, objectives
+from gspo_jax import sharding as sharding_lib
+from gspo_jax.masked import masked_mean
 
 
 @flax.struct.dataclass
@@ -55,50 +57,47 @@ class TrainState:
 
 @dataclasses.dataclass(frozen=True)
 class StepConfig:
-    """Everything static the train step needs (hashable: part of the compilation key)."""
+    """Everything static the train step needs (hashable: part of the compilation key).
+
+    No defaults here: `config.step_config(config, model_config)` builds it from an
+    experiment config, whose defaults live in configs/base.py alone.
+    """
 
     model: models.ModelConfig
-    importance_sampling: str = "seq"
-    clip_low: float = 3e-4
-    clip_high: float = 4e-4
-    dual_clip_loss: bool = False
-    dual_clip_ratio: float = 3.0
-    loss_agg_mode: str = "seq-mean-token-mean"
-    horizon: int | None = None  # seq-mean-token-sum-norm constant: the configured response_length
-    ppo_epochs: int = 1
-    num_mini_batches: int = 4
-    micro_batch_size: int | None = None
-    use_kl_loss: bool = False
-    kl_loss_coef: float = 0.0
-    kl_estimator: str = "k3"
-    entropy_coef: float = 0.0
-    temperature: float = 1.0  # log-probs are of softmax(logits / temperature), as sampled
-    logprob_chunk_size: int = 256
-    routing_replay: bool = False
+    importance_sampling: str  # objectives.IMPORTANCE_SAMPLING_MODES
+    clip_low: float
+    clip_high: float
+    dual_clip_loss: bool
+    dual_clip_ratio: float
+    loss_agg_mode: str  # objectives.LOSS_AGG_MODES
+    horizon: int | None  # seq-mean-token-sum-norm constant: the configured response_length
+    ppo_epochs: int
+    num_mini_batches: int
+    micro_batch_size: int | None  # None: the whole mini-batch at once
+    use_kl_loss: bool
+    kl_loss_coef: float
+    kl_estimator: str  # objectives.KL_ESTIMATORS
+    entropy_coef: float
+    temperature: float  # log-probs are of softmax(logits / temperature), as sampled
+    logprob_chunk_size: int
+    routing_replay: bool  # the batch carries the rollout's expert choices (MoE, paper §5.3)
+    token_advantages: bool  # advantages are [B, T] (add_token_level_kl), not [B]
 
-    @classmethod
-    def from_config(cls, config, model_config: models.ModelConfig) -> StepConfig:
-        temperature = config.sampling.temperature
-        return cls(
-            model=model_config,
-            importance_sampling=config.importance_sampling,
-            clip_low=float(config.clip_low),
-            clip_high=float(config.clip_high),
-            dual_clip_loss=bool(config.dual_clip_loss),
-            dual_clip_ratio=float(config.dual_clip_ratio),
-            loss_agg_mode=config.loss_agg_mode,
-            horizon=int(config.response_length),
-            ppo_epochs=int(config.ppo_epochs),
-            num_mini_batches=int(config.num_mini_batches),
-            micro_batch_size=config.micro_batch_size,
-            use_kl_loss=bool(config.use_kl_loss),
-            kl_loss_coef=float(config.kl_loss_coef),
-            kl_estimator=config.kl_estimator,
-            entropy_coef=float(config.entropy_coef),
-            temperature=float(temperature) if temperature > 0 else 1.0,
-            logprob_chunk_size=int(config.logprob_chunk_size),
-            routing_replay=bool(config.model.routing_replay),
-        )
+
+def batch_ndims(step_config: StepConfig) -> dict[str, int]:
+    """The train batch's entries and their ranks (see the module docstring)."""
+    ndims = {
+        "tokens": 2,
+        "attention_mask": 2,
+        "response_mask": 2,
+        "old_logprobs": 2,
+        "advantages": 2 if step_config.token_advantages else 1,
+    }
+    if step_config.use_kl_loss:
+        ndims["ref_logprobs"] = 2
+    if step_config.routing_replay:
+        ndims["routing"] = 4
+    return ndims
 
 
 # Metrics of one micro-batch are combined over micro-batches by these rules; anything not
@@ -181,7 +180,7 @@ def _micro_loss(step_config: StepConfig, params, mb, num_valid_tokens, num_valid
         )
         loss = loss + step_config.kl_loss_coef * kl_loss
         metrics["kl_loss"] = kl_loss
-        metrics["kl_ref"] = _masked_mean(logp_BT - mb["ref_logprobs"], mask_BT)
+        metrics["kl_ref"] = masked_mean(logp_BT - mb["ref_logprobs"], mask_BT)
     # Entropy is always reported; it only carries gradient when it is part of the loss.
     entropy_for_loss = entropy_BT if step_config.entropy_coef else jax.lax.stop_gradient(entropy_BT)
     entropy_loss = objectives.entropy_loss(
@@ -190,13 +189,9 @@ def _micro_loss(step_config: StepConfig, params, mb, num_valid_tokens, num_valid
     if step_config.entropy_coef:
         loss = loss - step_config.entropy_coef * entropy_loss
     metrics["entropy_loss"] = entropy_loss
-    metrics["entropy"] = _masked_mean(jax.lax.stop_gradient(entropy_BT), mask_BT)
+    metrics["entropy"] = masked_mean(jax.lax.stop_gradient(entropy_BT), mask_BT)
     metrics["loss"] = loss
     return loss, metrics
-
-
-def _masked_mean(x, mask):
-    return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
 def _seq_weighted(step_config: StepConfig) -> tuple[str, ...]:
@@ -292,9 +287,11 @@ def _mini_batch_grads(step_config: StepConfig, params, mini):
 def train_step(step_config: StepConfig, tx: optax.GradientTransformation, state: TrainState, batch):
     """ppo_epochs × num_mini_batches optimizer updates on one rollout batch.
 
-    Returns the new state and a flat dict of f32 scalars (means over updates, except
-    `skipped_updates` and `updates`, which count) plus `updates/*` arrays of shape [U] with
-    per-update values (ratio range, clip fraction, grad norm) for diagnostics.
+    Returns the new state (its `step` counts the updates applied, skipped ones excluded)
+    and a flat dict of f32 scalars (means over updates, except `skipped_updates`, a count,
+    and `optimizer_step`, the new state's update counter: the learning-rate schedule's
+    position) plus `updates/*` arrays of shape [U] with per-update values (ratio range, clip
+    fraction, grad norm) for diagnostics.
     """
     num_mini = step_config.num_mini_batches
     num_updates = step_config.ppo_epochs * num_mini
@@ -335,11 +332,19 @@ def train_step(step_config: StepConfig, tx: optax.GradientTransformation, state:
             metrics["skipped_updates"] = jnp.sum(values)
         else:
             metrics[key] = jnp.mean(values)
-    metrics["updates"] = jnp.float32(num_updates)
+    metrics["optimizer_step"] = step.astype(jnp.float32)
     for key in ("ratio_min", "ratio_max", "ratio_mean", "clipfrac", "grad_norm", "loss"):
         if key in per_update:
             metrics[f"updates/{key}"] = per_update[key]
     return TrainState(step=step, params=params, opt_state=opt_state), metrics
+
+
+def batch_shardings(step_config: StepConfig, mesh) -> dict:
+    """Shardings of the train batch: every entry split over the mesh's batch axes."""
+    return {
+        name: sharding_lib.batch_sharding(mesh, ndim)
+        for name, ndim in batch_ndims(step_config).items()
+    }
 
 
 def make_train_step(
@@ -347,15 +352,19 @@ def make_train_step(
     tx: optax.GradientTransformation,
     *,
     state_shardings=None,
-    batch_shardings=None,
+    mesh=None,
     donate: bool = True,
 ):
-    """jax.jit(train_step) with explicit shardings (when given) and the state donated."""
+    """jax.jit(train_step) with the state donated and, given `state_shardings` and `mesh`,
+    explicit in/out shardings: the state as given, the batch over the mesh's batch axes
+    (`batch_shardings`), the metrics replicated."""
     fn = functools.partial(train_step, step_config, tx)
     kwargs = {}
     if state_shardings is not None:
-        kwargs["in_shardings"] = (state_shardings, batch_shardings)
-        kwargs["out_shardings"] = (state_shardings, None)
+        if mesh is None:
+            raise ValueError("make_train_step: state_shardings need the mesh of the batch")
+        kwargs["in_shardings"] = (state_shardings, batch_shardings(step_config, mesh))
+        kwargs["out_shardings"] = (state_shardings, sharding_lib.replicated(mesh))
     return jax.jit(fn, donate_argnums=(0,) if donate else (), **kwargs)
 
 

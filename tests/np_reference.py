@@ -1,6 +1,6 @@
 """Plain-NumPy (float64) reference of the GSPO/GRPO losses and advantages, for parity tests.
 
-Written from the formulas (GSPO paper §4, DESIGN.md §3), with explicit loops over sequences
+Written from the formulas (GSPO paper §4, docs/architecture.md "The public API"), with explicit loops over sequences
 and groups, and with *analytic* gradients of the policy loss w.r.t. logprobs, so that it shares
 no code path with `gspo_jax.objectives` / `gspo_jax.advantages`. Garbage at masked positions
 is never read. Shape letters: B responses, T tokens.

@@ -1,5 +1,7 @@
 """Config system: every default present, paper configs as the paper says, validate() errors."""
 
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -84,11 +86,22 @@ def test_parse_arg_types():
         common.parse_arg("b=maybe", b=False)
 
 
-def test_locked_config_rejects_typos():
-    c = base.get_config()
-    c.lock()
-    with pytest.raises(AttributeError):
-        c.clip_hihg = 0.1
+@pytest.mark.parametrize("flag", ["--config.clip_hihg=0.1", "--config.optim.learnng_rate=1"])
+def test_main_rejects_a_misspelt_config_flag(tmp_path, flag):
+    """`python -m gspo_jax.main` loads the config locked: a typo is an error before anything
+    runs (no workdir is created), never a silently new field."""
+    workdir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "gspo_jax.main", "--config=configs/default.py"]
+        + [f"--workdir={workdir}", flag],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    assert flag.split("=")[0].split(".")[-1] in proc.stderr
+    assert not workdir.exists()
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gspo_jax import models, sampling
+from gspo_jax import draw, models, sampling
 
 # Shape letters: N prompts, G samples per prompt, B = N·G, P prompt width, T new tokens.
 
@@ -244,7 +244,7 @@ def test_filter_logits_hand_computed():
     z = jnp.asarray(np.log(p)[None], jnp.float32)
 
     def kept(**kw):
-        return np.flatnonzero(np.isfinite(np.asarray(sampling.filter_logits(z, **kw))[0])).tolist()
+        return np.flatnonzero(np.isfinite(np.asarray(draw.filter_logits(z, **kw))[0])).tolist()
 
     assert kept() == [0, 1, 2, 3, 4]
     assert kept(top_k=2) == [1, 3]
@@ -256,7 +256,7 @@ def test_filter_logits_hand_computed():
     # top-p after top-k uses the renormalised top-k probabilities: 0.5/.85, 0.2/.85, 0.15/.85.
     assert kept(top_k=3, top_p=0.82) == [1, 3]  # mass before the 3rd: 0.7/0.85 = 0.8235
     assert kept(top_k=3, top_p=0.83) == [0, 1, 3]
-    np.testing.assert_array_equal(sampling.filter_logits(z, top_k=3), np.where(
+    np.testing.assert_array_equal(draw.filter_logits(z, top_k=3), np.where(
         np.isin(np.arange(5), [0, 1, 3]), np.log(p), -np.inf)[None].astype(np.float32))  # fmt: skip
 
 
@@ -271,7 +271,7 @@ def test_draw_categorical_matches_softmax():
     p = np.exp(z - z[np.isfinite(z)].max())
     p /= p.sum()
     draws = np.asarray(
-        jax.jit(sampling.draw_categorical)(
+        jax.jit(draw.draw_categorical)(
             jnp.broadcast_to(jnp.asarray(z, jnp.float32), (B, V)), jax.random.key(0)
         )
     )

@@ -84,7 +84,8 @@ def test_main_entry_point_writes_everything(main_run):
             "time/sample_s",
         ):
             assert np.isfinite(row[key]), (step, key)
-        assert row["policy/updates"] == 2
+        # 2 mini-batches per RL step, none skipped: the optimizer counter advances by 2.
+        assert row["policy/optimizer_step"] == 2 * step and row["policy/skipped_updates"] == 0
     summary = json.loads((workdir / "summary.json").read_text())
     assert summary["origin"].startswith("scratch initialisation + 3 supervised warm-start")
 
@@ -211,7 +212,7 @@ def test_run_from_a_hugging_face_checkpoint_on_gsm8k(tmp_path):
     summary = train.run(c, str(tmp_path / "run"))
     assert summary["origin"] == "Hugging Face checkpoint tests/fixtures/models/qwen3"
     rows = metrics_by_step(tmp_path / "run")
-    assert rows[2]["policy/updates"] == 1 and np.isfinite(rows[2]["policy/loss"])
+    assert rows[2]["policy/optimizer_step"] == 2 and np.isfinite(rows[2]["policy/loss"])
     assert rows[2]["sampler/logprob_gap_max"] < 1e-4  # sampler and trainer agree (paper §5.4)
     cfg, params = models.load_pretrained(tmp_path / "run" / "hf")
     ref_cfg, ref = models.load_pretrained("tests/fixtures/models/qwen3")

@@ -10,12 +10,19 @@ import numpy as np
 import optax
 import pytest
 
+from configs import base as base_config
 from gspo_jax import models, sharding
+from gspo_jax.config import step_config
 from gspo_jax.train_step import StepConfig, TrainState, make_logprobs_fn, make_train_step
 
 FIXTURE = "tests/fixtures/models/qwen3"
 N, G, P, T = 4, 4, 6, 8  # prompts, group, prompt tokens, response tokens
 B = N * G
+
+
+def _sc(cfg, **overrides) -> StepConfig:
+    """The train step's config at configs/base.py's defaults, with `overrides`."""
+    return dataclasses.replace(step_config(base_config.get_config(), cfg), **overrides)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +40,7 @@ def _batch(cfg, params, step_config, seed=0, *, advantages=None):
     resp_mask = (np.arange(T)[None] < lengths[:, None]).astype(np.float32)
     attn[:, P:] = resp_mask
     del step_config  # π_old depends only on the model (temperature 1, default chunking)
-    old, _, _ = _logprobs_fn(StepConfig(model=cfg))(params, tokens, attn, T)
+    old, _, _ = _logprobs_fn(_sc(cfg))(params, tokens, attn, T)
     if advantages is None:
         advantages = rng.normal(size=B).astype(np.float32)
     return {
@@ -93,7 +100,7 @@ def _sgd():
 def gspo_run(model):
     """One GSPO step at the paper's ε with 4 mini-batches (shared by several tests)."""
     cfg, params = model
-    sc = StepConfig(model=cfg, num_mini_batches=4, horizon=T)
+    sc = _sc(cfg, num_mini_batches=4, horizon=T)
     tx = _tx(1e-2)
     batch = _batch(cfg, params, sc)
     state, metrics = _step_fn(sc, tx)(_state(params, tx), batch)
@@ -111,12 +118,13 @@ def test_one_step_changes_params_and_metrics_are_finite(gspo_run):
 def test_number_of_updates_is_epochs_times_mini_batches(model):
     cfg, params = model
     for epochs, minis in [(2, 2), (1, 4)]:
-        sc = StepConfig(model=cfg, num_mini_batches=minis, ppo_epochs=epochs, horizon=T)
+        sc = _sc(cfg, num_mini_batches=minis, ppo_epochs=epochs, horizon=T)
         tx = _tx()
         state, metrics = _step_fn(sc, tx)(_state(params, tx), _batch(cfg, params, sc))
         assert int(state.step) == epochs * minis
-        assert metrics["updates"] == epochs * minis
-        assert metrics["updates/ratio_max"].shape == (epochs * minis,)
+        assert metrics["skipped_updates"] == 0
+        for key in ("ratio_max", "loss", "grad_norm"):
+            assert metrics[f"updates/{key}"].shape == (epochs * minis,), key
         # Adam's own counter agrees: every update really went through the optimizer.
         counts = [int(x) for x in jax.tree.leaves(state.opt_state) if np.ndim(x) == 0]
         assert epochs * minis in counts
@@ -139,7 +147,7 @@ def test_grpo_clips_far_less_than_gspo_on_the_same_batch(model):
     cfg, params = model
     fractions = {}
     for mode, lo, hi in [("seq", 3e-4, 4e-4), ("token", 0.2, 0.27)]:
-        sc = StepConfig(model=cfg, importance_sampling=mode, clip_low=lo, clip_high=hi, horizon=T)
+        sc = _sc(cfg, importance_sampling=mode, clip_low=lo, clip_high=hi, horizon=T)
         tx = _tx(1e-3)
         _, metrics = _step_fn(sc, tx)(_state(params, tx), _batch(cfg, params, sc, seed=3))
         fractions[mode] = float(metrics["clipfrac"])
@@ -152,7 +160,7 @@ def test_micro_batching_does_not_change_the_step(model):
     cfg, params = model
     results = []
     for micro in (None, 2):
-        sc = StepConfig(model=cfg, num_mini_batches=2, micro_batch_size=micro, horizon=T)
+        sc = _sc(cfg, num_mini_batches=2, micro_batch_size=micro, horizon=T)
         tx = _sgd()
         state, metrics = _step_fn(sc, tx)(_state(params, tx), _batch(cfg, params, sc))
         results.append((state.params, metrics))
@@ -165,7 +173,7 @@ def test_micro_batching_does_not_change_the_step(model):
 
 def test_sharding_8_ways_does_not_change_the_step(model):
     cfg, params = model
-    sc = StepConfig(model=cfg, num_mini_batches=2, horizon=T)
+    sc = _sc(cfg, num_mini_batches=2, horizon=T)
     tx = _sgd()  # compare gradients, see the micro-batch test
     batch = _batch(cfg, params, sc)
     ref_state, ref_metrics = _step_fn(sc, tx)(_state(params, tx), batch)
@@ -180,7 +188,7 @@ def test_sharding_8_ways_does_not_change_the_step(model):
     )
     state = jax.device_put(_state(params, tx), state_shardings)
     sharded_batch = jax.device_put(batch, sharding.batch_shardings(mesh, batch))
-    fn = make_train_step(sc, tx, state_shardings=state_shardings, donate=False)
+    fn = make_train_step(sc, tx, state_shardings=state_shardings, mesh=mesh, donate=False)
     new_state, metrics = fn(state, sharded_batch)
     embed = new_state.params["embed"]["embedding"]
     assert len(embed.sharding.device_set) == 8  # really spread over the mesh
@@ -191,7 +199,7 @@ def test_sharding_8_ways_does_not_change_the_step(model):
 
 def test_non_finite_gradient_skips_the_update(model):
     cfg, params = model
-    sc = StepConfig(model=cfg, num_mini_batches=2, horizon=T)
+    sc = _sc(cfg, num_mini_batches=2, horizon=T)
     tx = _tx()
     adv = np.ones(B, np.float32)
     adv[1::2] = np.nan  # rows 1, 3, ... : with strided mini-batches, only mini-batch 1 is bad
@@ -204,7 +212,7 @@ def test_non_finite_gradient_skips_the_update(model):
 
 def test_kl_and_entropy_terms(model):
     cfg, params = model
-    base = StepConfig(model=cfg, num_mini_batches=1, horizon=T)
+    base = _sc(cfg, num_mini_batches=1, horizon=T)
     batch = _batch(cfg, params, base)
     tx = _tx(0.0)
     # (lr 0: params stay π_old, so the policy's log-probs equal old_logprobs.)
@@ -237,7 +245,7 @@ def test_logprobs_fn_returns_the_same_structure_for_dense_models(model):
 
 def test_routing_replay_on_moe(model):
     cfg, params = models.load_pretrained("tests/fixtures/models/qwen3_moe")
-    sc = StepConfig(model=cfg, num_mini_batches=2, horizon=T, routing_replay=True)
+    sc = _sc(cfg, num_mini_batches=2, horizon=T, routing_replay=True)
     batch = _batch(cfg, params, dataclasses.replace(sc, routing_replay=False))
     logp, _, routing = _logprobs_fn(sc)(params, batch["tokens"], batch["attention_mask"], T)
     assert routing.shape[:2] == (B, cfg.num_moe_layers)
@@ -252,14 +260,12 @@ def test_update_raises_positive_and_lowers_negative_advantage_responses(model, m
     """The direction of the policy gradient: one small SGD step on an on-policy batch raises
     the mean log-prob of every A>0 response and lowers every A<0 one."""
     cfg, params = model
-    sc = StepConfig(model=cfg, importance_sampling=mode, num_mini_batches=1, horizon=T)
+    sc = _sc(cfg, importance_sampling=mode, num_mini_batches=1, horizon=T)
     tx = _sgd_small()
     adv = np.where(np.arange(B) % 2 == 0, 1.0, -1.0).astype(np.float32)
     batch = _batch(cfg, params, sc, advantages=adv)
     state, _ = _step_fn(sc, tx)(_state(params, tx), batch)
-    new, _, _ = _logprobs_fn(StepConfig(model=cfg))(
-        state.params, batch["tokens"], batch["attention_mask"], T
-    )
+    new, _, _ = _logprobs_fn(_sc(cfg))(state.params, batch["tokens"], batch["attention_mask"], T)
     mask = np.asarray(batch["response_mask"])
     change = np.sum((np.asarray(new) - np.asarray(batch["old_logprobs"])) * mask, 1) / mask.sum(1)
     assert np.all(change[adv > 0] > 0) and np.all(change[adv < 0] < 0)

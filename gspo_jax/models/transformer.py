@@ -4,7 +4,7 @@ Where it sits: `sampling.py` (prefill/decode through `kv_cache.py`), `logprobs.p
 `train_step.py` (`hidden_states` + `unembedding`, or `forward`) and `sharding.py`
 (`abstract_params`, `logical_axes`) use this module; it never imports training code.
 
-Flax NNX driven functionally (STYLE.md §3): `Decoder` is an `nnx.Module`; its graphdef
+Flax NNX driven functionally: `Decoder` is an `nnx.Module`; its graphdef
 is built once per `ModelConfig` (cached) and the public functions take the parameters as
 a plain nested dict of arrays and merge inside. `model_config` is static (hashable) and
 weights are always arguments, never closed-over constants.

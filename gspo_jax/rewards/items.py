@@ -1,4 +1,4 @@
-"""One verifier call judged: the reward-handling rule of DESIGN.md section 6.
+"""One verifier call judged: the reward-handling rule (docs/architecture.md).
 
 `evaluate_item(reward, prompt, completion, reference)` runs a verifier and returns
 (status, total, per-term values, message); it never raises an Exception. An item whose

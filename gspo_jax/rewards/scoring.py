@@ -5,7 +5,7 @@ completions, references)` -> (rewards_B float32, stats) -> `advantages.compute_a
 Shape letters: B = number of completions in the batch (N prompts x G samples), K =
 number of terms of the reward spec.
 
-Handling rule (DESIGN.md section 6; `items.evaluate_item`): an item whose verifier
+Handling rule (docs/architecture.md, reliability rules; `items.evaluate_item`): an item whose verifier
 raises, returns a value that is not a real number, returns a non-finite value, or runs
 past `timeout_s` gets reward `fail_value` (0.0) and is counted in `stats` with a
 per-item status the trainer can log or mask. Configuration problems (unknown reward, a

@@ -1,0 +1,170 @@
+"""The RL loop's pieces on their own: setup -> RunState -> rollout.collect -> rl_step, and the
+checkpoint of a RunState (docs/architecture.md, "One RL step")."""
+
+import dataclasses
+import json
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_train import _tiny_config
+
+from gspo_jax import checkpoint, experiment, rollout, train
+from gspo_jax.train_step import batch_ndims
+
+
+@pytest.fixture(scope="module")
+def pieces(tmp_path_factory):
+    root = tmp_path_factory.mktemp("loop")
+    config = _tiny_config(root / "data")
+    config.checkpoint.async_save = False
+    run = experiment.setup(config, str(root / "run"))
+    yield run
+    run.close()
+
+
+@pytest.fixture(scope="module")
+def first(pieces):
+    """The initial state and the first rollout collected from it."""
+    state = train.init_or_restore(pieces)
+    return state, rollout.collect(pieces, state, next(pieces.train_iter))
+
+
+def test_collect_returns_the_declared_train_batch(pieces, first):
+    state, out = first
+    c = pieces.config
+    n, g = c.rollout_batch_size, c.num_return_sequences_in_group
+    assert state.step == 0 and state.origin.startswith("scratch initialisation + 3")
+    assert set(out.batch) == set(batch_ndims(pieces.step_config))
+    tokens = out.batch["tokens"]
+    assert tokens.shape[0] == n * g and out.batch["response_mask"].shape == (n * g, 12)
+    for name, array in out.batch.items():
+        assert array.sharding == pieces.batch_shardings[name], name
+    # The G responses of a prompt share its (left-padded) prompt columns.
+    prompt_len = tokens.shape[1] - c.response_length
+    prompts = np.asarray(tokens[:, :prompt_len]).reshape(n, g, prompt_len)
+    assert (prompts == prompts[:, :1]).all()
+    # Group z-scores: every group's valid advantages sum to 0.
+    adv = np.asarray(out.batch["advantages"]).reshape(n, g)
+    np.testing.assert_allclose(adv.sum(axis=1), 0.0, atol=1e-5)
+    assert len(out.completions) == n * g and out.rewards.shape == (n * g,)
+    for key in ("reward/mean", "response/length_mean", "time/sample_s"):
+        assert np.isfinite(out.host_metrics[key]), key
+    # π_old recomputed (old_logprobs_source="recompute"): the sampler agrees with it.
+    assert float(out.device_metrics["sampler/logprob_gap_max"]) < 1e-4
+
+
+def test_collect_is_a_function_of_the_state_and_the_prompts(pieces, first):
+    state, out = first
+    # The same state and prompts draw the same responses (the key is fold_in(rng, step)).
+    again = rollout.collect(pieces, state, _first_batch(pieces))
+    np.testing.assert_array_equal(again.batch["tokens"], out.batch["tokens"])
+    # Another RL step of the same state draws other responses.
+    other = rollout.collect(pieces, state.replace(step=1), _first_batch(pieces))
+    assert not np.array_equal(other.batch["tokens"], out.batch["tokens"])
+
+
+def _first_batch(run):
+    """The train iterator's first batch, read again from a fresh iterator of its data."""
+    it = run.train_iter.data.iterator(run.train_iter.batch_size, seed=run.config.seed)
+    return next(it)
+
+
+def test_rl_step_applies_the_mini_batch_updates(pieces, first):
+    state, out = first
+    # The train step donates the state it is given: give it a copy (the fixture is shared).
+    state = state.replace(train=jax.tree.map(jnp.copy, state.train))
+    # A 3-step warm start scores 0 everywhere (all advantages 0): rl_step takes any rollout,
+    # so give this one advantages that move the policy.
+    num_rows = out.batch["advantages"].shape[0]
+    advantages = np.where(np.arange(num_rows) % 2, 1.0, -1.0).astype(np.float32)
+    advantages = jax.device_put(advantages, pieces.batch_shardings["advantages"])
+    out = dataclasses.replace(out, batch={**out.batch, "advantages": advantages})
+    before = jax.tree.map(np.asarray, state.train.params)
+    new, metrics = train.rl_step(pieces, state, out)
+    minis = pieces.config.num_mini_batches
+    assert new.step == 1 and int(new.train.step) == minis
+    assert float(metrics["policy/optimizer_step"]) == minis
+    assert float(metrics["policy/skipped_updates"]) == 0
+    after = jax.tree.leaves(new.train.params)
+    assert (
+        max(np.max(np.abs(np.asarray(a) - b)) for a, b in zip(after, jax.tree.leaves(before))) > 0
+    )
+    assert new.running is out.running
+    for key in ("policy/loss", "policy/clipfrac", "reward/mean", "time/train_s"):
+        assert np.isfinite(float(metrics[key])), key
+
+
+def test_run_state_checkpoint_round_trip(pieces, tmp_path):
+    state = train.init_or_restore(pieces).replace(step=7, data='{"x": 1}', origin="test")
+    manager = checkpoint.make_manager(str(tmp_path / "ckpt"), async_save=False)
+    checkpoint.save(manager, state)
+    restored = checkpoint.restore_latest(manager, pieces.abstract_state())
+    manager.close()
+    assert restored.step == 7 and restored.data == '{"x": 1}'
+    assert restored.origin.startswith("checkpoint 7 in ")
+    assert jax.tree.structure(state) == jax.tree.structure(restored.replace(origin="test"))
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(restored)):
+        np.testing.assert_array_equal(a, b)
+        assert a.sharding == b.sharding
+
+
+def test_checkpoints_with_per_process_data_positions(pieces, tmp_path):
+    """The format before global prompt batches kept one data position per process: one
+    process's resumes (its order was the global one), several are refused by name."""
+    import orbax.checkpoint as ocp
+
+    state = train.init_or_restore(pieces)
+    position = json.dumps(pieces.train_iter.get_state())
+    for step, positions in ((1, [position]), (2, [position, position])):
+        manager = checkpoint.make_manager(str(tmp_path / str(step)), async_save=False)
+        meta = {**state.meta(), "step": step, "data": positions}
+        manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state.arrays()), meta=ocp.args.JsonSave(meta)
+            ),
+        )
+        if len(positions) == 1:
+            restored = checkpoint.restore_latest(manager, pieces.abstract_state())
+            assert restored.data == position and restored.step == 1
+        else:
+            with pytest.raises(ValueError, match="holds one data position per process .2 of"):
+                checkpoint.restore_latest(manager, pieces.abstract_state())
+        manager.close()
+
+
+@pytest.mark.parametrize("num_prompts, batch_size", [(10, 8), (3, 64), (20, 5)])
+def test_evaluation_scores_exactly_the_first_num_prompts(pieces, num_prompts, batch_size):
+    """Whatever the batch size (and so the padding of the last call): the first num_prompts
+    of the split, each once. The accuracy reward here is the reference itself."""
+    import gspo_jax.rewards.testing  # noqa: F401  (registers test_const)
+    from gspo_jax import evaluation
+    from gspo_jax.rewards import build_reward
+
+    seen = []
+
+    def sample_greedy(tokens, mask):
+        seen.append(np.asarray(tokens).shape[0])
+        rows = np.asarray(tokens).shape[0]
+        return types.SimpleNamespace(tokens=np.zeros((rows, 2), np.int32), mask=np.ones((rows, 2)))
+
+    scorer = rollout.Scorer(build_reward("test_const"), "zero")
+    got = evaluation.greedy_accuracy(
+        sample_greedy,
+        pieces.eval_data,
+        pieces.tokenizer,
+        scorer,
+        pieces.mesh,
+        num_prompts=num_prompts,
+        batch_size=batch_size,
+        buckets=pieces.config.sampling.prompt_buckets,
+    )
+    references = pieces.eval_data.arrays["reference"][:num_prompts].astype(float)
+    assert got["eval/num_prompts"] == num_prompts
+    np.testing.assert_allclose(got["eval/accuracy"], references.mean(), rtol=1e-6)
+    assert got["eval/length_mean"] == 2
+    # Each call a whole number of rows per data-parallel device (8), at most batch_size.
+    assert all(n % 8 == 0 or n == batch_size for n in seen) and sum(seen) >= num_prompts
