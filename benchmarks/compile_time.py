@@ -28,9 +28,10 @@ import jax
 import jax.numpy as jnp
 
 from configs import base
-from gspo_jax import models, optim
+from gspo_jax import aot, models, optim
+from gspo_jax import config as config_lib
 from gspo_jax import sharding as sharding_lib
-from gspo_jax.train_step import StepConfig, TrainState, make_train_step
+from gspo_jax.train_step import TrainState, make_train_step
 
 QWEN3_0_6B = {
     "arch": "qwen3",
@@ -75,7 +76,7 @@ def compile_train_step(num_layers: int, args, devices) -> tuple[float, float]:
     config.micro_batch_size = args.micro
     config.prompt_length = args.prompt
     config.response_length = args.response
-    step_config = StepConfig.from_config(config, cfg)
+    step_config = config_lib.step_config(config, cfg)
     tx = optim.make_optimizer(config.optim, 100)
     n = len(devices)
     mesh = sharding_lib.make_mesh({"data": 1, "fsdp": n, "tensor": 1, "expert": 1}, devices)
@@ -96,26 +97,8 @@ def compile_train_step(num_layers: int, args, devices) -> tuple[float, float]:
         opt_state=sds(jax.eval_shape(tx.init, abstract), opt_sh),
     )
     B, T, L = args.batch, args.response, args.prompt + args.response
-
-    def batch_arg(shape, dtype):
-        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding_lib.batch_sharding(mesh, 1))
-
-    batch = {
-        "tokens": jax.ShapeDtypeStruct(
-            (B, L), jnp.int32, sharding=sharding_lib.batch_sharding(mesh, 2)
-        ),
-        "attention_mask": jax.ShapeDtypeStruct(
-            (B, L), jnp.int32, sharding=sharding_lib.batch_sharding(mesh, 2)
-        ),
-        "response_mask": jax.ShapeDtypeStruct(
-            (B, T), jnp.float32, sharding=sharding_lib.batch_sharding(mesh, 2)
-        ),
-        "old_logprobs": jax.ShapeDtypeStruct(
-            (B, T), jnp.float32, sharding=sharding_lib.batch_sharding(mesh, 2)
-        ),
-        "advantages": batch_arg((B,), jnp.float32),
-    }
-    fn = make_train_step(step_config, tx, state_shardings=state_sh)
+    batch = aot._train_batch(step_config, cfg, mesh, B, L, T)
+    fn = make_train_step(step_config, tx, state_shardings=state_sh, mesh=mesh)
     t0 = time.perf_counter()
     with jax.set_mesh(mesh):
         lowered = fn.lower(state, batch)

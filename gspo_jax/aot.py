@@ -59,7 +59,7 @@ from gspo_jax import config as config_lib
 from gspo_jax import models, optim, rollout, sampling
 from gspo_jax import sharding as sharding_lib
 from gspo_jax.models.attention import resolve_impl
-from gspo_jax.train_step import StepConfig, TrainState, make_logprobs_fn, make_train_step
+from gspo_jax.train_step import TrainState, batch_ndims, make_logprobs_fn, make_train_step
 
 GiB = 2**30
 
@@ -148,30 +148,29 @@ def hbm_bytes(topology: str) -> int:
 
 
 def model_config_for(config, preset: str | None) -> models.ModelConfig:
-    """The run's ModelConfig: a published preset, the checkpoint's config.json, or the
-    config's scratch model; numerics (dtypes, remat, MoE and attention kernels) from
-    config.model."""
+    """The run's ModelConfig: a published preset, else what the trainer builds
+    (`config.model_config`: the checkpoint's config.json, or the config's scratch model);
+    numerics (dtypes, remat, MoE and attention kernels) from config.model."""
     m = config.model
-    numerics = {
-        "param_dtype": m.param_dtype,
-        "dtype": m.dtype,
-        "remat": m.remat,
-        "moe_impl": m.moe_impl,
-        "attention_impl": m.attention_impl,
-    }
     if preset:
         if preset not in PRESETS:
             raise ValueError(f"--preset={preset!r}: known presets {sorted(PRESETS)}")
+        numerics = {
+            "param_dtype": m.param_dtype,
+            "dtype": m.dtype,
+            "remat": m.remat,
+            "moe_impl": m.moe_impl,
+            "attention_impl": m.attention_impl,
+        }
         return models.ModelConfig.from_hf_config(PRESETS[preset], **numerics)
     if m.hf_path:
-        return models.ModelConfig.from_hf_config(models.read_hf_config(m.hf_path), **numerics)
+        return config_lib.model_config(config, tokenizer=None)
     import tempfile
 
     from gspo_jax import data
-    from gspo_jax.train import scratch_model_config
 
-    with tempfile.TemporaryDirectory() as tmp:
-        return scratch_model_config(config, data.make_char_tokenizer(tmp))
+    with tempfile.TemporaryDirectory() as tmp:  # the scratch model's vocabulary
+        return config_lib.model_config(config, data.make_char_tokenizer(tmp))
 
 
 @dataclasses.dataclass
@@ -220,6 +219,24 @@ def _batch_sds(mesh, shape, dtype):
     else:
         s = sharding_lib.replicated(mesh)
     return jax.ShapeDtypeStruct(shape, dtype, sharding=s)
+
+
+def _train_batch(step_config, cfg, mesh, B: int, L: int, T: int) -> dict:
+    """The train batch as the trainer builds it: `train_step.batch_ndims`'s entries."""
+    shapes = {
+        "tokens": (B, L),
+        "attention_mask": (B, L),
+        "response_mask": (B, T),
+        "old_logprobs": (B, T),
+        "ref_logprobs": (B, T),
+        "advantages": (B, T),  # [B] unless token-level advantages
+        "routing": (B, cfg.num_moe_layers, L, cfg.num_experts_per_tok),
+    }
+    ints = ("tokens", "attention_mask", "routing")
+    return {
+        name: _batch_sds(mesh, shapes[name][:ndim], jnp.int32 if name in ints else jnp.float32)
+        for name, ndim in batch_ndims(step_config).items()
+    }
 
 
 def _hbm_needed(message: str) -> int | None:
@@ -312,7 +329,7 @@ def compile_run(
     N, G = c.rollout_batch_size, c.num_return_sequences_in_group
     B, P, T = N * G, c.prompt_length, c.response_length
     L = P + T
-    step_config = StepConfig.from_config(c, cfg)
+    step_config = config_lib.step_config(c, cfg)
     total_updates = c.num_steps * c.ppo_epochs * c.num_mini_batches
     tx = optim.make_optimizer(c.optim, total_updates)
     abstract = models.abstract_params(cfg)
@@ -408,10 +425,8 @@ def compile_run(
             )
             args = [rewards, valid, running]
             if c.add_token_level_kl:
-                fn = rollout.make_token_advantage_fn(c)
                 args += [_batch_sds(mesh, (B, T), jnp.float32)] * 3
-            else:
-                fn = rollout.make_advantage_fn(c)
+            fn = rollout.make_advantage_fn(c, mesh).jitted
             report, _ = _compile("advantages", fn, *args, resident=idle)
             reports.append(report)
         if "train_step" in functions:
@@ -421,24 +436,11 @@ def compile_run(
                 params=params,
                 opt_state=opt_state,
             )
-            batch = {
-                "tokens": tokens_BL,
-                "attention_mask": tokens_BL,
-                "response_mask": _batch_sds(mesh, (B, T), jnp.float32),
-                "old_logprobs": _batch_sds(mesh, (B, T), jnp.float32),
-                "advantages": _batch_sds(
-                    mesh, (B, T) if c.add_token_level_kl else (B,), jnp.float32
-                ),
-            }
-            if c.use_kl_loss:
-                batch["ref_logprobs"] = _batch_sds(mesh, (B, T), jnp.float32)
-            if c.model.routing_replay:
-                M, X = cfg.num_moe_layers, cfg.num_experts_per_tok
-                batch["routing"] = _batch_sds(mesh, (B, M, L, X), jnp.int32)
+            batch = _train_batch(step_config, cfg, mesh, B, L, T)
             flops = 3 * c.ppo_epochs * _forward_flops(cfg, B, L, T) / chips
             report, _ = _compile(
                 "train step",
-                make_train_step(step_config, tx, state_shardings=state_sh),
+                make_train_step(step_config, tx, state_shardings=state_sh, mesh=mesh),
                 state,
                 batch,
                 resident=_per_chip(params) if needs_ref else 0,

@@ -57,7 +57,7 @@ class Run:
     train_step: Any  # (TrainState, batch) -> (TrainState, metrics)
     batch_shardings: dict  # the train batch's layout, as the train step declares it
     logprobs_fn: Any  # (params, tokens, mask, T) -> (logprobs, entropy, routing)
-    advantage_fn: Any  # rollout.make_advantage_fn / make_token_advantage_fn
+    advantage_fn: Any  # rollout.make_advantage_fn
     # Rewards and I/O.
     reward: rollout.Scorer
     accuracy: rollout.Scorer

@@ -236,7 +236,7 @@ def test_logprobs_fn_returns_the_same_structure_for_dense_models(model):
     """(logprobs, entropy, routing) always; a dense model's routing is empty [B, 0, L, 0]."""
     cfg, params = model
     batch = _batch(cfg, params, None)
-    logp, entropy, routing = _logprobs_fn(StepConfig(model=cfg))(
+    logp, entropy, routing = _logprobs_fn(_sc(cfg))(
         params, batch["tokens"], batch["attention_mask"], T
     )
     assert logp.shape == entropy.shape == (B, T)
