@@ -252,7 +252,9 @@ class MoE(nnx.Module):
         self.dtype = jnp.dtype(cfg.dtype)
 
     def __call__(self, x_BLD, forced_BLX=None):
-        """Returns (y_BLD, expert indices int32 [B, L, X])."""
+        """Returns (y_BLD, expert indices int32 [B, L, X]): the current router's own top-k,
+        also when `forced_BLX` decides which experts run (Routing Replay), so a caller can
+        count how many choices the router would change (paper §5.3's volatility)."""
         B, L, D = x_BLD.shape
         x_TD = x_BLD.reshape(B * L, D)
         # Router matmul in float32: routing decisions are discrete and bf16 noise would
@@ -260,6 +262,7 @@ class MoE(nnx.Module):
         logits_TE = jnp.dot(x_TD.astype(F32), self.router.kernel[...].astype(F32))
         forced_TX = None if forced_BLX is None else forced_BLX.reshape(B * L, self.k)
         gates_TX, idx_TX = route(logits_TE, self.k, self.norm_topk_prob, forced_TX)
+        own_TX = idx_TX if forced_TX is None else route(logits_TE, self.k, False)[1]
         wg, wu, wd = (
             w[...].astype(self.dtype) for w in (self.gate_proj, self.up_proj, self.down_proj)
         )
@@ -268,7 +271,7 @@ class MoE(nnx.Module):
             y_TD = _experts_dense(x_TD, gates_TX, idx_TX, wg, wu, wd)
         else:
             y_TD = _experts_ragged(x_TD, gates_TX, idx_TX, wg, wu, wd)
-        return y_TD.astype(self.dtype).reshape(B, L, D), idx_TX.reshape(B, L, self.k)
+        return y_TD.astype(self.dtype).reshape(B, L, D), own_TX.reshape(B, L, self.k)
 
 
 def _experts_dense(x_TD, gates_TX, idx_TX, wg_EDF, wu_EDF, wd_EFD):
