@@ -621,6 +621,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     # Seeds of an arm compile the same programs: XLA's persistent cache skips the repeats.
     jax.config.update("jax_compilation_cache_dir", os.path.join(args.workdir, "jax_cache"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    commit = _commit()  # the code this run imports (before anything else can move HEAD)
     t0 = time.perf_counter()
     noise = [] if args.no_noise_floor else noise_floor(args.workdir, budget.quick)
     timings, warm = {}, {}
@@ -632,7 +633,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         sys.argv[1:] if argv is None else argv
     )
     stats = write_results(
-        args.results, args.workdir, arms, seeds, budget, command.strip(), wall, noise, _commit()
+        args.results, args.workdir, arms, seeds, budget, command.strip(), wall, noise, commit
     )
     summary = {"wall_s": wall, "runs": timings, "stats": stats, "noise_floor": noise}
     with open(os.path.join(args.workdir, "summary.json"), "w") as f:
