@@ -3,6 +3,7 @@ effect on an off-policy mini-batch's gradient, the first update reproducing π_o
 routing, and the logged expert-change rate against `models.routing_disagreement`."""
 
 import dataclasses
+import struct
 import subprocess
 import sys
 
@@ -136,4 +137,23 @@ def test_moe_tiny_grpo_with_replay_through_main(tmp_path):
         expected = np.mean([m[f"updates/expert_change/{u}"] for u in range(4)])
         assert m["policy/expert_change"] == pytest.approx(expected, rel=1e-5)
     assert (workdir / "curves.png").exists()
-    assert list((workdir / "tb").iterdir())
+    tags = _tensorboard_tags(workdir / "tb")
+    for key in ("updates/expert_change/1", "updates/clipfrac_seq/3", "policy/ratio_noise_floor"):
+        assert key in tags, key
+
+
+def _tensorboard_tags(tb_dir) -> set[str]:
+    """Scalar tags in a TensorBoard event directory (TFRecord framing: length, crc, data,
+    crc; each record an Event proto)."""
+    from tensorboardX.proto import event_pb2
+
+    tags = set()
+    for path in tb_dir.iterdir():
+        data = path.read_bytes()
+        pos = 0
+        while pos < len(data):
+            (length,) = struct.unpack("<Q", data[pos : pos + 8])
+            event = event_pb2.Event.FromString(data[pos + 12 : pos + 12 + length])
+            tags.update(v.tag for v in event.summary.value)
+            pos += 12 + length + 4
+    return tags
