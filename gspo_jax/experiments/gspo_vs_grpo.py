@@ -14,9 +14,9 @@ num_steps x rollout_batch_size x G responses and splits each rollout into 4 mini
   dense/gspo    configs/gspo_paper.py   (the default task and model)
   dense/grpo    configs/grpo_paper.py
 
-All arms of one model and seed start from the same supervised warm start (the same config
-and seed give the same warm-started parameters; it runs once and its checkpoint 0 is copied
-into the other arms' workdirs, where the loop resumes from it). A noise-floor measurement
+Every run of a model starts from one supervised warm start (configs/default.py's, seed 0),
+exported as a Hugging Face checkpoint and loaded through model.hf_path, as the paper's runs
+all start from one base model: seeds vary the RL (sampling, data order), arms the algorithm. A noise-floor measurement
 (learning rate 0, bf16 vs f32, π_old recomputed by the train step / taken from the sampler /
 from one whole-batch pass, the way π_old was computed before) is written alongside.
 
@@ -32,7 +32,6 @@ import dataclasses
 import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -91,8 +90,9 @@ class Budget:
     quick: bool = False  # shrink batch, warm start and evaluation: a smoke test, no result
 
 
-def arm_config(arm: Arm, seed: int, budget: Budget, root: str):
-    """The arm's config for one seed under the budget (data generated once under root)."""
+def arm_config(arm: Arm, seed: int, budget: Budget, root: str, warm: str | None = None):
+    """The arm's config for one seed under the budget (data generated once under root),
+    starting from the warm-started checkpoint `warm` (None: the config's own warm start)."""
     c = arm.config_fn()
     c.data.data_dir = os.path.join(root, "data")
     c.seed = seed
@@ -108,6 +108,9 @@ def arm_config(arm: Arm, seed: int, budget: Budget, root: str):
         c.rollout_batch_size, c.num_return_sequences_in_group = 4, 4
         c.warm_start.steps, c.warm_start.batch_size = 3, 16
         c.response_length = 12
+    if warm is not None:
+        c.model.hf_path = warm  # its config.json, weights and tokenizer
+        c.warm_start.steps = 0
     return c
 
 
@@ -115,23 +118,38 @@ def _run_dir(root: str, arm: Arm, seed: int) -> str:
     return os.path.join(root, f"{arm.model}_{arm.name}", f"seed{seed}")
 
 
-def run_arm(arm: Arm, seed: int, budget: Budget, root: str, warm: dict) -> dict:
-    """One training run (resumes a finished or interrupted run's workdir); returns timing."""
+def warm_start(model: str, budget: Budget, root: str) -> str:
+    """The model's supervised warm start (its first arm's config, seed 0), run once and
+    exported in Hugging Face format. Returns the exported checkpoint's directory."""
+    from gspo_jax import checkpoint, experiment, train
+
+    workdir = os.path.join(root, f"warm_start_{model}")
+    hf = os.path.join(workdir, "hf")
+    if not os.path.exists(os.path.join(hf, "config.json")):
+        t0 = time.perf_counter()
+        run = experiment.setup(
+            arm_config(next(a for a in ARMS if a.model == model), 0, budget, root), workdir
+        )
+        try:
+            params = train.init_or_restore(run).train.params  # the warm start
+            checkpoint.export_hf(run.model_config, run.tokenizer, params, hf)
+        finally:
+            run.close()
+        log.info("%s warm start: %.0f s", model, time.perf_counter() - t0)
+    return hf
+
+
+def run_arm(arm: Arm, seed: int, budget: Budget, root: str, warm: str) -> dict:
+    """One training run from the warm start (skipped if its workdir holds a finished run)."""
     from gspo_jax import train
 
     workdir = _run_dir(root, arm, seed)
-    done = os.path.join(workdir, "summary.json")
-    if os.path.exists(done):
+    if os.path.exists(os.path.join(workdir, "summary.json")):
         log.info("%s seed %d: already done (%s)", arm.key, seed, workdir)
         return {"seconds": None}
-    shared = warm.get((arm.model, seed))
-    ckpt0 = os.path.join(workdir, "checkpoints", "0")
-    if shared and not os.path.exists(ckpt0):
-        shutil.copytree(shared, ckpt0)  # the same warm start: resume from it
     t0 = time.perf_counter()
-    train.run(arm_config(arm, seed, budget, root), workdir)
+    train.run(arm_config(arm, seed, budget, root, warm), workdir)
     seconds = time.perf_counter() - t0
-    warm.setdefault((arm.model, seed), ckpt0)
     log.info("%s seed %d: %.0f s", arm.key, seed, seconds)
     return {"seconds": seconds}
 
@@ -154,6 +172,10 @@ def noise_floor(root: str, quick: bool) -> list[dict]:
     from gspo_jax import experiment, rollout, train
     from gspo_jax.train_step import make_train_step
 
+    cached = os.path.join(root, "noise_floor.json")
+    if os.path.exists(cached):
+        with open(cached) as f:
+            return json.load(f)
     fixtures = os.path.join(os.path.dirname(os.path.dirname(__file__)), "..", "tests", "fixtures")
     rows = []
     for dtype in ("bfloat16", "float32"):
@@ -222,6 +244,8 @@ def noise_floor(root: str, quick: bool) -> list[dict]:
                 log.info("noise floor: %s", rows[-1])
         finally:
             run.close()
+    with open(cached, "w") as f:
+        json.dump(rows, f, indent=1)
     return rows
 
 
@@ -480,8 +504,9 @@ def write_results(
             f"- Budget: {budget.steps} RL steps per run, seeds {list(seeds)}, every arm"
             f" {shape['prompts']} prompts x {shape['group']} responses per rollout (equal rollout"
             f" budgets: {budget.steps * shape['prompts'] * shape['group']} responses per run),"
-            f" 4 mini-batches per rollout, {shape['warm_start']} supervised warm-start steps"
-            f" shared by the arms of a seed, held-out greedy accuracy on {budget.eval_prompts}"
+            f" 4 mini-batches per rollout; every run of a model starts from its one"
+            f" {shape['warm_start']}-step supervised warm start (seeds vary the RL);"
+            f" held-out greedy accuracy on {budget.eval_prompts}"
             f" test problems every {budget.eval_every or budget.steps} steps. The default run"
             " (configs/default.py) uses 250 RL steps; this budget is what fits the whole"
             " experiment into about 50 minutes here, so the curves show early training."
@@ -624,10 +649,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
     commit = _commit()  # the code this run imports (before anything else can move HEAD)
     t0 = time.perf_counter()
     noise = [] if args.no_noise_floor else noise_floor(args.workdir, budget.quick)
-    timings, warm = {}, {}
+    warm = {m: warm_start(m, budget, args.workdir) for m in dict.fromkeys(a.model for a in arms)}
+    timings = {}
     for seed in seeds:  # seeds outermost: an interrupted run still has whole seeds
         for arm in arms:
-            timings[f"{arm.key}/seed{seed}"] = run_arm(arm, seed, budget, args.workdir, warm)
+            timings[f"{arm.key}/seed{seed}"] = run_arm(
+                arm, seed, budget, args.workdir, warm[arm.model]
+            )
     wall = time.perf_counter() - t0
     command = "python -m gspo_jax.experiments.gspo_vs_grpo " + " ".join(
         sys.argv[1:] if argv is None else argv
