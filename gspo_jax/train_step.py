@@ -24,7 +24,7 @@ between devices. Advantages are precomputed, so groups need not stay together.
 here, by `response_logprobs` on the same micro-batch shapes and shardings as the loss's
 forward, at the params the step starts from. The first update's forward then computes the
 same numbers bit for bit, so its ratios are exactly 1: with bf16 compute a differently
-shaped π_old pass (the whole batch at once) differs by up to ~5e-2 per token, which moved
+shaped π_old pass (the whole batch at once) differs by up to ~6e-2 per token, which moved
 GSPO's sequence ratios by up to 1.9e-2 at learning rate 0, ~50 times its clip range, and
 clipped 56% of sequences (docs/results.md, "Noise floor"). With old_logprobs_source="sampler" (paper §5.4) π_old is the sampler's log-probs:
 the first update's ratios then measure the train/inference mismatch, reported as
