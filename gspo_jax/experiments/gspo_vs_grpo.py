@@ -138,7 +138,9 @@ def warm_start(model: str, budget: Budget, root: str) -> str:
             checkpoint.export_hf(run.model_config, run.tokenizer, params, hf)
         finally:
             run.close()
-        log.info("%s warm start: %.0f s", model, time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        _record_seconds(root, f"warm_start/{model}", seconds)
+        log.info("%s warm start: %.0f s", model, seconds)
     return hf
 
 
@@ -153,8 +155,31 @@ def run_arm(arm: Arm, seed: int, budget: Budget, root: str, warm: str) -> dict:
     t0 = time.perf_counter()
     train.run(arm_config(arm, seed, budget, root, warm), workdir)
     seconds = time.perf_counter() - t0
+    _record_seconds(root, f"run/{arm.key}/seed{seed}", seconds)
     log.info("%s seed %d: %.0f s", arm.key, seed, seconds)
     return {"seconds": seconds}
+
+
+def _record_seconds(root: str, phase: str, seconds: float) -> None:
+    """Add a phase's wall time to <root>/seconds.json: the ledger of every phase as it ran,
+    so a rerun that reuses cached pieces (warm starts, noise floor, finished runs) still
+    reports what the whole experiment cost."""
+    path = os.path.join(root, "seconds.json")
+    ledger = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            ledger = json.load(f)
+    ledger[phase] = seconds
+    with open(path, "w") as f:
+        json.dump(ledger, f, indent=1)
+
+
+def _ledger(root: str) -> dict:
+    path = os.path.join(root, "seconds.json")
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
 
 
 # --------------------------------------------------------------------------- noise floor
@@ -179,6 +204,7 @@ def noise_floor(root: str, quick: bool) -> list[dict]:
     if os.path.exists(cached):
         with open(cached) as f:
             return json.load(f)
+    t0 = time.perf_counter()
     fixtures = os.path.join(os.path.dirname(os.path.dirname(__file__)), "..", "tests", "fixtures")
     rows = []
     for dtype in ("bfloat16", "float32"):
@@ -249,6 +275,7 @@ def noise_floor(root: str, quick: bool) -> list[dict]:
             run.close()
     with open(cached, "w") as f:
         json.dump(rows, f, indent=1)
+    _record_seconds(root, "noise_floor", time.perf_counter() - t0)
     return rows
 
 
@@ -474,6 +501,7 @@ def write_results(
     commit: str,
 ) -> dict:
     figdir = os.path.join(os.path.dirname(os.path.abspath(path)), "results")
+    ledger = _ledger(root)
     c = arm_config(arms[0], seeds[0], budget, root)
     shape = {
         "prompts": c.rollout_batch_size,
@@ -499,9 +527,14 @@ def write_results(
         "```",
         "",
         (
-            f"- Wall time: **{wall_s / 60:.1f} min** on this machine (2 CPU cores shared with"
-            " other jobs, JAX on one CPU device), code at commit"
-            f" `{commit}`."
+            f"- Wall time: **{sum(ledger.values()) / 60:.0f} min** in all on this machine (2 CPU"
+            " cores shared with other jobs, load average ~10; JAX on one CPU device): noise"
+            f" floor {ledger.get('noise_floor', 0) / 60:.1f} min, warm starts"
+            f" {sum(v for k, v in ledger.items() if k.startswith('warm_start/')) / 60:.1f} min,"
+            f" {sum(k.startswith('run/') for k in ledger)} RL runs"
+            f" {sum(v for k, v in ledger.items() if k.startswith('run/')) / 60:.1f} min (each"
+            " phase timed when it ran; a rerun reuses finished phases from the workdir: this"
+            f" invocation took {wall_s / 60:.1f} min). Code at commit `{commit}`."
         ),
         (
             f"- Budget: {budget.steps} RL steps per run, seeds {list(seeds)}, every arm"
@@ -631,6 +664,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     p.add_argument("--results", default="docs/results.md", help="the markdown written")
     p.add_argument("--arms", default="", help="comma-separated subset, e.g. dense/gspo")
     p.add_argument("--no_noise_floor", action="store_true", help="skip that measurement")
+    p.add_argument(
+        "--report_only",
+        action="store_true",
+        help="rewrite --results from the finished runs in --workdir (no training)",
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("absl").setLevel(logging.WARNING)
@@ -662,6 +700,29 @@ def main(argv: Sequence[str] | None = None) -> dict:
     # Seeds of an arm compile the same programs: XLA's persistent cache skips the repeats.
     jax.config.update("jax_compilation_cache_dir", os.path.join(args.workdir, "jax_cache"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    command = "python -m gspo_jax.experiments.gspo_vs_grpo " + " ".join(
+        a for a in (sys.argv[1:] if argv is None else argv) if a != "--report_only"
+    )
+    if args.report_only:
+        with open(os.path.join(args.workdir, "summary.json")) as f:
+            done = json.load(f)
+        noise = [] if args.no_noise_floor else done["noise_floor"]
+        ledger = _ledger(args.workdir)
+        for key, timing in done["runs"].items():  # runs timed by the invocation that ran them
+            if timing.get("seconds") and f"run/{key}" not in ledger:
+                _record_seconds(args.workdir, f"run/{key}", timing["seconds"])
+        write_results(
+            args.results,
+            args.workdir,
+            arms,
+            seeds,
+            budget,
+            done.get("command", command.strip()),
+            done["wall_s"],
+            noise,
+            done.get("commit", "unknown"),
+        )
+        return done
     commit = _commit()  # the code this run imports (before anything else can move HEAD)
     t0 = time.perf_counter()
     noise = [] if args.no_noise_floor else noise_floor(args.workdir, budget.quick)
@@ -673,13 +734,17 @@ def main(argv: Sequence[str] | None = None) -> dict:
                 arm, seed, budget, args.workdir, warm[arm.model]
             )
     wall = time.perf_counter() - t0
-    command = "python -m gspo_jax.experiments.gspo_vs_grpo " + " ".join(
-        sys.argv[1:] if argv is None else argv
-    )
     stats = write_results(
         args.results, args.workdir, arms, seeds, budget, command.strip(), wall, noise, commit
     )
-    summary = {"wall_s": wall, "runs": timings, "stats": stats, "noise_floor": noise}
+    summary = {
+        "wall_s": wall,
+        "command": command.strip(),
+        "commit": commit,
+        "runs": timings,
+        "stats": stats,
+        "noise_floor": noise,
+    }
     with open(os.path.join(args.workdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2, default=float)
     log.info("wrote %s in %.1f min", args.results, wall / 60)
