@@ -56,8 +56,9 @@ class Run:
     state_shardings: state_lib.RunState  # a RunState of shardings
     train_step: Any  # (TrainState, batch) -> (TrainState, metrics)
     batch_shardings: dict  # the train batch's layout, as the train step declares it
-    logprobs_fn: Any  # (params, tokens, mask, T) -> (logprobs, entropy): π_ref, whole batch
-    advantage_fn: Any  # rollout.make_advantage_fn / make_token_advantage_fn
+    logprobs_fn: Any  # (params, tokens, mask, T) -> (logprobs, entropy, routing): π_ref
+    # (and π_old for the token-level KL reward), the whole batch at once
+    advantage_fn: Any  # rollout.make_advantage_fn
     # Rewards and I/O.
     reward: rollout.Scorer
     accuracy: rollout.Scorer

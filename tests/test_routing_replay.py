@@ -29,7 +29,7 @@ def moe():
 def _with_old_policy(sc, params, batch):
     """`batch` as the train step's π_old pass leaves it: π_old's log-probs and routing."""
     logp, _, routing_MBLX = response_logprobs(
-        sc, params, batch["tokens"], batch["attention_mask"], T, return_routing=True
+        sc, params, batch["tokens"], batch["attention_mask"], T
     )
     return {**batch, "old_logprobs": logp, "old_routing": jnp.moveaxis(routing_MBLX, 0, 1)}
 
