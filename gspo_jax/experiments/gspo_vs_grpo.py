@@ -786,8 +786,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
         a for a in (sys.argv[1:] if argv is None else argv) if a != "--report_only"
     )
     if args.report_only:
-        with open(os.path.join(args.workdir, "summary.json")) as f:
-            done = json.load(f)
+        path = os.path.join(args.workdir, "summary.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                done = json.load(f)
+        else:  # an interrupted invocation: the ledger and the cached measurement
+            with open(os.path.join(args.workdir, "noise_floor.json")) as f:
+                noise_rows = json.load(f)
+            done = {"wall_s": 0.0, "runs": {}, "noise_floor": noise_rows}
         noise = [] if args.no_noise_floor else done["noise_floor"]
         ledger = _ledger(args.workdir)
         for key, timing in done["runs"].items():  # runs timed by the invocation that ran them
