@@ -691,7 +691,7 @@ def write_results(
             "",
             (
                 "| compute | π_old | max abs(s_i − 1) | max clipped fraction of sequences |"
-                " max abs(log π_train − log π_sampler) per token |"
+                " max abs(log π_train − log π_given) per token |"
             ),
             "|---|---|---|---|---|",
         ]
