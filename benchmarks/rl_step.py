@@ -4,7 +4,8 @@
   python benchmarks/rl_step.py --preset=qwen3_0p6b     # Qwen3-0.6B shapes (GPU/TPU)
 
 Everything is a ratio measured in the same run, because shared machines drift:
-  train MFU     model FLOPs of one jitted train step (benchmarks/common.py: 6·N per token
+  train MFU     model FLOPs of one jitted train step (its π_old forward pass, 2·N per token,
+                and the updates, benchmarks/common.py: 6·N per token
                 for the matmul parameters, the unembedding on response tokens only, causal
                 attention; rematerialisation and the log-prob backward's logit recompute
                 NOT counted) divided by wall time, over this machine's measured bf16 (or f32
@@ -100,7 +101,7 @@ def bench_train(preset, cfg, rate):
         "tokens": jnp.asarray(rng.integers(0, cfg.vocab_size, (b, p + t)), jnp.int32),
         "attention_mask": jnp.ones((b, p + t), jnp.int32),
         "response_mask": jnp.ones((b, t), jnp.float32),
-        "old_logprobs": jnp.asarray(-rng.random((b, t)) * 5, jnp.float32),
+        "sampler_logprobs": jnp.asarray(-rng.random((b, t)) * 5, jnp.float32),
         "advantages": jnp.asarray(rng.normal(size=b), jnp.float32),
     }
     step = make_train_step(sc, tx, donate=True)
@@ -112,7 +113,9 @@ def bench_train(preset, cfg, rate):
 
     compile_s = common.seconds(one_step)
     seconds = common.median_seconds(one_step, reps=3, warmup=0)
-    flops = common.train_flops(cfg, b, p, t)  # 4 mini-batches cover the batch once
+    # 4 mini-batches cover the batch once, after the step's own π_old forward pass
+    # (old_logprobs_source="recompute", the default).
+    flops = common.train_flops(cfg, b, p, t) + common.forward_flops(cfg, b, p + t, t)
     return {
         "train/responses": b,
         "train/tokens": b * (p + t),

@@ -57,8 +57,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.reward_norm = _placeholder(str)  # None/"none" | "batch" | "group" | "running"
     c.reward_shift = False  # with reward_norm: subtract the mean only
     c.reward_scale = False  # with reward_norm: divide by the std only (both/neither: z-score)
-    c.old_logprobs_source = "recompute"  # pi_old: "recompute" (a forward pass of the rollout
-    # policy) or "sampler" (the sampler's own log-probs, paper §5.4: saves that pass)
+    c.old_logprobs_source = "recompute"  # pi_old: "recompute" (the train step's own forward
+    # pass at the rollout params, on the very micro-batches its updates use, so the first
+    # update's ratios are exactly 1, also in bf16) or "sampler" (the sampler's log-probs,
+    # paper §5.4: saves that pass; the first update's ratios then carry the train/inference
+    # mismatch, logged as policy/ratio_noise_floor and sampler/*)
     c.logprob_chunk_size = 256  # tokens per chunk of the chunked log-softmax: [B, T, V] f32
     # logits never exist (docs/architecture.md); larger chunks are faster, smaller use less memory
     c.invalid_reward = "mask"  # NaN / non-numeric / failed-verifier rewards: "mask" (excluded

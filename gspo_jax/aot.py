@@ -227,12 +227,11 @@ def _train_batch(step_config, cfg, mesh, B: int, L: int, T: int) -> dict:
         "tokens": (B, L),
         "attention_mask": (B, L),
         "response_mask": (B, T),
-        "old_logprobs": (B, T),
+        "sampler_logprobs": (B, T),
         "ref_logprobs": (B, T),
         "advantages": (B, T),  # [B] unless token-level advantages
-        "routing": (B, cfg.num_moe_layers, L, cfg.num_experts_per_tok),
     }
-    ints = ("tokens", "attention_mask", "routing")
+    ints = ("tokens", "attention_mask")
     return {
         name: _batch_sds(mesh, shapes[name][:ndim], jnp.int32 if name in ints else jnp.float32)
         for name, ndim in batch_ndims(step_config).items()

@@ -323,6 +323,7 @@ def step_config(config, model_config: models.ModelConfig) -> StepConfig:
         # log-probs are of softmax(logits / τ), as sampled; greedy (τ = 0) scores with τ = 1
         temperature=float(temperature) if temperature > 0 else 1.0,
         logprob_chunk_size=int(config.logprob_chunk_size),
+        old_logprobs_source=config.old_logprobs_source,
         routing_replay=bool(config.model.routing_replay),
         token_advantages=bool(config.add_token_level_kl),
     )

@@ -56,7 +56,8 @@ class Run:
     state_shardings: state_lib.RunState  # a RunState of shardings
     train_step: Any  # (TrainState, batch) -> (TrainState, metrics)
     batch_shardings: dict  # the train batch's layout, as the train step declares it
-    logprobs_fn: Any  # (params, tokens, mask, T) -> (logprobs, entropy, routing)
+    logprobs_fn: Any  # (params, tokens, mask, T) -> (logprobs, entropy, routing): π_ref
+    # (and π_old for the token-level KL reward), the whole batch at once
     advantage_fn: Any  # rollout.make_advantage_fn
     # Rewards and I/O.
     reward: rollout.Scorer

@@ -6,9 +6,12 @@ other half, the train step, on what it returns). In order:
   bucket_prompts                 host: drop padding columns down to a fixed compiled width
   run.sample                     G responses per prompt, with the sampler's log-probs
   decode_responses, Scorer       host: text -> rewards in verifier worker processes
-  run.logprobs_fn                π_old (recomputed, or the sampler's: old_logprobs_source)
-                                 and π_ref (with a KL term); MoE routing for Routing Replay
+  run.logprobs_fn                π_ref (with a KL term); π_old for the token-level KL reward
   run.advantage_fn               jitted advantages (running reward statistics carried)
+
+π_old itself (recomputed, or the sampler's log-probs: old_logprobs_source) and π_old's MoE
+routing for Routing Replay come from the train step's own pass (train_step.py), so that its
+first update recomputes them exactly; the batch carries the sampler's log-probs.
 
 Invalid rewards (a verifier that raised or timed out, NaN, non-numeric) follow the
 config's `invalid_reward` rule: "mask" excludes the response from group statistics and
@@ -33,7 +36,6 @@ from gspo_jax import advantages as advantages_lib
 from gspo_jax import objectives, sampling
 from gspo_jax import sharding as sharding_lib
 from gspo_jax.config import advantage_kwargs
-from gspo_jax.masked import masked_mean
 from gspo_jax.rewards import score_batch
 
 
@@ -177,13 +179,6 @@ def make_advantage_fn(config, mesh=None):
     return fn
 
 
-@jax.jit
-def logprob_gap(a_BT, b_BT, mask_BT):
-    """Mean and max |sampler − trainer| log-prob over valid tokens (paper §5.4's premise)."""
-    diff_BT = jnp.where(mask_BT > 0, jnp.abs(a_BT - b_BT), 0.0)
-    return masked_mean(diff_BT, mask_BT), jnp.max(diff_BT)
-
-
 def reward_metrics(rewards_B, valid_B, correct_B, stats, group_size: int) -> dict[str, float]:
     """Host metrics of one rollout's rewards (all plain floats)."""
     valid_B = np.asarray(valid_B, bool)
@@ -228,8 +223,8 @@ class Rollout:
     running         the reward statistics after this rollout (reward_norm="running")
     host_metrics    plain floats: rewards, accuracy, response lengths (of the global batch:
                     every process's rows), phase timings
-    device_metrics  scalars still on the device (the sampler/trainer log-prob gap); the loop
-                    fetches them one step late
+    device_metrics  scalars still on the device (none today; the loop fetches them one
+                    step late)
     completions     the decoded responses [B] (this process's rows), rewards / valid [B]
     """
 
@@ -307,24 +302,22 @@ def _score(run, batch, completions):
 
 
 def _train_batch(run, state, out: sampling.SampleOutput, rewards, valid):
-    """The train step's batch: π_old (recomputed or the sampler's), π_ref, the routing to
-    replay and the advantages. Returns (batch, running reward statistics, device metrics)."""
+    """The train step's batch: the sampler's log-probs, π_ref and the advantages. Returns
+    (batch, running reward statistics, device metrics)."""
     c = run.config
     tokens_BL, mask_BL = out.sequences()  # prompt (repeated G times) then response
     mask_BT = out.mask.astype(jnp.float32)
     device_metrics = {}
-    old_logprobs, routing = out.logprobs, None
-    if c.old_logprobs_source == "recompute" or c.model.routing_replay:
-        params = state.train.params
-        recomputed, _, routing = run.logprobs_fn(params, tokens_BL, mask_BL, c.response_length)
-        gap_mean, gap_max = logprob_gap(out.logprobs, recomputed, mask_BT)
-        device_metrics["sampler/logprob_gap_mean"] = gap_mean
-        device_metrics["sampler/logprob_gap_max"] = gap_max
-        if c.old_logprobs_source == "recompute":
-            old_logprobs = recomputed
-    ref_logprobs = None
+    ref_logprobs = old_logprobs = None
     if run.needs_ref:
         ref_logprobs = run.logprobs_fn(state.ref_params, tokens_BL, mask_BL, c.response_length)[0]
+    if c.add_token_level_kl:
+        # The KL reward needs π_old before the train step: the sampler's log-probs, or a
+        # whole-batch recompute (equal to the step's own π_old up to bf16 rounding).
+        old_logprobs = out.logprobs
+        if c.old_logprobs_source == "recompute":
+            params = state.train.params
+            old_logprobs = run.logprobs_fn(params, tokens_BL, mask_BL, c.response_length)[0]
     rewards_B, valid_B = sharding_lib.to_global(run.mesh, (rewards, valid))
     advantages, running = run.advantage_fn(
         rewards_B,
@@ -338,12 +331,10 @@ def _train_batch(run, state, out: sampling.SampleOutput, rewards, valid):
         "tokens": tokens_BL,
         "attention_mask": mask_BL,
         "response_mask": mask_BT,
-        "old_logprobs": old_logprobs,
+        "sampler_logprobs": out.logprobs,
         "advantages": advantages,
     }
     if c.use_kl_loss:
         batch["ref_logprobs"] = ref_logprobs
-    if c.model.routing_replay:
-        batch["routing"] = routing
     # The layout the jitted train step declares (`train_step.batch_shardings`).
     return jax.device_put(batch, run.batch_shardings), running, device_metrics

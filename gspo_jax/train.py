@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 import jax
+import numpy as np
 
 from gspo_jax import checkpoint, evaluation, experiment, models, rollout, sft, writers
 from gspo_jax import state as state_lib
@@ -116,9 +117,8 @@ def rl_step(run: Run, state: RunState, rollout: rollout.Rollout) -> tuple[RunSta
     state = state.replace(train=train_state, running=rollout.running, step=state.step + 1)
     metrics = dict(rollout.host_metrics)
     metrics.update(rollout.device_metrics)
-    metrics.update(
-        {f"policy/{k}": v for k, v in step_metrics.items() if not k.startswith("updates/")}
-    )
+    # Named keys (sampler/*, updates/* arrays [U]) as they are, the rest under policy/.
+    metrics.update({k if "/" in k else f"policy/{k}": v for k, v in step_metrics.items()})
     metrics["time/train_s"] = seconds
     tokens = float(rollout.batch["tokens"].size) * run.config.ppo_epochs
     metrics["perf/train_tokens_per_s"] = tokens / max(seconds, 1e-9)
@@ -193,6 +193,18 @@ def warm_start(run: Run, params):
     )
 
 
+def flat_metrics(metrics: dict) -> dict[str, float]:
+    """Plain floats, each per-update array `updates/<key>` [U] as `updates/<key>/<u>`: one
+    scalar per update, so update 0 (on-policy: the noise floor) stands apart from the rest."""
+    out = {}
+    for key, value in metrics.items():
+        if np.ndim(value) == 1:
+            out.update({f"{key}/{u}": float(v) for u, v in enumerate(np.asarray(value))})
+        else:
+            out[key] = float(value)
+    return out
+
+
 def _every(step: int, period: int) -> bool:
     return bool(period) and step % period == 0
 
@@ -214,7 +226,7 @@ class _Reporter:
             )
 
     def write(self, step: int, metrics: dict) -> None:
-        values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        values = flat_metrics(jax.device_get(metrics))
         self.writer.write(step, values)
         self._remember(values)
 

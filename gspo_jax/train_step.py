@@ -2,6 +2,8 @@
 
 One call consumes one rollout batch of B = N·G responses:
 
+  π_old pass (old_logprobs_source="recompute", or any MoE model): the loss's own forward
+      at the incoming params, on the very micro-batches the updates will use
   for epoch in range(ppo_epochs):                  # lax.scan over E·M updates
     for mini-batch m in range(num_mini_batches):   # one optimizer update each
       for micro-batch k:                           # lax.scan, gradient accumulation
@@ -18,6 +20,21 @@ Mini-batch m holds rows {m, m+M, m+2M, ...} (and micro-batches likewise stride t
 mini-batch): every device then holds an equal share of every mini-batch, so no rows move
 between devices. Advantages are precomputed, so groups need not stay together.
 
+π_old and the ratio's noise floor. With old_logprobs_source="recompute", π_old is computed
+here, by `response_logprobs` on the same micro-batch shapes and shardings as the loss's
+forward, at the params the step starts from. The first update's forward then computes the
+same numbers bit for bit, so its ratios are exactly 1: with bf16 compute a differently
+shaped π_old pass (the whole batch at once) differs by up to ~6e-2 per token, which moved
+GSPO's sequence ratios by up to 1.9e-2 at learning rate 0, ~50 times its clip range, and
+clipped 56% of sequences (docs/results.md, "Noise floor"). With old_logprobs_source="sampler" (paper §5.4) π_old is the sampler's log-probs:
+the first update's ratios then measure the train/inference mismatch, reported as
+`ratio_noise_floor` and `sampler/*` (from the first update's forward on mini-batch 0).
+
+On a Mixture-of-Experts model the π_old pass also returns π_old's routing: Routing Replay
+(paper §5.3) forces it in every update's forward, and each update reports `expert_change`,
+the fraction of activated experts (token x MoE layer x top-k slot) that the current router
+chooses differently from π_old's (with replay: would choose).
+
 Shapes: B responses, P prompt tokens (left padded), T response tokens, L = P + T,
 U = ppo_epochs · num_mini_batches updates, D model width.
 
@@ -25,10 +42,10 @@ Batch (a dict of arrays, leading axis B):
   tokens          int32 [B, L]   prompt (left padded) then response (right padded)
   attention_mask  int32 [B, L]   1 for real prompt tokens and valid response tokens
   response_mask   f32   [B, T]   1 for generated tokens up to and including the end token
-  old_logprobs    f32   [B, T]   log π_old of each response token (sampler or recomputed)
+  sampler_logprobs f32  [B, T]   the sampler's log-prob of each response token; π_old with
+                                 old_logprobs_source="sampler"
   advantages      f32   [B] or [B, T]
   ref_logprobs    f32   [B, T]   only with use_kl_loss
-  routing         int32 [B, layers, L, k]  only with routing replay (MoE, paper §5.3)
 """
 
 from __future__ import annotations
@@ -45,7 +62,7 @@ import optax
 from gspo_jax import logprobs as logprobs_lib
 from gspo_jax import models, objectives
 from gspo_jax import sharding as sharding_lib
-from gspo_jax.masked import masked_mean
+from gspo_jax.masked import masked_mean, row_mean
 
 
 @flax.struct.dataclass
@@ -80,8 +97,19 @@ class StepConfig:
     entropy_coef: float
     temperature: float  # log-probs are of softmax(logits / temperature), as sampled
     logprob_chunk_size: int
-    routing_replay: bool  # the batch carries the rollout's expert choices (MoE, paper §5.3)
+    old_logprobs_source: str  # "recompute": π_old from this step's own pass; "sampler"
+    routing_replay: bool  # force π_old's expert choices in every update (MoE, paper §5.3)
     token_advantages: bool  # advantages are [B, T] (add_token_level_kl), not [B]
+
+    @property
+    def is_moe(self) -> bool:
+        return self.model.num_moe_layers > 0
+
+    @property
+    def old_policy_pass(self) -> bool:
+        """Whether the step runs the π_old pass: to recompute π_old, or for π_old's MoE
+        routing (replayed, and compared with every update's)."""
+        return self.old_logprobs_source == "recompute" or self.is_moe
 
 
 def batch_ndims(step_config: StepConfig) -> dict[str, int]:
@@ -90,13 +118,11 @@ def batch_ndims(step_config: StepConfig) -> dict[str, int]:
         "tokens": 2,
         "attention_mask": 2,
         "response_mask": 2,
-        "old_logprobs": 2,
+        "sampler_logprobs": 2,
         "advantages": 2 if step_config.token_advantages else 1,
     }
     if step_config.use_kl_loss:
         ndims["ref_logprobs"] = 2
-    if step_config.routing_replay:
-        ndims["routing"] = 4
     return ndims
 
 
@@ -105,8 +131,30 @@ def batch_ndims(step_config: StepConfig) -> dict[str, int]:
 # modes: see _seq_weighted.)
 _SEQ_WEIGHTED = ("clipfrac_seq", "clipfrac_seq_low", "clipfrac_seq_high")
 _MIN_KEYS = ("ratio_min",)
-_MAX_KEYS = ("ratio_max",)
-_SUMMED = ("num_valid_tokens", "num_valid_seqs", "loss", "pg_loss", "kl_loss", "entropy_loss")
+_MAX_KEYS = ("ratio_max", "gap_max", "gap_seq_max")
+_SUMMED = (
+    "num_valid_tokens",
+    "num_valid_seqs",
+    "loss",
+    "pg_loss",
+    "kl_loss",
+    "entropy_loss",
+    "gap_abs_sum",
+    "experts_changed",
+    "experts_total",
+)
+# Per-update values returned as `updates/<key>` arrays [U] (the rest: means over updates).
+PER_UPDATE_KEYS = (
+    "ratio_min",
+    "ratio_mean",
+    "ratio_max",
+    "clipfrac",
+    "clipfrac_seq",
+    "approx_kl",
+    "grad_norm",
+    "loss",
+    "expert_change",
+)
 
 
 def response_logprobs(
@@ -118,7 +166,8 @@ def response_logprobs(
     *,
     routing=None,
 ):
-    """(log π(response token) [B, T], entropy [B, T], routing [M, B, L, X] used) without
+    """(log π(response token) [B, T], entropy [B, T], routing [M, B, L, X]: the router's own
+    top-k, also when `routing` forces the experts that run) without
     materialising [B, L, V] logits; routing is empty ([0, B, L, 0]) for dense models.
 
     The hidden state at position j predicts token j+1, so the T response tokens (the last T
@@ -147,8 +196,8 @@ def _micro_loss(step_config: StepConfig, params, mb, num_valid_tokens, num_valid
     response_len = mb["response_mask"].shape[1]
     routing = None
     if step_config.routing_replay:
-        routing = jnp.moveaxis(mb["routing"], 0, 1)  # [B, layers, ...] -> [layers, B, ...]
-    logp_BT, entropy_BT, _ = response_logprobs(
+        routing = jnp.moveaxis(mb["old_routing"], 0, 1)  # [B, M, L, X] -> [M, B, L, X]
+    logp_BT, entropy_BT, routing_MBLX = response_logprobs(
         step_config, params, mb["tokens"], mb["attention_mask"], response_len, routing=routing
     )
     mask_BT = mb["response_mask"]
@@ -191,7 +240,36 @@ def _micro_loss(step_config: StepConfig, params, mb, num_valid_tokens, num_valid
     metrics["entropy_loss"] = entropy_loss
     metrics["entropy"] = masked_mean(jax.lax.stop_gradient(entropy_BT), mask_BT)
     metrics["loss"] = loss
+    metrics.update(_gap_sums(jax.lax.stop_gradient(logp_BT), mb["sampler_logprobs"], mask_BT))
+    if step_config.is_moe:
+        old_MBLX = jnp.moveaxis(mb["old_routing"], 0, 1)
+        changed, total = routing_changes(old_MBLX, routing_MBLX, mb["attention_mask"])
+        metrics["experts_changed"], metrics["experts_total"] = changed, total
     return loss, metrics
+
+
+def _gap_sums(logp_BT, sampler_BT, mask_BT) -> dict:
+    """|trainer − sampler| log-prob sums and maxima of a micro-batch (combined by _SUMMED /
+    _MAX_KEYS): per token, and per sequence of the mean over its tokens (log s_i's shift)."""
+    valid_BT = mask_BT > 0
+    diff_BT = jnp.where(valid_BT, logp_BT - sampler_BT, 0.0)
+    return {
+        "gap_abs_sum": jnp.sum(jnp.abs(diff_BT)),
+        "gap_max": jnp.max(jnp.abs(diff_BT)),
+        "gap_seq_max": jnp.max(jnp.abs(row_mean(diff_BT, mask_BT))),
+    }
+
+
+def routing_changes(old_MBLX, new_MBLX, attention_mask_BL):
+    """(changed, total): of the `total` activated experts (valid token x MoE layer x top-k
+    slot), how many the new routing picks that the old one did not pick for the same token
+    and layer (expert sets compared, order ignored; as `models.routing_disagreement`)."""
+    kept_MBL = jnp.any(new_MBLX[..., :, None] == old_MBLX[..., None, :], axis=-1).sum(-1)
+    k = new_MBLX.shape[-1]
+    valid_BL = (attention_mask_BL > 0).astype(jnp.float32)
+    total = k * new_MBLX.shape[0] * jnp.sum(valid_BL)
+    changed = total - jnp.sum(kept_MBL.astype(jnp.float32) * valid_BL[None])
+    return changed, total
 
 
 def _seq_weighted(step_config: StepConfig) -> tuple[str, ...]:
@@ -229,6 +307,11 @@ def _finish_micro(acc: dict, seq_weighted) -> dict:
             out[key] = value / seqs
         else:
             out[key] = value / tokens
+    out["gap_mean"] = out.pop("gap_abs_sum") / tokens
+    if "experts_total" in out:
+        out["expert_change"] = out.pop("experts_changed") / jnp.maximum(
+            out.pop("experts_total"), 1.0
+        )
     return out
 
 
@@ -238,11 +321,48 @@ def _strided_split(x, parts: int):
     return jnp.swapaxes(x.reshape((b // parts, parts) + x.shape[1:]), 0, 1)
 
 
+def _strided_merge(x):
+    """The inverse of `_strided_split`: [parts, B/parts, ...] -> [B, ...]."""
+    return jnp.swapaxes(x, 0, 1).reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
+
+
+def _num_micro(step_config: StepConfig, mini_size: int) -> int:
+    return mini_size // (step_config.micro_batch_size or mini_size)
+
+
+def _old_policy_pass(step_config: StepConfig, params, mini_batches) -> dict:
+    """log π_old [Mn, mini, T] (and, MoE, π_old's routing [Mn, mini, M, L, X]) of every row,
+    laid out as `mini_batches`: the loss's forward (`response_logprobs`, the same micro-batch
+    shapes and layout as `_mini_batch_grads`) at `params`, so the first update recomputes
+    exactly these numbers."""
+    inputs = {k: mini_batches[k] for k in ("tokens", "attention_mask", "response_mask")}
+    num_micro = _num_micro(step_config, inputs["tokens"].shape[1])
+
+    def one_micro(mb):
+        logp_BT, _, routing_MBLX = response_logprobs(
+            step_config, params, mb["tokens"], mb["attention_mask"], mb["response_mask"].shape[1]
+        )
+        out = {"old_logprobs": logp_BT}
+        if step_config.is_moe:
+            out["old_routing"] = jnp.moveaxis(routing_MBLX, 0, 1)
+        return out
+
+    def one_mini(mini):
+        micro_batches = jax.tree.map(lambda x: _strided_split(x, num_micro), mini)
+        if num_micro == 1:
+            out = jax.tree.map(
+                lambda x: x[None], one_micro(jax.tree.map(lambda x: x[0], micro_batches))
+            )
+        else:
+            out = jax.lax.map(one_micro, micro_batches)
+        return jax.tree.map(_strided_merge, out)
+
+    return jax.lax.map(one_mini, inputs)
+
+
 def _mini_batch_grads(step_config: StepConfig, params, mini):
     """Accumulated gradient and metrics of one mini-batch over its micro-batches."""
-    mini_size = mini["tokens"].shape[0]
-    micro = step_config.micro_batch_size or mini_size
-    num_micro = mini_size // micro
+    num_micro = _num_micro(step_config, mini["tokens"].shape[0])
     mask_BT = mini["response_mask"]
     num_valid_tokens = jnp.sum(mask_BT)
     num_valid_seqs = jnp.sum(jnp.any(mask_BT > 0, axis=-1).astype(jnp.float32))
@@ -288,14 +408,28 @@ def train_step(step_config: StepConfig, tx: optax.GradientTransformation, state:
     """ppo_epochs × num_mini_batches optimizer updates on one rollout batch.
 
     Returns the new state (its `step` counts the updates applied, skipped ones excluded)
-    and a flat dict of f32 scalars (means over updates, except `skipped_updates`, a count,
-    and `optimizer_step`, the new state's update counter: the learning-rate schedule's
-    position) plus `updates/*` arrays of shape [U] with per-update values (ratio range, clip
-    fraction, grad norm) for diagnostics.
+    and a flat dict of f32 values:
+      means over updates of the loss's metrics (objectives.policy_loss), grad_norm,
+        update_norm and, MoE, expert_change;
+      skipped_updates (a count); optimizer_step (the new state's update counter: the
+        learning-rate schedule's position);
+      ratio_noise_floor: max |r − 1| at the first update, whose params are π_old's (0 when
+        π_old is recomputed; the train/inference mismatch with sampler log-probs);
+      sampler/logprob_gap_mean, sampler/logprob_gap_max (|log π_trainer − log π_sampler|
+        per token) and sampler/seq_logprob_gap_max (per sequence, of the token mean: the
+        shift of log s_i), from the first update's forward on mini-batch 0;
+      updates/<key> arrays [U] of PER_UPDATE_KEYS, one value per update.
     """
     num_mini = step_config.num_mini_batches
     num_updates = step_config.ppo_epochs * num_mini
     mini_batches = jax.tree.map(lambda x: _strided_split(x, num_mini), batch)
+    if step_config.old_policy_pass:
+        old = _old_policy_pass(step_config, state.params, mini_batches)
+        if step_config.old_logprobs_source == "sampler":
+            old["old_logprobs"] = mini_batches["sampler_logprobs"]
+        mini_batches = {**mini_batches, **old}
+    else:
+        mini_batches = {**mini_batches, "old_logprobs": mini_batches["sampler_logprobs"]}
 
     def update(carry, u):
         step, params, opt_state = carry
@@ -322,7 +456,14 @@ def train_step(step_config: StepConfig, tx: optax.GradientTransformation, state:
     (step, params, opt_state), per_update = jax.lax.scan(
         update, (state.step, state.params, state.opt_state), jnp.arange(num_updates)
     )
-    metrics = {}
+    metrics = {
+        "sampler/logprob_gap_mean": per_update.pop("gap_mean")[0],
+        "sampler/logprob_gap_max": per_update.pop("gap_max")[0],
+        "sampler/seq_logprob_gap_max": per_update.pop("gap_seq_max")[0],
+        "ratio_noise_floor": jnp.maximum(
+            per_update["ratio_max"][0] - 1.0, 1.0 - per_update["ratio_min"][0]
+        ),
+    }
     for key, values in per_update.items():
         if key in _MIN_KEYS:
             metrics[key] = jnp.min(values)
@@ -333,7 +474,7 @@ def train_step(step_config: StepConfig, tx: optax.GradientTransformation, state:
         else:
             metrics[key] = jnp.mean(values)
     metrics["optimizer_step"] = step.astype(jnp.float32)
-    for key in ("ratio_min", "ratio_max", "ratio_mean", "clipfrac", "grad_norm", "loss"):
+    for key in PER_UPDATE_KEYS:
         if key in per_update:
             metrics[f"updates/{key}"] = per_update[key]
     return TrainState(step=step, params=params, opt_state=opt_state), metrics
@@ -369,10 +510,10 @@ def make_train_step(
 
 
 def make_logprobs_fn(step_config: StepConfig):
-    """Jitted log π(response tokens) of any params (π_old recompute, reference policy):
+    """Jitted log π(response tokens) of any params, the whole batch at once (π_ref; π_old
+    for the token-level KL reward; the train step's own π_old pass is separate):
     fn(params, tokens_BL, attention_mask_BL, response_len) -> (logprobs [B, T],
-    entropy [B, T], routing [B, M, L, X]: batch-major, as the train batch carries it for
-    Routing Replay; [B, 0, L, 0] for dense models)."""
+    entropy [B, T], routing [B, M, L, X], batch-major; [B, 0, L, 0] for dense models)."""
 
     def fn(params, tokens_BL, attention_mask_BL, response_len):
         logp, ent, routing = response_logprobs(

@@ -13,11 +13,20 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-# Panels of the end-of-run plot: (title, metric keys drawn in it).
+# Panels of the end-of-run plot: (title, metric keys drawn in it). A key ending in "/*"
+# stands for every key under it (the per-update values `updates/<key>/<u>`, u = 0, 1, ...);
+# a panel with none of its keys in the run (expert change of a dense model) is left out.
 PLOT_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("reward", ("reward/mean",)),
     ("held-out accuracy (greedy)", ("eval/accuracy",)),
-    ("clipped fraction", ("policy/clipfrac", "policy/clipfrac_seq")),
+    ("clipped fraction (tokens, sequences)", ("policy/clipfrac", "policy/clipfrac_seq")),
+    ("clipped fraction of sequences, per update", ("updates/clipfrac_seq/*",)),
+    ("ratio min / max, per update", ("updates/ratio_min/*", "updates/ratio_max/*")),
+    ("expert change rate, per update (MoE)", ("updates/expert_change/*",)),
+    (
+        "train/inference log-prob gap",
+        ("sampler/logprob_gap_mean", "sampler/seq_logprob_gap_max", "policy/ratio_noise_floor"),
+    ),
     ("KL", ("policy/approx_kl", "policy/kl_ref")),
     ("entropy", ("policy/entropy",)),
     ("response length", ("response/length_mean",)),
@@ -91,6 +100,19 @@ def _ema(values: Sequence[float], decay: float) -> list[float]:
     return out
 
 
+def _expand(keys: Sequence[str], present: set[str]) -> list[str]:
+    """`keys` with each "prefix/*" replaced by the present keys under it, in update order."""
+    out = []
+    for key in keys:
+        if not key.endswith("/*"):
+            out.append(key)
+            continue
+        prefix = key[:-1]
+        found = [k for k in present if k.startswith(prefix) and k[len(prefix) :].isdigit()]
+        out += sorted(found, key=lambda k: int(k[len(prefix) :]))
+    return out
+
+
 def plot_curves(
     metrics_path: str,
     png_path: str,
@@ -103,8 +125,14 @@ def plot_curves(
     import matplotlib.pyplot as plt
 
     rows = read_metrics(metrics_path)
+    present = set().union(*(r.keys() for r in rows)) if rows else set()
+    panels = [
+        (title, keys)
+        for title, keys in ((t, _expand(k, present)) for t, k in panels)
+        if any(k in present for k in keys)
+    ]
     cols = 3
-    nrows = math.ceil(len(panels) / cols)
+    nrows = max(1, math.ceil(len(panels) / cols))
     fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.0 * nrows), squeeze=False)
     for ax, (title, keys) in zip(axes.flat, panels):
         for key in keys:

@@ -52,8 +52,9 @@ def test_collect_returns_the_declared_train_batch(pieces, first):
     assert len(out.completions) == n * g and out.rewards.shape == (n * g,)
     for key in ("reward/mean", "response/length_mean", "time/sample_s"):
         assert np.isfinite(out.host_metrics[key]), key
-    # π_old recomputed (old_logprobs_source="recompute"): the sampler agrees with it.
-    assert float(out.device_metrics["sampler/logprob_gap_max"]) < 1e-4
+    # The sampler's log-probs of its own tokens: log-probabilities, 0 past the end token.
+    logp, mask = np.asarray(out.batch["sampler_logprobs"]), np.asarray(out.batch["response_mask"])
+    assert np.all(logp[mask > 0] <= 0) and np.all(logp[mask == 0] == 0)
 
 
 def test_collect_is_a_function_of_the_state_and_the_prompts(pieces, first):
@@ -95,6 +96,13 @@ def test_rl_step_applies_the_mini_batch_updates(pieces, first):
     assert new.running is out.running
     for key in ("policy/loss", "policy/clipfrac", "reward/mean", "time/train_s"):
         assert np.isfinite(float(metrics[key])), key
+    # π_old recomputed by the step itself: its first update is exactly on-policy (f32 here),
+    # and the f32 sampler agrees with the trainer.
+    assert float(metrics["policy/ratio_noise_floor"]) == 0
+    assert float(metrics["sampler/logprob_gap_max"]) < 1e-4
+    assert metrics["updates/ratio_max"].shape == (minis,)
+    flat = train.flat_metrics(jax.device_get(metrics))
+    assert flat["updates/ratio_max/0"] == 1.0 and f"updates/clipfrac/{minis - 1}" in flat
 
 
 def test_run_state_checkpoint_round_trip(pieces, tmp_path):

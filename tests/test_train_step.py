@@ -47,7 +47,7 @@ def _batch(cfg, params, step_config, seed=0, *, advantages=None):
         "tokens": jnp.asarray(tokens),
         "attention_mask": jnp.asarray(attn),
         "response_mask": jnp.asarray(resp_mask),
-        "old_logprobs": old,
+        "sampler_logprobs": old,
         "advantages": jnp.asarray(advantages),
     }
 
@@ -215,13 +215,13 @@ def test_kl_and_entropy_terms(model):
     base = _sc(cfg, num_mini_batches=1, horizon=T)
     batch = _batch(cfg, params, base)
     tx = _tx(0.0)
-    # (lr 0: params stay π_old, so the policy's log-probs equal old_logprobs.)
+    # (lr 0: params stay π_old, so the policy's log-probs equal π_old's.)
     # Reference = current policy: the KL term is 0.
     sc = dataclasses.replace(base, use_kl_loss=True, kl_loss_coef=0.5, kl_estimator="k1")
-    _, m = _step_fn(sc, tx)(_state(params, tx), dict(batch, ref_logprobs=batch["old_logprobs"]))
+    _, m = _step_fn(sc, tx)(_state(params, tx), dict(batch, ref_logprobs=batch["sampler_logprobs"]))
     assert abs(float(m["kl_loss"])) < 1e-6
     # A reference 0.1 nat below: k1 = 0.1 on every token, added to the loss with coef 0.5.
-    shifted = dict(batch, ref_logprobs=batch["old_logprobs"] - 0.1)
+    shifted = dict(batch, ref_logprobs=batch["sampler_logprobs"] - 0.1)
     _, m = _step_fn(sc, tx)(_state(params, tx), shifted)
     np.testing.assert_allclose(m["kl_loss"], 0.1, rtol=1e-4)
     np.testing.assert_allclose(m["loss"], m["pg_loss"] + 0.5 * 0.1, rtol=1e-4)
@@ -246,13 +246,16 @@ def test_logprobs_fn_returns_the_same_structure_for_dense_models(model):
 def test_routing_replay_on_moe(model):
     cfg, params = models.load_pretrained("tests/fixtures/models/qwen3_moe")
     sc = _sc(cfg, num_mini_batches=2, horizon=T, routing_replay=True)
-    batch = _batch(cfg, params, dataclasses.replace(sc, routing_replay=False))
+    batch = _batch(cfg, params, sc)
     logp, _, routing = _logprobs_fn(sc)(params, batch["tokens"], batch["attention_mask"], T)
     assert routing.shape[:2] == (B, cfg.num_moe_layers)
-    np.testing.assert_allclose(logp, batch["old_logprobs"], atol=1e-6)
+    np.testing.assert_allclose(logp, batch["sampler_logprobs"], atol=1e-6)
     tx = _tx()
-    state, metrics = _step_fn(sc, tx)(_state(params, tx), dict(batch, routing=routing))
+    state, metrics = _step_fn(sc, tx)(_state(params, tx), batch)
     assert int(state.step) == 2 and np.isfinite(metrics["loss"])
+    # Update 0 runs at π_old's params: the router picks exactly π_old's experts.
+    assert metrics["updates/expert_change"].shape == (2,)
+    assert metrics["updates/expert_change"][0] == 0
 
 
 @pytest.mark.parametrize("mode", ["seq", "token", "seq_token"])
@@ -267,7 +270,9 @@ def test_update_raises_positive_and_lowers_negative_advantage_responses(model, m
     state, _ = _step_fn(sc, tx)(_state(params, tx), batch)
     new, _, _ = _logprobs_fn(_sc(cfg))(state.params, batch["tokens"], batch["attention_mask"], T)
     mask = np.asarray(batch["response_mask"])
-    change = np.sum((np.asarray(new) - np.asarray(batch["old_logprobs"])) * mask, 1) / mask.sum(1)
+    change = np.sum((np.asarray(new) - np.asarray(batch["sampler_logprobs"])) * mask, 1) / mask.sum(
+        1
+    )
     assert np.all(change[adv > 0] > 0) and np.all(change[adv < 0] < 0)
 
 

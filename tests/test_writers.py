@@ -32,3 +32,27 @@ def test_writer_rows_resume_and_non_finite(tmp_path):
     assert any(f.startswith("events.out.tfevents") for f in os.listdir(tmp_path / "tb"))
     png = writers.plot_curves(str(tmp_path / "metrics.jsonl"), str(tmp_path / "c.png"))
     assert os.path.getsize(png) > 5_000 and not math.isnan(rows[0]["reward/mean"])
+
+
+def test_per_update_panels_expand_in_update_order_and_absent_panels_are_left_out(
+    tmp_path, monkeypatch
+):
+    present = {"updates/ratio_min/10", "updates/ratio_min/2", "updates/ratio_min/0", "x/1"}
+    assert writers._expand(["updates/ratio_min/*", "reward/mean"], present) == [
+        "updates/ratio_min/0",
+        "updates/ratio_min/2",
+        "updates/ratio_min/10",
+        "reward/mean",
+    ]
+    w = writers.MetricsWriter(str(tmp_path), tensorboard=False)
+    for step in range(40):
+        per_update = {f"updates/ratio_max/{u}": 1 + u for u in range(4)}
+        w.write(step, {"reward/mean": step / 40, **per_update})
+    w.close()
+    import matplotlib.axes
+
+    titles = []
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_title", lambda ax, t, *a, **k: titles.append(t))
+    writers.plot_curves(str(tmp_path / "metrics.jsonl"), str(tmp_path / "c.png"))
+    # Reward and the ratio panel have data; the expert-change panel (no MoE) is left out.
+    assert titles == ["reward", "ratio min / max, per update"]

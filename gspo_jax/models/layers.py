@@ -183,7 +183,9 @@ class MoE(nnx.Module):
         self.dtype = jnp.dtype(cfg.dtype)
 
     def __call__(self, x_BLD, forced_BLX=None):
-        """Returns (y_BLD, expert indices int32 [B, L, X])."""
+        """Returns (y_BLD, expert indices int32 [B, L, X]): the current router's own top-k,
+        also when `forced_BLX` decides which experts run (Routing Replay), so a caller can
+        count how many choices the router would change (paper §5.3's volatility)."""
         B, L, D = x_BLD.shape
         J = B * L
         x_JD = x_BLD.reshape(J, D)
@@ -192,6 +194,7 @@ class MoE(nnx.Module):
         logits_JE = jnp.dot(x_JD.astype(F32), self.router.kernel[...].astype(F32))
         forced_JX = None if forced_BLX is None else forced_BLX.reshape(J, self.k)
         gates_JX, idx_JX = route(logits_JE, self.k, self.norm_topk_prob, forced_JX)
+        own_JX = idx_JX if forced_JX is None else route(logits_JE, self.k, False)[1]
         wg, wu, wd = (
             w[...].astype(self.dtype) for w in (self.gate_proj, self.up_proj, self.down_proj)
         )
@@ -205,7 +208,7 @@ class MoE(nnx.Module):
             # loop-invariant, were hoisted out of the sampler's loop for every layer at
             # once (v5p-64, Qwen3-30B-A3B, 8k: 60.2 GiB of temporaries, 2.7 GiB this way).
             y_JD = _experts_ragged(x_JD, gates_JX, idx_JX, wg, wu, wd)
-        return y_JD.astype(self.dtype).reshape(B, L, D), idx_JX.reshape(B, L, self.k)
+        return y_JD.astype(self.dtype).reshape(B, L, D), own_JX.reshape(B, L, self.k)
 
 
 def _experts_dense(x_JD, gates_JX, idx_JX, wg_EDF, wu_EDF, wd_EFD):

@@ -43,8 +43,11 @@ gives every row positions 0, 1, … from its first real token (what transformers
 
 Routing format (MoE): int32 [M, B, L, X] — top-k expert indices per MoE layer (in
 layer order, `model_config.moe_layers`), batch row, position and choice (descending
-router probability when computed; any order when forced). For dense models M = X = 0:
-every function that returns routing returns it, then empty.
+router probability; a forced routing may list them in any order). Returned routing is the current
+router's own top-k: with forced routing (Routing Replay) the forced experts run, and what
+comes back is what the router would have chosen (equal to the forced routing when the
+router agrees). For dense models M = X = 0: every function that returns routing returns
+it, then empty.
 
 Shape letters: B batch, L tokens, D model width, V vocab, H query heads, K kv heads,
 C head dim, M MoE layers, X experts per token. The layer count is written out

@@ -1,0 +1,1 @@
+"""Experiments that regenerate the project's published results (docs/results.md)."""
