@@ -35,6 +35,7 @@ from gspo_jax import sharding as sharding_lib
 from gspo_jax.config import advantage_kwargs
 from gspo_jax.masked import masked_mean
 from gspo_jax.rewards import score_batch
+from gspo_jax.rewards.scoring import HARD_FAILURES, FailureLog, raise_if_all_failed
 
 
 def bucket_prompts(tokens_NP: np.ndarray, mask_NP: np.ndarray, buckets) -> tuple:
@@ -57,17 +58,23 @@ def decode_responses(tokenizer, tokens_BT: np.ndarray, mask_BT: np.ndarray) -> l
 
 
 class Scorer:
-    """A reward function bound to its failure rule, timeout and worker pool."""
+    """A reward function bound to its failure rule, timeout and worker pool.
+
+    Each distinct failure message is logged once; a batch in which every call failed in a
+    hard way (raised, non-number, NaN: `rewards.HARD_FAILURES`) over all processes raises
+    `rewards.RewardError` on every process (one small all-reduce per call)."""
 
     def __init__(self, reward_fn, invalid_reward: str, *, timeout_s=None, pool=None):
         self.reward_fn = reward_fn
         self.invalid_reward = invalid_reward
         self.timeout_s = timeout_s
         self.pool = pool
+        self.what = repr(getattr(reward_fn, "spec", getattr(reward_fn, "__name__", reward_fn)))
+        self.log_failures = FailureLog(self.what)
 
     def score(self, prompts, completions, references):
         """(rewards [B] f32, valid [B] bool, stats): see score_responses."""
-        return score_responses(
+        rewards, valid, stats = score_responses(
             self.reward_fn,
             prompts,
             completions,
@@ -76,6 +83,11 @@ class Scorer:
             timeout_s=self.timeout_s,
             pool=self.pool,
         )
+        self.log_failures(stats)
+        hard = sum(stats.get(k, 0) for k in HARD_FAILURES)
+        num_items, num_hard = sharding_lib.host_sum(np.array([len(rewards), hard], np.int64))
+        raise_if_all_failed(int(num_items), int(num_hard), stats, what=self.what)
+        return rewards, valid, stats
 
 
 def score_responses(
