@@ -32,3 +32,26 @@ def test_writer_rows_resume_and_non_finite(tmp_path):
     assert any(f.startswith("events.out.tfevents") for f in os.listdir(tmp_path / "tb"))
     png = writers.plot_curves(str(tmp_path / "metrics.jsonl"), str(tmp_path / "c.png"))
     assert os.path.getsize(png) > 5_000 and not math.isnan(rows[0]["reward/mean"])
+
+
+def test_resume_keeps_one_row_per_step(tmp_path):
+    """After a restart from checkpoint k, the rows an interrupted run wrote after k are
+    dropped (they are written again): they used to appear twice."""
+    w = writers.MetricsWriter(str(tmp_path), tensorboard=False)
+    for step in range(6):
+        w.write(step, {"reward/mean": float(step)})
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 6, "reward/me')  # torn by a kill mid-write
+    assert writers.MetricsWriter(str(tmp_path), tensorboard=False).resume(3) == 3
+    assert [r["step"] for r in writers.read_metrics(str(tmp_path / "metrics.jsonl"))] == [
+        0,
+        1,
+        2,
+        3,
+    ]
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 4 and all(json.loads(x) for x in lines)
+    w = writers.MetricsWriter(str(tmp_path))
+    assert w.resume(0) == 4  # step 0 (its evaluation) is redone too
+    assert (tmp_path / "metrics.jsonl").read_text() == ""
+    w.close()
