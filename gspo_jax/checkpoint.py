@@ -94,9 +94,19 @@ def save(manager: ocp.CheckpointManager, state: RunState) -> None:
 
 
 def check(manager: ocp.CheckpointManager) -> None:
-    """Raise CheckpointError now if an asynchronous save has failed (cheap; every step)."""
-    with _failure_as_error(manager, "an asynchronous checkpoint save"):
-        manager.check_for_errors()
+    """Raise CheckpointError now if an asynchronous save has failed (cheap; every step). A
+    failure on one process raises on all (one tiny all-gather), so none is left waiting."""
+    error = None
+    try:
+        with _failure_as_error(manager, "an asynchronous checkpoint save"):
+            manager.check_for_errors()
+    except CheckpointError as e:
+        error = e
+    if sharding_lib.host_max(error is not None):
+        raise error or CheckpointError(
+            f"an asynchronous checkpoint save in {manager.directory} failed on another "
+            "process (see its log)"
+        )
 
 
 def finish(manager: ocp.CheckpointManager) -> None:

@@ -81,10 +81,11 @@ def train(run: Run, state: RunState, *, stop_after: int | None = None) -> dict[s
         first = evaluate(run, state)
         report.write(0, first)
         summary["eval_start"] = first["eval/accuracy"]
+    saved = state.step if state.step in run.manager.all_steps() else None
     with preemption.StopOnSignal() as signals:
         while state.step < c.num_steps:
             if signum := signals.requested():
-                _stop_on_signal(run, state, signum, summary)
+                _stop_on_signal(run, state, signum, summary, saved=saved == state.step)
                 break
             t0 = time.perf_counter()
             prompts = next(run.train_iter)
@@ -99,6 +100,7 @@ def train(run: Run, state: RunState, *, stop_after: int | None = None) -> dict[s
             saving = last or stopping or _every(done, c.checkpoint.every_steps)
             if saving:
                 checkpoint.save(run.manager, state)
+                saved = done
             # A checkpointed step's row is written now: a restart from it repeats no row.
             report.step(done, metrics, flush=saving)
             checkpoint.check(run.manager)  # a failed asynchronous save stops the run here
@@ -120,9 +122,9 @@ def train(run: Run, state: RunState, *, stop_after: int | None = None) -> dict[s
     return summary
 
 
-def _stop_on_signal(run: Run, state: RunState, signum: int, summary: dict) -> None:
-    """Checkpoint the state at this step boundary (unless it is the one just saved)."""
-    if state.step not in run.manager.all_steps():
+def _stop_on_signal(run: Run, state: RunState, signum: int, summary: dict, *, saved: bool):
+    """Checkpoint the state at this step boundary (unless it is saved already)."""
+    if not saved:
         checkpoint.save(run.manager, state)
     name = signal.Signals(signum).name
     summary.update(preempted=name, stopped_after=state.step)
