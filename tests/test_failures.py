@@ -199,6 +199,23 @@ def test_start_up_errors_are_one_line_and_early(tmp_path, case):
         assert not (workdir / "data").exists() and not (workdir / "tokenizer").exists()
 
 
+def test_a_thread_left_running_cannot_keep_the_process_alive():
+    """The entry point's last resort against hangs at exit (the orbax hang was one)."""
+    code = (
+        "import threading, time\n"
+        "from gspo_jax import main\n"
+        "main.SHUTDOWN_GRACE_S = 1.0\n"
+        "threading.Thread(target=time.sleep, args=(600,)).start()  # not a daemon\n"
+        "main._exit(3)\n"
+    )
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 3 and time.monotonic() - start < 30
+    assert "still shutting down after 1 s" in proc.stderr
+
+
 SIGNAL_RUN = [
     *TINY,
     "--config.num_steps=200",  # far more than it will run
