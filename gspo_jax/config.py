@@ -261,6 +261,11 @@ def validate(config, *, num_devices: int | None = None, num_processes: int = 1) 
                 "of the unfiltered softmax(logits / temperature), but tokens were drawn from "
                 "the filtered distribution, so the importance ratio is biased."
             )
+    if config.sampling.temperature == 0 and g > 1:
+        _warn(
+            f"sampling.temperature=0 samples greedily: the {g} responses of a prompt are "
+            "identical, so group advantages are 0 and nothing is learned"
+        )
     if config.use_kl_loss and config.kl_loss_coef == 0:
         _warn("use_kl_loss=True with kl_loss_coef=0 adds nothing")
     if config.add_token_level_kl and config.token_level_kl_coef == 0:

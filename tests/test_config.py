@@ -360,6 +360,13 @@ def test_an_option_without_its_switch_warns(field, value, switch):
     _validate_quietly(c)
 
 
+def test_greedy_rollouts_warn():
+    c = base.get_config()
+    c.sampling.temperature = 0.0
+    with pytest.warns(ConfigWarning, match=r"the 8 responses of a prompt are identical"):
+        validate(c)
+
+
 def test_reward_specs_are_checked_at_start_up():
     c = base.get_config()
     c.reward.spec = "math:1.0,no_such_reward:0.1"
