@@ -16,14 +16,16 @@ import pytest
 from test_train import TINY, _tiny_config
 from tiny_flags import metrics_by_step
 
-from gspo_jax import preemption, rollout, train
+from gspo_jax import rollout, train
 from gspo_jax.config import ConfigError
-from gspo_jax.rewards import RewardError, build_reward
+from gspo_jax.rewards import build_reward
 
 # ----------------------------------------------------------------------------- signals
 
 
 def test_first_signal_asks_to_stop_the_second_stops_at_once():
+    from gspo_jax import preemption
+
     previous = signal.getsignal(signal.SIGTERM)
     with preemption.StopOnSignal() as stop:
         assert stop.requested() == 0
@@ -51,6 +53,7 @@ def test_first_signal_asks_to_stop_the_second_stops_at_once():
 def test_a_verifier_that_always_raises_stops_the_run_with_its_error(caplog):
     """It used to score 0 everywhere, train nothing and exit 0, the exception logged nowhere."""
     import gspo_jax.rewards.testing  # noqa: F401  (registers test_raise / test_chaos)
+    from gspo_jax.rewards import RewardError
 
     scorer = rollout.Scorer(build_reward("test_raise"), "mask")
     with pytest.raises(RewardError, match=r"failed on all 3 responses.*deliberate failure"):
