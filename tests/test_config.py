@@ -307,7 +307,7 @@ def test_multi_process_prompt_batches_must_split_over_devices():
         ("reward.num_workers", -1, r"reward.num_workers=-1 must be a non-negative integer"),
         ("reward.timeout_s", 0.0, r"reward.timeout_s=0.0 must be a finite number > 0"),
         ("logprob_chunk_size", 0, r"logprob_chunk_size=0 must be a positive integer"),
-        ("clip_high", float("nan"), r"clip_high=nan"),
+        ("clip_high", float("inf"), r"clip_high=inf"),
         ("sampling.temperature", float("nan"), r"temperature=nan"),
         ("seed", -1, r"seed=-1"),
         ("warm_start.teacher_error_rate", 1.5, r"teacher_error_rate=1.5"),
