@@ -5,15 +5,18 @@ module is the one place a config is read into the arguments of the pieces it dri
 
   validate(config)                     before anything is compiled or loaded
   model_config(config, tokenizer)      the policy architecture (scratch or Hugging Face)
+  check_model_against_tokenizer(...)   tokenizer ids inside the model's vocabulary
   step_config(config, model_config)    the train step's static StepConfig
   advantage_kwargs(config)             compute_advantages' options (ROLL's names)
   sampler_kwargs(config, greedy=)      sampling.sample's options
   batch_sizes(config)                  responses, mini-batch and micro-batch sizes
 
 Valid names are read from the registries that define them (objectives, advantages, optim,
-models, data), never restated here. Errors name the field and list the valid values;
-settings that are legal but far from the paper's (GSPO with a GRPO-sized clip range, GSPO
-with a token-sum aggregation) warn with the paper's values.
+models, data), never restated here. Errors name the field and list the valid values; every
+number must be finite and in its range (NaN compares False, so it is named here instead of
+becoming a NaN loss). Settings that are legal but far from the paper's (GSPO with a
+GRPO-sized clip range, GSPO with a token-sum aggregation) warn with the paper's values, and
+so does an option set while its switch is off (docs/failures.md).
 """
 
 from __future__ import annotations

@@ -130,6 +130,11 @@ def setup(config, workdir: str, *, allow_config_change: bool = False) -> Run:
     tokenizer = _tokenizer(c, workdir)
     model_config = config_lib.model_config(c, tokenizer)
     config_lib.check_model_against_tokenizer(c, model_config, tokenizer)
+    if c.model.routing_replay and model_config.num_experts == 0:
+        raise config_lib.ConfigError(
+            f"config.model.routing_replay needs a Mixture-of-Experts model; "
+            f"{c.model.hf_path or 'the scratch model'} has none"
+        )
     spec = data.get_spec(c.data.name)
     sources = _sources(c, workdir)
     instruction = data.DEFAULT_INSTRUCTION if c.data.instruction is None else c.data.instruction
@@ -143,11 +148,6 @@ def setup(config, workdir: str, *, allow_config_change: bool = False) -> Run:
     train_data = data.prepare_prompts(sources[c.data.train_split], tokenizer, **prompt_kwargs)
     local_prompts = c.rollout_batch_size // jax.process_count()
 
-    if c.model.routing_replay and model_config.num_experts == 0:
-        raise config_lib.ConfigError(
-            f"config.model.routing_replay needs a Mixture-of-Experts model; "
-            f"{c.model.hf_path or 'the scratch model'} has none"
-        )
     step_config = config_lib.step_config(c, model_config)
     tx = optim.make_optimizer(c.optim, c.num_steps * c.ppo_epochs * c.num_mini_batches)
     abstract_params = models.abstract_params(model_config)
