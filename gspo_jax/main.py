@@ -58,6 +58,7 @@ log = logging.getLogger("gspo_jax.main")
 # Seconds the interpreter may take to shut down after main returns before it is ended.
 SHUTDOWN_GRACE_S = 30.0
 EXIT_ERROR, EXIT_USAGE = 1, 2
+MAX_LINE = 1000  # characters of an error's one line
 
 
 def _init_distributed() -> None:
@@ -159,6 +160,8 @@ def _report(error: BaseException) -> int:
 
     usage = isinstance(error, (ConfigError, app.UsageError))
     text = " ".join(str(error).split()) or type(error).__name__
+    if len(text) > MAX_LINE:  # the whole message is in the traceback file
+        text = text[: MAX_LINE - 3] + "..."
     if not usage and not isinstance(error, (ValueError, OSError, RuntimeError, KeyError)):
         text = f"{type(error).__name__}: {text}"
     trace = "".join(traceback.format_exception(error))
