@@ -67,7 +67,7 @@ def prepare(workdir: str, checkpoint_dir: str) -> None:
     either is not a directory or the checkpoint directory cannot be written. Every process
     probes (each writes its own checkpoint files) and all agree on the outcome."""
     problem = None
-    for flag, path in (("--workdir", workdir), ("its checkpoint directory", checkpoint_dir)):
+    for flag, path in (("--workdir", workdir), ("the checkpoint directory", checkpoint_dir)):
         if os.path.exists(path) and not os.path.isdir(path):
             problem = f"{flag} {path} is a file, not a directory"
             break
