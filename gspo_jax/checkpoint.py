@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import io
 import logging
 import os
 import sys
@@ -287,21 +288,27 @@ def _move_aside(manager, step: int) -> None:
 @contextlib.contextmanager
 def _quiet_orbax_failures():
     """A damaged file makes tensorstore's reads fail inside orbax's asyncio tasks, which
-    then print hundreds of "Event loop is closed" / "Exception ignored in" lines at garbage
-    collection. The one-line reason is reported by the caller: hold those back."""
-    hook = sys.unraisablehook
+    then print dozens to hundreds of "Event loop is closed" tracebacks (from callback
+    threads, straight to sys.stderr) and "Task exception was never retrieved" (at garbage
+    collection). The caller reports the one-line reason; this holds the rest back, logged at
+    DEBUG level instead (nothing is lost)."""
+    hook, stderr = sys.unraisablehook, sys.stderr
     loggers = [logging.getLogger(name) for name in ("absl", "asyncio")]
     levels = [logger.level for logger in loggers]
+    held = io.StringIO()
     sys.unraisablehook = lambda unraisable: None
+    sys.stderr = held
     for logger in loggers:
         logger.setLevel(logging.CRITICAL)
     try:
         yield
     finally:
         gc.collect()  # the failed tasks and coroutines are finalised here, silently
-        sys.unraisablehook = hook
+        sys.unraisablehook, sys.stderr = hook, stderr
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
+        if held.getvalue():
+            log.debug("held back while restoring a checkpoint:\n%s", held.getvalue())
 
 
 # ------------------------------------------------------------------------------ digests

@@ -103,7 +103,7 @@ def _swap_arrays(directory, step, other):
 @pytest.mark.parametrize(
     "damage", ["swapped", "flip", "truncate", "garbage_meta", "garbage_metadata"]
 )
-def test_a_damaged_checkpoint_falls_back_to_the_previous_one(tiny, tmp_path, damage, caplog):
+def test_a_damaged_checkpoint_falls_back_to_the_previous_one(tiny, tmp_path, damage, caplog, capfd):
     """Flipped bytes used to restore silently (orbax checksums only the shard index);
     truncated files and garbage metadata failed without a fallback, under hundreds of
     lines of asyncio noise."""
@@ -123,6 +123,8 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(tiny, tmp_path, dam
         _write(os.path.join(directory, "2", "state", "_METADATA"), "garbage{")
     with caplog.at_level(logging.WARNING, logger="gspo_jax.checkpoint"):
         restored = _restore(directory, abstract)
+    noise = capfd.readouterr().err
+    assert "Event loop is closed" not in noise and "Traceback" not in noise, noise[-2000:]
     assert restored.step == 1 and restored.data == "d1"
     assert restored.origin.startswith("checkpoint 1 in ")
     for got, want in zip(
