@@ -82,11 +82,9 @@ def _init_distributed() -> None:
 
 
 def _load_config():
-    """The parsed --config, or a one-line UsageError naming the file."""
+    """The parsed --config, or a one-line UsageError naming the file (parse_flags has
+    checked that it exists)."""
     given = config_flags.get_config_filename(flags.FLAGS["config"])
-    path = given if os.path.isfile(given) else given.split(":", 1)[0]  # file.py:arg
-    if not os.path.isfile(path):
-        raise app.UsageError(f"--config={given}: no such file {path}")
     try:
         return _CONFIG.value
     except Exception as e:
@@ -128,11 +126,13 @@ def run(argv) -> int:
 
 
 def parse_flags(argv):
-    """absl's flag parsing, its errors on one line (a config file whose get_config raises is
-    parsed here: its traceback's last line is the cause)."""
+    """absl's flag parsing, its errors on one line. A missing --config file is named first
+    (ml_collections reports it lazily, at whichever override touches the config); a config
+    file whose get_config raises is parsed here too: its traceback's last line is the cause."""
+    _check_config_file(argv)
     try:
         return flags.FLAGS(argv)
-    except flags.Error as e:
+    except Exception as e:  # noqa: BLE001 - flags.Error, or a config file's own error
         lines = [x.strip() for x in str(e).splitlines() if x.strip()]
         text = lines[0] if lines else type(e).__name__
         if "--debug" in argv or "--debug=true" in argv:
@@ -141,6 +141,20 @@ def parse_flags(argv):
             text = f"{text} {lines[-1]}"
         print(f"gspo_jax: error: {text}", file=sys.stderr, flush=True)
         sys.exit(EXIT_USAGE)
+
+
+def _check_config_file(argv) -> None:
+    for i, arg in enumerate(argv):
+        if arg.startswith("--config="):
+            given = arg.split("=", 1)[1]
+        elif arg == "--config" and i + 1 < len(argv):
+            given = argv[i + 1]
+        else:
+            continue
+        path = given if os.path.isfile(given) else given.split(":", 1)[0]  # file.py:arg
+        if not os.path.isfile(path):
+            print(f"gspo_jax: error: --config={given}: no such file", file=sys.stderr, flush=True)
+            sys.exit(EXIT_USAGE)
 
 
 def main(argv) -> None:

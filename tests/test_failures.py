@@ -5,6 +5,7 @@ on the tiny model of tests/tiny_flags.py."""
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -174,11 +175,9 @@ def test_start_up_errors_are_one_line_and_early(tmp_path, case):
     workdir, flags, config, status = tmp_path / "run", [], "configs/default.py", 2
     if case == "nan_lr":
         flags, want = ["--config.optim.learning_rate=nan"], r"config.optim.learning_rate=nan must"
-    elif case == "missing_config":
-        config, want = (
-            "configs/no_such_config.py",
-            r"--config=configs/no_such_config.py: no such file",
-        )
+    elif case == "missing_config":  # with an override, which used to fail at the override
+        config, flags = "configs/no_such_config.py", ["--config.num_steps=3"]
+        want = r"--config=configs/no_such_config.py: no such file"
     elif case == "config_argument":
         config = "configs/gspo_paper.py:hf_path=/ckpt"
         want = r"--config=configs/gspo_paper.py:hf_path=/ckpt: .*ValueError: .*needs manual_dir"
@@ -196,7 +195,7 @@ def test_start_up_errors_are_one_line_and_early(tmp_path, case):
     start = time.monotonic()
     proc = _main(workdir, *flags, config=str(config), timeout=120)
     assert proc.returncode == status, proc.stderr[-3000:]
-    assert __import__("re").search(want, _error_line(proc)), proc.stderr[-2000:]
+    assert re.search(want, _error_line(proc)), proc.stderr[-2000:]
     assert time.monotonic() - start < 60
     if workdir.is_dir():  # nothing was prepared
         assert not (workdir / "data").exists() and not (workdir / "tokenizer").exists()
