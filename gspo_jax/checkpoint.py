@@ -35,6 +35,7 @@ import io
 import logging
 import os
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -300,10 +301,20 @@ def _quiet_orbax_failures():
     sys.stderr = held
     for logger in loggers:
         logger.setLevel(logging.CRITICAL)
+    failed = True
     try:
         yield
+        failed = False
     finally:
-        gc.collect()  # the failed tasks and coroutines are finalised here, silently
+        # The failed reads' callbacks keep firing for a moment after orbax gives up: hold
+        # stderr until they stop (at most a few seconds, and only when something failed).
+        deadline, quiet, size = time.monotonic() + 3.0, 0, -1
+        while (failed or held.tell()) and quiet < 3 and time.monotonic() < deadline:
+            gc.collect()  # the failed tasks and coroutines are finalised here, silently
+            quiet = quiet + 1 if held.tell() == size else 0
+            size = held.tell()
+            time.sleep(0.1)
+        gc.collect()
         sys.unraisablehook, sys.stderr = hook, stderr
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
