@@ -387,6 +387,7 @@ def _ranges(config) -> None:
     _positive_int(config, "checkpoint.max_to_keep")
 
     _int(config, "reward.num_workers", minimum=0)
+    _int(config, "reward.max_failed_rollouts", minimum=0)
     _number(config, "reward.timeout_s", low=0.0, low_open=True)
 
 

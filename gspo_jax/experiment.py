@@ -189,7 +189,11 @@ def setup(config, workdir: str, *, allow_config_change: bool = False) -> Run:
         logprobs_fn=make_logprobs_fn(step_config, return_routing=True),
         advantage_fn=rollout.make_advantage_fn(c),
         reward=rollout.Scorer(
-            build_reward(c.reward.spec), c.invalid_reward, timeout_s=timeout, pool=pool
+            build_reward(c.reward.spec),
+            c.invalid_reward,
+            timeout_s=timeout,
+            pool=pool,
+            max_failed_batches=c.reward.max_failed_rollouts,
         ),
         # Accuracy counts a failed verification as wrong (0), never as missing.
         accuracy=rollout.Scorer(

@@ -35,7 +35,7 @@ from gspo_jax import sharding as sharding_lib
 from gspo_jax.config import advantage_kwargs
 from gspo_jax.masked import masked_mean
 from gspo_jax.rewards import score_batch
-from gspo_jax.rewards.scoring import HARD_FAILURES, FailureLog, raise_if_all_failed
+from gspo_jax.rewards.scoring import HARD_FAILURES, FailureLog, raise_all_failed
 
 
 def bucket_prompts(tokens_NP: np.ndarray, mask_NP: np.ndarray, buckets) -> tuple:
@@ -60,15 +60,21 @@ def decode_responses(tokenizer, tokens_BT: np.ndarray, mask_BT: np.ndarray) -> l
 class Scorer:
     """A reward function bound to its failure rule, timeout and worker pool.
 
-    Each distinct failure message is logged once; a batch in which every call failed in a
-    hard way (raised, non-number, NaN: `rewards.HARD_FAILURES`) over all processes raises
-    `rewards.RewardError` on every process (one small all-reduce per call)."""
+    Each distinct failure message is logged once. With `max_failed_batches=k`, k batches
+    in a row in which every call failed in a hard way (raised, non-number, NaN:
+    `rewards.HARD_FAILURES`), counted over all processes, raise `rewards.RewardError` on
+    every process (one small all-reduce per call): such a batch has no reward signal at
+    all, so a verifier that keeps failing trains nothing."""
 
-    def __init__(self, reward_fn, invalid_reward: str, *, timeout_s=None, pool=None):
+    def __init__(
+        self, reward_fn, invalid_reward: str, *, timeout_s=None, pool=None, max_failed_batches=None
+    ):
         self.reward_fn = reward_fn
         self.invalid_reward = invalid_reward
         self.timeout_s = timeout_s
         self.pool = pool
+        self.max_failed_batches = max_failed_batches or None
+        self.failed_batches = 0  # consecutive batches in which every call failed
         self.what = repr(getattr(reward_fn, "spec", getattr(reward_fn, "__name__", reward_fn)))
         self.log_failures = FailureLog(self.what)
 
@@ -84,9 +90,13 @@ class Scorer:
             pool=self.pool,
         )
         self.log_failures(stats)
-        hard = sum(stats.get(k, 0) for k in HARD_FAILURES)
-        num_items, num_hard = sharding_lib.host_sum(np.array([len(rewards), hard], np.int64))
-        raise_if_all_failed(int(num_items), int(num_hard), stats, what=self.what)
+        if self.max_failed_batches is not None:
+            hard = sum(stats.get(k, 0) for k in HARD_FAILURES)
+            items, failed = sharding_lib.host_sum(np.array([len(rewards), hard], np.int64))
+            all_failed = bool(items) and failed == items
+            self.failed_batches = self.failed_batches + 1 if all_failed else 0
+            if self.failed_batches >= self.max_failed_batches:
+                raise_all_failed(int(items), self.failed_batches, stats, what=self.what)
         return rewards, valid, stats
 
 

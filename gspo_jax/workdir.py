@@ -50,6 +50,7 @@ FREE_ON_RESUME = (
     "checkpoint.export_hf",
     "reward.num_workers",
     "reward.timeout_s",
+    "reward.max_failed_rollouts",
     "data.data_dir",  # the prepared data's content is checked by the iterator's fingerprint
     "data.manual_dir",  # and by the manual files' digests (data/build.py)
     "mesh.",  # same math; float sums may round differently on another mesh

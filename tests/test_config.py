@@ -306,6 +306,7 @@ def test_multi_process_prompt_batches_must_split_over_devices():
         ("eval.every_steps", -1, r"eval.every_steps=-1"),
         ("reward.num_workers", -1, r"reward.num_workers=-1 must be a non-negative integer"),
         ("reward.timeout_s", 0.0, r"reward.timeout_s=0.0 must be a finite number > 0"),
+        ("reward.max_failed_rollouts", -1, r"max_failed_rollouts=-1 must be a non-negative"),
         ("logprob_chunk_size", 0, r"logprob_chunk_size=0 must be a positive integer"),
         ("clip_high", float("inf"), r"clip_high=inf"),
         ("sampling.temperature", float("nan"), r"temperature=nan"),

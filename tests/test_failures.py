@@ -52,22 +52,30 @@ def test_first_signal_asks_to_stop_the_second_stops_at_once():
 
 
 def test_a_verifier_that_always_raises_stops_the_run_with_its_error(caplog):
-    """It used to score 0 everywhere, train nothing and exit 0, the exception logged nowhere."""
+    """It used to score 0 everywhere, train nothing and exit 0, the exception logged nowhere.
+    Now each distinct message is logged once, and `max_failed_batches` batches in a row with
+    every call failed stop the run quoting it (batches with a success reset the count)."""
     import gspo_jax.rewards.testing  # noqa: F401  (registers test_raise / test_chaos)
     from gspo_jax.rewards import RewardError
 
-    scorer = rollout.Scorer(build_reward("test_raise"), "mask")
-    with pytest.raises(RewardError, match=r"failed on all 3 responses.*deliberate failure"):
-        scorer.score([""] * 3, ["a", "b", "c"], [""] * 3)
-    # Some failures: the run goes on, and each distinct message is logged once.
-    scorer = rollout.Scorer(build_reward("test_chaos"), "mask")
+    scorer = rollout.Scorer(build_reward("test_chaos"), "mask", max_failed_batches=2)
+    args = ([""] * 3, [""] * 3)
     with caplog.at_level(logging.WARNING, logger="gspo_jax.rewards.scoring"):
-        for _ in range(2):
-            _, valid, _ = scorer.score([""] * 3, ["ok:1", "raise", "nan"], [""] * 3)
-    np.testing.assert_array_equal(valid, [True, False, False])
+        scorer.score(args[0], ["raise", "nan", "str"], args[1])  # all failed: 1 in a row
+        _, valid, _ = scorer.score(args[0], ["ok:1", "raise", "nan"], args[1])  # resets
+        np.testing.assert_array_equal(valid, [True, False, False])
+        scorer.score(args[0], ["raise", "raise", "nan"], args[1])  # 1 in a row
+        with pytest.raises(
+            RewardError, match=r"every response of 2 batch\(es\) in a row.*deliberate failure"
+        ):
+            scorer.score(args[0], ["raise", "raise", "raise"], args[1])
     logged = [r.getMessage() for r in caplog.records if "test_chaos" in r.getMessage()]
     assert sum("RuntimeError: deliberate failure" in m for m in logged) == 1, logged
     assert sum("non-finite" in m for m in logged) == 1, logged
+    assert sum("non-numeric" in m for m in logged) == 1, logged
+    never = rollout.Scorer(build_reward("test_raise"), "zero")  # the accuracy scorer's setting
+    for _ in range(3):
+        never.score(args[0], ["a", "b", "c"], args[1])
 
 
 # ------------------------------------------------------------------ weights and tokens

@@ -76,17 +76,17 @@ class FailureLog:
             log.warning("reward %s failed on an item%s: %s", self.what, more, text)
 
 
-def raise_if_all_failed(num_items: int, num_hard: int, stats: dict, *, what: str) -> None:
-    """RewardError when all `num_items` items (of every process) failed in a hard way,
-    quoting one of this process's messages."""
-    if not num_items or num_hard < num_items:
-        return
+def raise_all_failed(num_items: int, batches: int, stats: dict, *, what: str) -> None:
+    """RewardError: every call of the last `batches` batches (`num_items` in the last, over
+    all processes) failed in a hard way; quotes one of this process's messages."""
     example = next(iter(stats.get("messages", {}).values()), "see the other processes' logs")
     counts = ", ".join(f"{k[4:]}={stats.get(k, 0)}" for k in HARD_FAILURES)
     raise RewardError(
-        f"reward {what} failed on all {num_items} responses ({counts} on this process): "
-        f"{example}. A verifier that never succeeds cannot train anything; fix it (or test "
-        "it with gspo_jax.rewards.score_batch on a few completions)"
+        f"reward {what} failed on every response of {batches} batch(es) in a row ({num_items} "
+        f"in the last; {counts} on this process): {example}. Such batches carry no reward "
+        "signal, so nothing is learned; fix the verifier (try it with "
+        "gspo_jax.rewards.score_batch on a few completions), or raise "
+        "config.reward.max_failed_rollouts"
     )
 
 
