@@ -289,15 +289,16 @@ def _move_aside(manager, step: int) -> None:
 @contextlib.contextmanager
 def _quiet_orbax_failures():
     """A damaged file makes tensorstore's reads fail inside orbax's asyncio tasks, which
-    then print dozens to hundreds of "Event loop is closed" tracebacks (from callback
-    threads, straight to sys.stderr) and "Task exception was never retrieved" (at garbage
-    collection). The caller reports the one-line reason; this holds the rest back, logged at
-    DEBUG level instead (nothing is lost)."""
+    then print dozens to hundreds of "Event loop is closed" tracebacks (unraisable errors of
+    callback threads that fire after orbax closed its loop, some seconds later) and "Task
+    exception was never retrieved" (at garbage collection). The caller reports the one-line
+    reason; this holds the rest back (logged at DEBUG level) and, after a failure, keeps
+    dropping that one late error for good (`_drop_late_event_loop_errors`)."""
     hook, stderr = sys.unraisablehook, sys.stderr
     loggers = [logging.getLogger(name) for name in ("absl", "asyncio")]
     levels = [logger.level for logger in loggers]
-    held = io.StringIO()
-    sys.unraisablehook = lambda unraisable: None
+    held, swallowed = io.StringIO(), []
+    sys.unraisablehook = swallowed.append
     sys.stderr = held
     for logger in loggers:
         logger.setLevel(logging.CRITICAL)
@@ -311,15 +312,39 @@ def _quiet_orbax_failures():
         deadline, quiet, size = time.monotonic() + 3.0, 0, -1
         while (failed or held.tell()) and quiet < 3 and time.monotonic() < deadline:
             gc.collect()  # the failed tasks and coroutines are finalised here, silently
-            quiet = quiet + 1 if held.tell() == size else 0
-            size = held.tell()
+            quiet = quiet + 1 if held.tell() + len(swallowed) == size else 0
+            size = held.tell() + len(swallowed)
             time.sleep(0.1)
         gc.collect()
         sys.unraisablehook, sys.stderr = hook, stderr
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
-        if held.getvalue():
-            log.debug("held back while restoring a checkpoint:\n%s", held.getvalue())
+        if failed or held.tell() or swallowed:
+            _drop_late_event_loop_errors()
+        if held.getvalue() or swallowed:
+            log.debug(
+                "held back while restoring a checkpoint (%d unraisable):\n%s",
+                len(swallowed),
+                held.getvalue(),
+            )
+
+
+def _drop_late_event_loop_errors() -> None:
+    """From now on, drop (only) the "Event loop is closed" errors that a failed restore's
+    tensorstore callbacks raise when they fire after orbax closed its loop, possibly seconds
+    later; every other unraisable exception still reaches the previous hook."""
+    previous = sys.unraisablehook
+    if getattr(previous, "gspo_jax_filter", False):
+        return
+
+    def hook(unraisable):
+        error = unraisable.exc_value
+        if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+            return
+        previous(unraisable)
+
+    hook.gspo_jax_filter = True
+    sys.unraisablehook = hook
 
 
 # ------------------------------------------------------------------------------ digests
