@@ -1,16 +1,14 @@
 """Forward and forward+backward throughput of a small dense and a small MoE model.
 
 For each config: tokens/s of the jitted `models.forward` and of `jax.value_and_grad` of
-a next-token cross-entropy through it, the analytic FLOPs per token, the achieved FLOP/s
+a next-token cross-entropy through it, the model FLOPs per token, the achieved FLOP/s
 and its ratio to this machine's f32 matmul FLOP/s (a 2048³ matmul timed right after each
 measurement in the same run: absolute times on a shared machine drift, ratios less so).
 
-FLOPs per token (PaLM-style, counting what runs):
-    forward          2·N_active + 4·n_layers·H·C·L
-    forward+backward 3 × forward  (= 6·N_active + 12·n_layers·H·C·L)
-N_active = matmul parameters a token touches (q/k/v/o, dense MLP, router, top-k experts
-only, the unembedding; not the embedding lookup); the attention term counts the full
-L×L score and value matmuls the einsum executes (causal masking does not skip any).
+FLOPs: the model FLOPs of benchmarks/common.py (the same model every benchmark uses):
+forward = 2·N_active + 2·D·V (every position gets logits here) + causal attention over
+L/2 keys on average; forward+backward = 3 × forward. N_active = matmul parameters a
+token touches in the layer stack (q/k/v/o, dense MLP, router, top-k experts only).
 
 The dense and MoE configs have the same active MLP width (dense F = 1024; MoE 16 experts
 of F = 512, top-2), so their FLOPs per token nearly match and the ratio shows the cost of
@@ -29,9 +27,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
-import time
 
+import common
 import jax
 import jax.numpy as jnp
 
@@ -60,36 +57,6 @@ MOE = dataclasses.replace(
 )
 
 
-def timed(fn, *args, reps: int) -> float:
-    """Median wall seconds of fn(*args) after one warm-up (compile) call."""
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def matmul_flops_per_s(n: int = 2048, reps: int = 5) -> float:
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
-    mm = jax.jit(jnp.matmul)
-    return 2 * n**3 / timed(mm, a, b, reps=reps)
-
-
-def flops_per_token(cfg: models.ModelConfig, seq: int) -> float:
-    """Forward FLOPs per token: 2·N_active (matmul params) + 4·n_layers·H·C·L."""
-    n_active = models.param_count(cfg, active=True)
-    n_active -= cfg.vocab_size * cfg.hidden_size * (0 if cfg.tie_word_embeddings else 1)
-    # Norm scales and biases are not matmul weights.
-    d, c = cfg.hidden_size, cfg.head_dim
-    norms = cfg.num_layers * (2 * d + (2 * c if cfg.qk_norm else 0)) + d
-    n_active -= norms
-    attention = 4 * cfg.num_layers * cfg.num_heads * c * seq
-    return 2 * n_active + attention
-
-
 def bench(name: str, cfg: models.ModelConfig, batch: int, seq: int, reps: int):
     params = jax.jit(models.init_params, static_argnums=0)(cfg, jax.random.key(0))
     tokens = jax.random.randint(jax.random.key(1), (batch, seq), 0, cfg.vocab_size)
@@ -103,12 +70,12 @@ def bench(name: str, cfg: models.ModelConfig, batch: int, seq: int, reps: int):
     fwd = jax.jit(lambda p: models.forward(cfg, p, tokens, mask))
     fwd_bwd = jax.jit(jax.value_and_grad(loss))
     n_tokens = batch * seq
-    per_token = flops_per_token(cfg, seq)
+    per_token = common.forward_flops(cfg, 1, seq, seq) / seq
     rows = []
     for label, fn, mult in (("fwd", fwd, 1), ("fwd+bwd", fwd_bwd, 3)):
-        seconds = timed(fn, params, reps=reps)
+        seconds = common.median_seconds(fn, params, reps=reps)
         # The machine is shared: measure the matmul reference right next to each timing.
-        peak = matmul_flops_per_s()
+        peak = common.matmul_rate()
         achieved = mult * per_token * n_tokens / seconds
         rows.append(
             (

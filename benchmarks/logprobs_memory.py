@@ -14,7 +14,7 @@ the achieved FLOP/s over this machine's f32 matmul FLOP/s (a 2048^3 matmul timed
 rounds). "useful" FLOPs are the 3 matmuls of forward + backward (6·N·D·V); the chunked
 variants also recompute the logits (8·N·D·V executed).
 
-Target (DESIGN.md §5): chunked memory <= 1/8 of naive at <= 1.3x its time.
+Target (docs/architecture.md, performance rules): chunked memory <= 1/8 of naive at <= 1.3x its time.
 
     python benchmarks/logprobs_memory.py            # small, then large (V = 151,936) with a
                                                     # chunk-size sweep: ~5 min on 2 idle CPU
@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
+import common
 import jax
 import jax.numpy as jnp
 
@@ -108,25 +108,12 @@ def make_step(fn):
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
 
 
-def matmul_step():
-    n = 2048
-    a = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
-    b = jax.random.normal(jax.random.key(2), (n, n), jnp.float32)
-    return jax.jit(jnp.matmul).lower(a, b).compile(), (a, b), 2 * n**3
-
-
 def inputs(B, T, D, V):
     k_h, k_w, k_y = jax.random.split(jax.random.key(0), 3)
     hidden_BTD = jax.random.normal(k_h, (B, T, D), jnp.float32)
     unembed_DV = jax.random.normal(k_w, (D, V), jnp.float32) * D**-0.5
     targets_BT = jax.random.randint(k_y, (B, T), 0, V)
     return hidden_BTD, unembed_DV, targets_BT
-
-
-def wall(f, args) -> float:
-    t0 = time.perf_counter()
-    jax.block_until_ready(f(*args))
-    return time.perf_counter() - t0
 
 
 def gib(x: float) -> str:
@@ -151,17 +138,17 @@ def compare(name, shape, variants, warmup, repeats):
         compiled[label] = make_step(fn).lower(*args).compile()
         temp[label] = compiled[label].memory_analysis().temp_size_in_bytes
     timed = [label for label, _, _, is_timed in variants if is_timed]
-    mm, mm_args, mm_flops = matmul_step()
+    mm, mm_args, mm_flops = common.matmul_fn(2048)
     for _ in range(warmup):
-        wall(mm, mm_args)
+        common.seconds(mm, *mm_args)
         for label in timed:
-            wall(compiled[label], args)
+            common.seconds(compiled[label], *args)
     times = {label: [] for label in timed}
     mm_rates = []
     for _ in range(repeats):
-        mm_rates.append(mm_flops / min(wall(mm, mm_args) for _ in range(3)))
+        mm_rates.append(mm_flops / min(common.seconds(mm, *mm_args) for _ in range(3)))
         for label in timed:
-            times[label].append(wall(compiled[label], args))
+            times[label].append(common.seconds(compiled[label], *args))
     rate = statistics.median(mm_rates)
     print(
         f"f32 matmul 2048^3, median over the rounds: {rate / 1e9:.1f} GFLOP/s; "

@@ -4,15 +4,15 @@
   python benchmarks/rl_step.py --preset=qwen3_0p6b     # Qwen3-0.6B shapes (GPU/TPU)
 
 Everything is a ratio measured in the same run, because shared machines drift:
-  train MFU     model FLOPs of one jitted train step (6·N per token for the matmul
-                parameters, the unembedding on response tokens only, causal attention;
-                rematerialisation and the log-prob backward's logit recompute NOT counted)
-                divided by wall time, over this machine's measured bf16 (or f32 on CPU)
-                matmul rate;
+  train MFU     model FLOPs of one jitted train step (benchmarks/common.py: 6·N per token
+                for the matmul parameters, the unembedding on response tokens only, causal
+                attention; rematerialisation and the log-prob backward's logit recompute
+                NOT counted) divided by wall time, over this machine's measured bf16 (or f32
+                on CPU) matmul rate;
   sampler       generated tokens/s of `sampling.sample` (N prompts x G samples, one prefill
-                per prompt), the decode step's time over its FLOP floor (2·N_matmul·B plus
-                attention over the cache, at the measured matmul rate), and prefill+decode
-                against a per-token Python loop over `models.decode_step` when --baseline.
+                per prompt), the decode step's time over its FLOP floor (one step's FLOPs
+                attending to the mean cache length, at the measured matmul rate), and
+                against a per-token Python loop over the model's decode step (--baseline).
 Random weights (the numbers do not depend on them); nothing is downloaded.
 """
 
@@ -21,15 +21,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import time
 
+import common
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+from configs import base
 from gspo_jax import models, sampling
-from gspo_jax.train_step import StepConfig, TrainState, make_train_step
+from gspo_jax.config import step_config
+from gspo_jax.train_step import TrainState, make_train_step
 
 PRESETS = {
     "tiny": {
@@ -80,67 +82,16 @@ PRESETS = {
 }
 
 
-def _time(fn, *args, repeats=3):
-    out = fn(*args)
-    jax.block_until_ready(out)
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        out = fn(*args)
-        jax.block_until_ready(out)
-        times.append(time.perf_counter() - t)
-    return float(np.median(times)), out
-
-
-def matmul_rate(dtype: str) -> float:
-    n = 8192 if jax.default_backend() != "cpu" else 2048
-    a = jnp.ones((n, n), dtype)
-    b = jnp.ones((n, n), dtype)
-    f = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
-    t, _ = _time(f, a, b, repeats=5)
-    return 2 * n**3 / t
-
-
-def matmul_params(cfg: models.ModelConfig) -> int:
-    """Parameters used in matmuls per token, excluding the unembedding (counted apart)."""
-    d, h, k, c, f = (
-        cfg.hidden_size,
-        cfg.num_heads,
-        cfg.num_kv_heads,
-        cfg.head_dim,
-        cfg.intermediate_size,
-    )
-    attn = d * h * c * 2 + d * k * c * 2
-    mlp = 3 * d * (cfg.moe_intermediate_size * cfg.num_experts_per_tok if cfg.num_experts else f)
-    return cfg.num_layers * (attn + mlp)
-
-
-def attention_flops_per_token(cfg, context: float) -> float:
-    """q·k and p·v over `context` keys (forward), per token."""
-    return cfg.num_layers * 4 * cfg.num_heads * cfg.head_dim * context
-
-
-def train_flops(cfg, batch: int, prompt_len: int, response_len: int) -> float:
-    """Model FLOPs of forward+backward of one pass over `batch` sequences (3x forward)."""
-    length = prompt_len + response_len
-    tokens = batch * length
-    forward = 2 * matmul_params(cfg) * tokens
-    forward += 2 * cfg.hidden_size * cfg.vocab_size * batch * response_len  # response logits
-    forward += attention_flops_per_token(cfg, length / 2) * tokens  # causal: half on average
-    return 3 * forward
-
-
 def bench_train(preset, cfg, rate):
     n, g = preset["prompts"], preset["group"]
     p, t = preset["prompt_len"], preset["response_len"]
     b = n * g
-    sc = StepConfig(
-        model=cfg,
-        num_mini_batches=4,
-        micro_batch_size=preset["micro"],
-        horizon=t,
-        logprob_chunk_size=512,
-    )
+    config = base.get_config()  # the train step at the defaults of configs/base.py, with:
+    config.num_mini_batches = 4
+    config.micro_batch_size = preset["micro"]
+    config.response_length = t
+    config.logprob_chunk_size = 512
+    sc = step_config(config, cfg)
     tx = optax.adamw(1e-6)
     params = jax.jit(models.init_params, static_argnums=0)(cfg, jax.random.PRNGKey(0))
     state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
@@ -153,18 +104,15 @@ def bench_train(preset, cfg, rate):
         "advantages": jnp.asarray(rng.normal(size=b), jnp.float32),
     }
     step = make_train_step(sc, tx, donate=True)
-    t0 = time.perf_counter()
-    state, metrics = step(state, batch)
-    jax.block_until_ready(metrics)
-    compile_s = time.perf_counter() - t0
-    times = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        state, metrics = step(state, batch)
-        jax.block_until_ready(metrics)
-        times.append(time.perf_counter() - t0)
-    seconds = float(np.median(times))
-    flops = train_flops(cfg, b, p, t)  # 4 mini-batches cover the batch once
+    holder = {"state": state}
+
+    def one_step():  # the state is donated: carry it from call to call
+        holder["state"], metrics = step(holder["state"], batch)
+        return metrics
+
+    compile_s = common.seconds(one_step)
+    seconds = common.median_seconds(one_step, reps=3, warmup=0)
+    flops = common.train_flops(cfg, b, p, t)  # 4 mini-batches cover the batch once
     return {
         "train/responses": b,
         "train/tokens": b * (p + t),
@@ -188,12 +136,11 @@ def bench_sampler(preset, cfg, rate, baseline: bool):
     def run(key):
         return sampling.sample(cfg, params, prompts, mask, key, **kwargs)
 
-    seconds, out = _time(run, jax.random.PRNGKey(0))
-    generated = int(np.asarray(out.mask).sum())
+    seconds = common.median_seconds(run, jax.random.PRNGKey(0))
+    generated = int(np.asarray(run(jax.random.PRNGKey(0)).mask).sum())
     b = n * g
-    # Decode floor: matmul FLOPs of one step for B rows plus attention over the cache.
-    step_flops = 2 * (matmul_params(cfg) + cfg.hidden_size * cfg.vocab_size) * b
-    step_flops += attention_flops_per_token(cfg, p + t / 2) * b
+    # Decode floor: one step's FLOPs for B rows, attending to the mean cache length.
+    step_flops = common.decode_step_flops(cfg, b, p + t / 2)
     result = {
         "sampler/rows": b,
         "sampler/generated_tokens": generated,
@@ -204,19 +151,8 @@ def bench_sampler(preset, cfg, rate, baseline: bool):
         "sampler/step_over_floor": (seconds / t) / (step_flops / rate),
     }
     if baseline:
-        cache0 = models.init_cache(cfg, b, p + t)
-        rows = jnp.asarray(np.repeat(prompts, g, 0))
-        rmask = jnp.asarray(np.repeat(mask, g, 0))
-
-        def loop():
-            logits, cache = models.prefill(cfg, params, rows, rmask, cache0)
-            tok = jnp.argmax(logits, -1)
-            for _ in range(t - 1):
-                logits, cache = models.decode_step(cfg, params, tok, cache)
-                tok = jnp.argmax(logits, -1)
-            return tok
-
-        loop_s, _ = _time(loop, repeats=1)
+        loop = common.python_loop_sampler(cfg, params, prompts, mask, g, t)
+        loop_s = common.median_seconds(loop, reps=1)
         result["sampler/python_loop_tokens_per_s"] = b * t / loop_s
         result["sampler/speedup_over_python_loop"] = loop_s / seconds
     return result
@@ -234,7 +170,9 @@ def main():
         **preset["model"], param_dtype="float32", dtype=preset["dtype"], remat=preset["remat"]
     )
     device = jax.devices()[0]
-    rate = matmul_rate(preset["dtype"] if jax.default_backend() != "cpu" else "float32")
+    rate = common.matmul_rate(
+        dtype=preset["dtype"] if jax.default_backend() != "cpu" else "float32"
+    )
     results = {
         "device": f"{device.platform}:{getattr(device, 'device_kind', '')}",
         "jax": jax.__version__,

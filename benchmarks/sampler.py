@@ -7,9 +7,9 @@ machine drift; ratios within a run do not):
   decode        ms per decode step of `sampling._decode` (B = N·G rows, eos_ids=() so every
                 row runs all T steps; T − 1 `models.decode_step_shared` steps, token 0 comes
                 from the prefill)
-  floor         per step 2·(matmul params)·B + 4·layers·H·C·S·B (q·k and p·v over the whole
-                cache of S = P + T slots), divided by the matmul rate. Matmul params = q/k/v/o,
-                MLP and the unembedding (not the embedding lookup)
+  floor         one step's model FLOPs (benchmarks/common.py: B rows through the layer
+                stack and the unembedding, attending to the mean cache length P + T/2),
+                divided by the matmul rate
   matmuls only  the step's weight matmuls alone (same shapes, same while_loop, nothing else):
                 what this machine's XLA:CPU reaches on [B, D] × [D, F] products; decode /
                 matmuls only is the per-round ratio of the two (attention, norms, sampling
@@ -23,8 +23,9 @@ machine drift; ratios within a run do not):
                 costs nothing), and G = 8 without sharing vs with
   tokens/s      whole `sample` calls (prefill + decode) vs (a) a naive loop: T jitted steps,
                 each re-running `models.forward` over the fixed padded [B, P + T] sequence
-                (one compile; 8 of its T steps timed, all cost the same) and (b) a per-token Python loop over `models.decode_step` (KV
-                cache, one dispatch per token: the dispatch-bound style)
+                (one compile; 8 of its T steps timed, all cost the same) and (b) a per-token
+                Python loop over the model's cached decode step (one dispatch per token:
+                the dispatch-bound style; `common.python_loop_sampler`)
 
 Decode rows are measured in interleaved rounds — each round times the matmul rate and then
 the decode — and report the median over rounds of the per-round ratio.
@@ -56,8 +57,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
+import common
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -77,46 +78,6 @@ MODEL = models.ModelConfig(
     tie_word_embeddings=True,
     max_position_embeddings=4096,
 )
-
-
-def median_time(fn, reps: int) -> float:
-    """Median wall seconds of fn() (fn blocks) after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def matmul_flops_per_s(n: int = 1024, reps: int = 3) -> float:
-    """Best of `reps` n×n f32 matmuls (the machine's rate when this process gets the cores)."""
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-    mm = jax.jit(jnp.matmul)
-    jax.block_until_ready(mm(a, a))
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(mm(a, a))
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best
-
-
-def matmul_params(cfg: models.ModelConfig) -> int:
-    """Parameters a decoded token multiplies: every kernel, plus the unembedding when tied."""
-    flat = jax.tree_util.tree_flatten_with_path(models.abstract_params(cfg))[0]
-    total = 0
-    for path, leaf in flat:
-        name = getattr(path[-1], "key", None)
-        if name == "kernel" or (name == "embedding" and cfg.tie_word_embeddings):
-            total += int(np.prod(leaf.shape))
-    return total
-
-
-def decode_floor_flops(cfg: models.ModelConfig, batch: int, cache_len: int) -> float:
-    attention = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * cache_len
-    return batch * (2 * matmul_params(cfg) + attention)
 
 
 def make_prompts(n: int, length: int, vocab: int):
@@ -161,10 +122,9 @@ def decode_fn(cfg, params):
 def time_decode_once(prefill, run, t) -> float:
     """Seconds per model step of one `_decode` call (its donated state comes fresh)."""
     args = jax.block_until_ready(prefill()[:3])
-    t0 = time.perf_counter()
-    out = run(*args)
-    elapsed = time.perf_counter() - t0
-    assert int(out[0].step) == t, "decode stopped early: expected all T steps"
+    holder = {}
+    elapsed = common.seconds(lambda: holder.setdefault("out", run(*args)))
+    assert int(holder["out"][0].step) == t, "decode stopped early: expected all T steps"
     return elapsed / (t - 1)
 
 
@@ -196,9 +156,7 @@ def matmul_chain_fn(cfg, params, batch, steps):
     run(x).block_until_ready()
 
     def once():
-        t0 = time.perf_counter()
-        run(x).block_until_ready()
-        return (time.perf_counter() - t0) / steps
+        return common.seconds(run, x) / steps
 
     return once
 
@@ -225,38 +183,14 @@ def naive_sampler(cfg, params, tokens_NP, mask_NP, g, t, steps=8):
         mask_BL = jnp.concatenate([mask_BP, jnp.zeros((B, t), jnp.int32)], axis=1)
         key = jax.random.key(2)
         jax.block_until_ready(step(tokens_BL, mask_BL, jnp.int32(0), key))
-        t0 = time.perf_counter()
-        for s in range(steps):
-            tokens_BL, mask_BL = step(tokens_BL, mask_BL, jnp.int32(s), key)
-        jax.block_until_ready(tokens_BL)
-        return (time.perf_counter() - t0) / steps
 
-    return run
+        def steps_loop(tokens_BL, mask_BL):
+            for s in range(steps):
+                tokens_BL, mask_BL = step(tokens_BL, mask_BL, jnp.int32(s), key)
+            return tokens_BL
 
+        return common.seconds(steps_loop, tokens_BL, mask_BL) / steps
 
-def python_loop_sampler(cfg, params, tokens_NP, mask_NP, g, t):
-    """Per-token Python loop over the model's KV-cache `decode_step` (one dispatch per token)."""
-    B = tokens_NP.shape[0] * g
-    P = tokens_NP.shape[1]
-
-    @jax.jit
-    def draw(logits, key, s):
-        return jax.random.categorical(jax.random.fold_in(key, s), logits).astype(jnp.int32)
-
-    def run():
-        cache = models.init_cache(cfg, tokens_NP.shape[0], P + t)
-        logits, cache = models.prefill(cfg, params, tokens_NP, mask_NP, cache)
-        cache = models.repeat_cache(cache, g)
-        logits = jnp.repeat(logits, g, axis=0)
-        key, out = jax.random.key(2), []
-        for s in range(t):
-            tok = draw(logits, key, s)
-            out.append(tok)
-            if s + 1 < t:
-                logits, cache = models.decode_step(cfg, params, tok, cache)
-        return jax.block_until_ready(jnp.stack(out, axis=1))
-
-    assert B == tokens_NP.shape[0] * g
     return run
 
 
@@ -323,7 +257,7 @@ def decode_rounds(cfg, params, tokens, mask, G, T, rounds, floor_flops):
     time_decode_once(prefill, run, T)  # compile
     out = []
     for _ in range(rounds):
-        rate = matmul_flops_per_s()
+        rate = common.matmul_rate(n=1024, reps=3)
         step = time_decode_once(prefill, run, T)
         out.append((step, rate, step / (floor_flops / rate)))
     return out
@@ -386,12 +320,12 @@ def main():
     tokens, mask = make_prompts(N, P, cfg.vocab_size)
     segments = sampling._auto_segments(T)
     print(
-        f"model: {models.param_count(cfg) / 1e6:.2f}M params ({matmul_params(cfg) / 1e6:.2f}M in "
+        f"model: {models.param_count(cfg) / 1e6:.2f}M params ({common.matmul_params(cfg) / 1e6:.2f}M in "
         f"matmuls), N={N} G={G} B={B} P={P} T={T}, decode segments {segments}, "
         f"{jax.device_count()} {jax.devices()[0].platform} device(s)"
     )
 
-    floor_flops = decode_floor_flops(cfg, B, P + T)
+    floor_flops = common.decode_step_flops(cfg, B, P + T / 2)
     if args.decode_only:
         rounds = decode_rounds(cfg, params, tokens, mask, G, T, args.rounds, floor_flops)
         step, rate, ratio = (statistics.median(r[i] for r in rounds) for i in range(3))
@@ -430,7 +364,7 @@ def main():
         time_decode_once(pre, fn, T)  # compile
     rows = collections.defaultdict(list)
     for _ in range(args.rounds):
-        rate = matmul_flops_per_s()
+        rate = common.matmul_rate(n=1024, reps=3)
         floor_s = floor_flops / rate
         rows["rate"].append(rate)
         for name, (pre, fn) in decodes.items():
@@ -443,14 +377,17 @@ def main():
     rate = med["rate"]
     floor_ms = floor_flops / rate * 1e3
 
-    pre_g1 = median_time(
-        lambda: jax.block_until_ready(prefill_fn(cfg, params, tokens, mask, 1, True, T)()), reps
+    pre_g1 = common.median_seconds(
+        lambda: jax.block_until_ready(prefill_fn(cfg, params, tokens, mask, 1, True, T)()),
+        reps=reps,
     )
-    pre_g8 = median_time(
-        lambda: jax.block_until_ready(prefill_fn(cfg, params, tokens, mask, G, True, T)()), reps
+    pre_g8 = common.median_seconds(
+        lambda: jax.block_until_ready(prefill_fn(cfg, params, tokens, mask, G, True, T)()),
+        reps=reps,
     )
-    pre_g8_ns = median_time(
-        lambda: jax.block_until_ready(prefill_fn(cfg, params, tokens, mask, G, False, T)()), reps
+    pre_g8_ns = common.median_seconds(
+        lambda: jax.block_until_ready(prefill_fn(cfg, params, tokens, mask, G, False, T)()),
+        reps=reps,
     )
 
     def full(share):
@@ -471,10 +408,12 @@ def main():
 
         return go
 
-    sample_s = median_time(full(True), reps)
-    sample_ns_s = median_time(full(False), reps)
+    sample_s = common.median_seconds(full(True), reps=reps)
+    sample_ns_s = common.median_seconds(full(False), reps=reps)
     one = one_core_bound(args)
-    loop_s = median_time(python_loop_sampler(cfg, params, tokens, mask, G, T), 1)
+    loop_s = common.median_seconds(
+        common.python_loop_sampler(cfg, params, tokens, mask, G, T), reps=1
+    )
     naive_s = naive_sampler(cfg, params, tokens, mask, G, T)() * T  # s per T-token call
 
     one_core_row = []
@@ -487,7 +426,7 @@ def main():
         one_core_row = [("decode / floor, pinned to 1 core", f"{one['decode/floor']:.2f}x", note)]
     table = [
         ("f32 matmul rate (1024^3)", f"{rate / 1e9:.1f} GFLOP/s", f"median of {args.rounds} rounds"),
-        ("decode FLOP floor", f"{floor_ms:.3f} ms/step", f"{floor_flops / 1e6:.1f} MFLOP, B={B}, S={P + T}"),
+        ("decode FLOP floor", f"{floor_ms:.3f} ms/step", f"{floor_flops / 1e6:.1f} MFLOP, B={B}, mean cache {P + T // 2} keys"),
         ("decode step", f"{med['decode'] * 1e3:.3f} ms", f"{segments} cache segments"),
         ("decode / floor", f"{med['decode/floor']:.2f}x", f"target <= 2x (best round {min(rows['decode/floor']):.2f}x)"),
         ("decode step, 1 segment", f"{med['decode_1'] * 1e3:.3f} ms", f"{med['decode_1/floor']:.2f}x floor"),

@@ -3,8 +3,16 @@
 One checkpoint per saved RL step holds the `RunState` (state.py) as two items:
   state: its arrays: the train state (params, optimizer state, update count), the RNG key
          data, the running reward moments, π_ref's params when there is a KL term;
-  meta:  JSON: its host fields: the RL step, every process's data iterator position, where
-         the params came from, and a checksum of every array (`digests`).
+  meta:  JSON: its host fields: the RL step, the prompt iterator's position (one global
+         position, the same on every process: `sharding.process_rows`), where the params
+         came from, and a checksum of every array (`digests`).
+
+Neither item depends on the number of processes or the mesh: a checkpoint written by 2
+processes x 4 devices restores onto 1 process x 8 devices with another mesh (orbax reshards
+the arrays into the new `RunState` shardings) and the run continues with the same prompts.
+Checkpoints written before the data position was global hold a per-process list: a list of
+one (one process, whose order was the global one) resumes; a longer one is refused with a
+message, its positions index per-process shuffles that no longer exist.
 
 Resume order (train.py follows it, automatically):
   1. the workdir's newest usable checkpoint (orbax only lists committed steps; a step whose
@@ -77,8 +85,7 @@ def make_manager(
 
 def save(manager: ocp.CheckpointManager, state: RunState) -> None:
     """Start saving `state` at its RL step: its arrays as the `state` item, its host fields
-    as JSON `meta` (the data position of every process gathered into one list, the arrays'
-    digests added).
+    as JSON `meta` (the arrays' digests added).
 
     Asynchronous when the manager is: the call returns once device buffers are copied, and
     `finish(manager)` blocks until the files are committed. Raises CheckpointError if this
@@ -86,7 +93,6 @@ def save(manager: ocp.CheckpointManager, state: RunState) -> None:
     """
     arrays = state.arrays()
     meta = state.meta()
-    meta["data"] = sharding_lib.gather_json(state.data)
     meta["digests"] = {path: list(d[:2]) for path, d in digests(arrays).items()}
     args = ocp.args.Composite(
         **{STATE: ocp.args.StandardSave(arrays), META: ocp.args.JsonSave(meta)}
@@ -198,17 +204,18 @@ def _restore_step(manager, step: int, abstract: RunState) -> RunState | str:
         error = f"cannot be read ({_cause(e)})"
     if sharding_lib.host_max(error is not None):
         return error or "cannot be read on another process (see its log)"
-    states = meta.get("data")
-    if not isinstance(states, list) or len(states) != jax.process_count():
-        raise CheckpointError(
-            f"checkpoint {_path(manager, step)} was written by "
-            f"{len(states) if isinstance(states, list) else '?'} processes; resuming it with "
-            f"{jax.process_count()} would change every process's data shard"
-        )
     bad = _verify(arrays, meta.get("digests"))
     if bad:
         return bad
-    meta["data"] = states[jax.process_index()]
+    if isinstance(meta.get("data"), list):  # the format before global batches: per process
+        if len(meta["data"]) > 1:
+            raise ValueError(
+                f"checkpoint {_path(manager, step)} holds one data position per process "
+                f"({len(meta['data'])} of them): it was written before prompt batches became "
+                "global, and this version cannot continue its per-process prompt order. "
+                "Resume it with the version that wrote it, on the same number of processes."
+            )
+        meta["data"] = meta["data"][0]  # one process: its order was the global one
     meta["origin"] = f"checkpoint {step} in {manager.directory}"
     return abstract.restored(arrays, meta)
 

@@ -2,13 +2,14 @@
 
 `train.py` calls `greedy_accuracy` at RL step 0, every `eval.every_steps` and at the end.
 Each prompt gets one greedy response (temperature 0); its accuracy is the configured
-accuracy reward (0/1), with a failed verification counted as wrong. Every process evaluates
-its own shard; the sums are combined across processes.
+accuracy reward (0/1), with a failed verification counted as wrong. The prompts are the first
+`eval.num_prompts` of the split whatever the number of processes: every process walks the
+same global batches and scores its own rows of each (`sharding.process_rows`); the sums are
+combined across processes.
 """
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 
 from gspo_jax import rollout
@@ -29,15 +30,17 @@ def greedy_accuracy(
     """{eval/accuracy, eval/length_mean, eval/num_prompts} over the first `num_prompts`.
 
     `sample_greedy(prompt_tokens, prompt_mask)` returns a SampleOutput of one greedy
-    response per prompt; `eval_data` is the prepared held-out split (data.PreparedData).
+    response per prompt; `eval_data` is the whole prepared held-out split
+    (data.PreparedData). Each call samples a global batch of at most `batch_size` prompts,
+    a whole number per data-parallel device; rows past `num_prompts` are padding.
     """
-    procs = jax.process_count()
-    total = min(num_prompts, eval_data.num_examples * procs)
-    per_call = max(min(batch_size, total) // procs, 1)
-    it = eval_data.iterator(per_call, seed=0, train=False)
-    num_calls = min(-(-total // (per_call * procs)), it.num_batches)
+    total = min(num_prompts, eval_data.num_examples)
+    dp = sharding_lib.data_parallel_size(mesh)
+    per_call = min(batch_size, -(-total // dp) * dp)
+    rows = sharding_lib.process_rows(mesh, per_call)
+    it = eval_data.iterator(per_call, seed=0, train=False, rows=rows)
     totals = np.zeros(3)  # correct, response tokens, prompts
-    for _ in range(num_calls):
+    for call in range(-(-total // per_call)):
         batch = next(it)
         tokens_NP, mask_NP = rollout.bucket_prompts(
             batch["prompt_tokens"], batch["prompt_mask"], buckets
@@ -46,7 +49,8 @@ def greedy_accuracy(
         mask = sharding_lib.to_local(out.mask)
         completions = rollout.decode_responses(tokenizer, sharding_lib.to_local(out.tokens), mask)
         correct, _, _ = accuracy.score(batch["prompt_text"], completions, batch["reference"])
-        valid = np.asarray(batch["valid"], np.float64)  # the last batch is padded
+        # Padding: past the split's end (valid = 0) or past the first num_prompts.
+        valid = (batch["valid"] > 0) & (call * per_call + rows < total)
         totals += [np.sum(correct * valid), np.sum(mask.sum(axis=1) * valid), valid.sum()]
     totals = sharding_lib.host_sum(totals)
     n = max(totals[2], 1.0)

@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import logging
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -49,7 +50,8 @@ class Run:
     tokenizer: Any  # transformers tokenizer
     eos_ids: tuple[int, ...]
     pad_id: int
-    # Data: the train split's prompt iterator (this process's shard) and the held-out split.
+    # Data: the train split's prompt iterator (global batches of rollout_batch_size prompts,
+    # this process's rows of each) and the whole held-out split.
     train_iter: data.BatchIterator
     eval_data: data.PreparedData
     sft_source: Any  # the train split's records, for the supervised warm start
@@ -108,16 +110,25 @@ class Run:
                 log.debug("closing %s: %s", close, e)
 
 
-def setup(config, workdir: str, *, allow_config_change: bool = False) -> Run:
+def setup(
+    config,
+    workdir: str,
+    *,
+    allow_config_change: bool = False,
+    devices: Sequence[jax.Device] | None = None,
+) -> Run:
     """Validate `config`, then build every fixed piece of the run in `workdir`.
 
     `allow_config_change`: resume a workdir whose run was started with a config that
     differs in fields that change the run (workdir.record_config).
+    The mesh (config.mesh) spans `devices`, by default all of them; a subset runs a
+    one-device reference beside a sharded run in one process (tests, a Colab).
     """
     c = config
     workdir = os.path.abspath(workdir)
-    config_lib.validate(c, num_devices=jax.device_count(), num_processes=jax.process_count())
-    mesh = sharding_lib.make_mesh(config_lib.mesh_shape(c, jax.device_count()))
+    devices = list(jax.devices() if devices is None else devices)
+    config_lib.validate(c, num_devices=len(devices), num_processes=jax.process_count())
+    mesh = sharding_lib.make_mesh(config_lib.mesh_shape(c, len(devices)), devices)
     checkpoint_dir = os.path.join(workdir, "checkpoints")
     workdir_lib.prepare(workdir, checkpoint_dir)
     workdir_lib.record_config(
@@ -145,8 +156,12 @@ def setup(config, workdir: str, *, allow_config_change: bool = False) -> Run:
         "instruction": instruction or None,
         "overlong": c.data.overlong,
     }
-    train_data = data.prepare_prompts(sources[c.data.train_split], tokenizer, **prompt_kwargs)
-    local_prompts = c.rollout_batch_size // jax.process_count()
+    # Every process prepares the whole split and keeps its rows of each global batch, so the
+    # batches (and a saved data position) do not depend on the number of processes.
+    whole = {"shard_index": 0, "shard_count": 1}
+    train_data = data.prepare_prompts(
+        sources[c.data.train_split], tokenizer, **prompt_kwargs, **whole
+    )
 
     step_config = config_lib.step_config(c, model_config)
     tx = optim.make_optimizer(c.optim, c.num_steps * c.ppo_epochs * c.num_mini_batches)
@@ -175,8 +190,15 @@ def setup(config, workdir: str, *, allow_config_change: bool = False) -> Run:
         tokenizer=tokenizer,
         eos_ids=tuple(data.stop_token_ids(tokenizer)),
         pad_id=int(tokenizer.pad_token_id),
-        train_iter=train_data.iterator(local_prompts, seed=c.seed, train=True),
-        eval_data=data.prepare_prompts(sources[c.data.eval_split], tokenizer, **prompt_kwargs),
+        train_iter=train_data.iterator(
+            c.rollout_batch_size,
+            seed=c.seed,
+            train=True,
+            rows=sharding_lib.process_rows(mesh, c.rollout_batch_size),
+        ),
+        eval_data=data.prepare_prompts(
+            sources[c.data.eval_split], tokenizer, **prompt_kwargs, **whole
+        ),
         sft_source=sources[c.data.train_split],
         data_spec=spec,
         prompt_kwargs=prompt_kwargs,
@@ -187,7 +209,7 @@ def setup(config, workdir: str, *, allow_config_change: bool = False) -> Run:
         ),
         batch_shardings=batch_shardings(step_config, mesh),
         logprobs_fn=make_logprobs_fn(step_config, return_routing=True),
-        advantage_fn=rollout.make_advantage_fn(c),
+        advantage_fn=rollout.make_advantage_fn(c, mesh),
         reward=rollout.Scorer(
             build_reward(c.reward.spec),
             c.invalid_reward,

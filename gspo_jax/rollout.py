@@ -129,7 +129,7 @@ def score_responses(
     return rewards_B, valid_B, stats
 
 
-def make_advantage_fn(config):
+def make_advantage_fn(config, mesh=None):
     """Jitted advantages from the config's ROLL-named options:
 
         fn(rewards [B], valid [B], running, *, old_logprobs, ref_logprobs, mask)
@@ -140,18 +140,21 @@ def make_advantage_fn(config):
     sequence reward on the last one, goes through `compute_token_advantages`
     (reward-to-go for "reinforce", the summed score for "grpo"), as verl/ROLL do. The
     log-prob arguments are only read in that case.
+
+    Given `mesh`, the jitted function declares its layout: every [B] / [B, T] input and the
+    advantages split over the mesh's batch axes (as the train step takes them), the running
+    statistics replicated; inputs are put into that layout first (a no-op when they are).
+    B must then split over the data-parallel devices, which `config.validate` ensures.
     """
     kwargs = advantage_kwargs(config)
     beta = float(config.token_level_kl_coef)
     estimator = config.kl_estimator
 
-    @jax.jit
     def sequence_level(rewards_B, valid_B, running):
         return advantages_lib.compute_advantages(
             rewards_B, mask=valid_B.astype(jnp.float32), running=running, **kwargs
         )
 
-    @jax.jit
     def token_level(rewards_B, valid_B, running, old_logprobs_BT, ref_logprobs_BT, mask_BT):
         kl_BT = objectives.kl_penalty(old_logprobs_BT, ref_logprobs_BT, estimator, mask=mask_BT)
         return advantages_lib.compute_token_advantages(
@@ -163,10 +166,33 @@ def make_advantage_fn(config):
             **kwargs,
         )
 
+    if mesh is None:
+        in_seq = in_tok = None
+        sequence_level, token_level = jax.jit(sequence_level), jax.jit(token_level)
+    else:
+        rows, rows_T = sharding_lib.batch_sharding(mesh, 1), sharding_lib.batch_sharding(mesh, 2)
+        same = sharding_lib.replicated(mesh)  # the running moments (a pytree prefix)
+        in_seq, out_seq = (rows, rows, same), (rows, same)
+        in_tok, out_tok = (rows, rows, same, rows_T, rows_T, rows_T), (rows_T, same)
+        sequence_level = jax.jit(sequence_level, in_shardings=in_seq, out_shardings=out_seq)
+        token_level = jax.jit(token_level, in_shardings=in_tok, out_shardings=out_tok)
+
+    def call(jitted, in_shardings, args):
+        if in_shardings is not None:
+            dp = sharding_lib.data_parallel_size(mesh)
+            if np.shape(args[0])[0] % dp:
+                raise ValueError(
+                    f"advantages: {np.shape(args[0])[0]} rewards do not split over the {dp} "
+                    "data-parallel devices of the mesh"
+                )
+            args = jax.device_put(args, in_shardings)
+        return jitted(*args)
+
     def fn(rewards_B, valid_B, running, *, old_logprobs=None, ref_logprobs=None, mask=None):
         if config.add_token_level_kl:
-            return token_level(rewards_B, valid_B, running, old_logprobs, ref_logprobs, mask)
-        return sequence_level(rewards_B, valid_B, running)
+            args = (rewards_B, valid_B, running, old_logprobs, ref_logprobs, mask)
+            return call(token_level, in_tok, args)
+        return call(sequence_level, in_seq, (rewards_B, valid_B, running))
 
     return fn
 
@@ -220,7 +246,8 @@ class Rollout:
     batch           the train step's input (train_step.py's module docstring), on device,
                     laid out over the mesh's batch axes
     running         the reward statistics after this rollout (reward_norm="running")
-    host_metrics    plain floats: rewards, accuracy, response lengths, phase timings
+    host_metrics    plain floats: rewards, accuracy, response lengths (of the global batch:
+                    every process's rows), phase timings
     device_metrics  scalars still on the device (the sampler/trainer log-prob gap); the loop
                     fetches them one step late
     completions     the decoded responses [B] (this process's rows), rewards / valid [B]
@@ -238,8 +265,9 @@ class Rollout:
 def collect(run, state, batch: dict[str, np.ndarray]) -> Rollout:
     """Sample, score and prepare one rollout batch for `state`'s policy.
 
-    `batch` is this process's prompt batch (`run.train_iter`); RL step `state.step` samples
-    with fold_in(state.rng, state.step), so a resumed run draws what it would have drawn.
+    `batch` is this process's rows of the prompt batch (`run.train_iter`); RL step
+    `state.step` samples with fold_in(state.rng, state.step), so a resumed run draws what it
+    would have drawn.
     """
     c = run.config
     t0 = time.perf_counter()
@@ -251,9 +279,16 @@ def collect(run, state, batch: dict[str, np.ndarray]) -> Rollout:
     t2 = time.perf_counter()
     train_batch, running, device_metrics = _train_batch(run, state, out, rewards, valid)
 
-    host = reward_metrics(rewards, valid, correct, stats, c.num_return_sequences_in_group)
-    host.update(response_metrics(response_mask, sharding_lib.to_local(out.truncated)))
-    num_generated = float(response_mask.sum()) * jax.process_count()
+    # Metrics of the global batch (every process's rows): the same on every process, and
+    # for any number of processes.
+    counts = ("num_errors", "num_timeouts", "num_nonfinite", "num_nonnumeric")
+    totals = sharding_lib.host_sum(np.array([stats.get(k, 0) for k in counts]))
+    rows = (rewards, valid, correct, response_mask, sharding_lib.to_local(out.truncated))
+    rewards_B, valid_B, correct_B, mask_BT, truncated_B = sharding_lib.gather_rows(rows)
+    g = c.num_return_sequences_in_group
+    host = reward_metrics(rewards_B, valid_B, correct_B, dict(zip(counts, totals)), g)
+    host.update(response_metrics(mask_BT, truncated_B))
+    num_generated = float(mask_BT.sum())
     host["perf/sample_tokens_per_s"] = num_generated / max(t1 - t0, 1e-9)
     host["data/epoch"] = float(run.train_iter.epoch)
     host["time/sample_s"] = t1 - t0

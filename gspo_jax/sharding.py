@@ -9,10 +9,11 @@ Mesh axes: data (batch only), fsdp (batch + parameters, ZeRO-3 style), tensor (h
 vocab), expert (MoE experts; batch too, so expert devices never duplicate dense work).
 
 Host side of a multi-process run (every host runs the same program): `to_global` /
-`to_local` move a batch between this process's numpy rows and global arrays, and
-`host_max`, `host_sum`, `gather_json`, `lead_first` and `gather_params` are the only places
-that talk to the other processes (`jax.experimental.multihost_utils`). With one process
-they cost nothing.
+`to_local` move a batch between this process's numpy rows and global arrays,
+`process_rows` says which rows of a global batch are this process's, and `host_max`,
+`host_sum`, `gather_rows`, `gather_json`, `lead_first` and `gather_params` are the only
+places that talk to the other processes (`jax.experimental.multihost_utils`). With one
+process they cost nothing.
 """
 
 from __future__ import annotations
@@ -229,6 +230,25 @@ def to_global(mesh: Mesh, local_tree):
     return jax.tree.map(put, local_tree)
 
 
+def process_rows(mesh: Mesh, num_rows: int) -> np.ndarray:
+    """The rows of a global batch of `num_rows` that this process holds under the batch
+    sharding, in the order `to_global` takes them and `to_local` returns them (all rows with
+    one process). A data iterator that serves each process exactly these rows of one global
+    batch makes that batch, and the step, independent of the number of processes."""
+    if jax.process_count() == 1:
+        return np.arange(num_rows)
+    dp = data_parallel_size(mesh)
+    if num_rows % dp:
+        raise ValueError(
+            f"a batch of {num_rows} rows does not split over the {dp} data-parallel devices"
+        )
+    index_map = batch_sharding(mesh, 1).addressable_devices_indices_map((num_rows,))
+    spans = {
+        (s[0].start or 0, num_rows if s[0].stop is None else s[0].stop) for s in index_map.values()
+    }
+    return np.concatenate([np.arange(start, stop) for start, stop in sorted(spans)])
+
+
 def to_local(array) -> np.ndarray:
     """The rows of a batch-sharded global array that belong to this process, as numpy."""
     if getattr(array, "is_fully_addressable", True):
@@ -262,6 +282,14 @@ def host_sum(values: np.ndarray) -> np.ndarray:
     if jax.process_count() == 1:
         return values
     return np.sum(_multihost().process_allgather(values), axis=0)
+
+
+def gather_rows(local_tree):
+    """Every process's rows of a small host batch (numpy), concatenated in process order, on
+    every process; with one process, `local_tree` itself. For metrics of the global batch."""
+    if jax.process_count() == 1:
+        return local_tree
+    return jax.tree.map(np.asarray, _multihost().process_allgather(local_tree, tiled=True))
 
 
 def gather_json(obj: Any) -> list:

@@ -6,7 +6,8 @@ passed from one RL step to the next.
     running     RunningMoments of the rewards (reward_norm="running")
     ref_params  π_ref's params (only with a KL term: use_kl_loss / add_token_level_kl)
     step        RL steps completed (host int)
-    data        this process's prompt-iterator position (JSON string)
+    data        the prompt iterator's position (JSON string): global batches, so the same on
+                every process and for any number of processes
     origin      where the params came from ("scratch initialisation", a checkpoint, ...)
 
 The array fields are the checkpoint's `state` item and the host fields its `meta` item

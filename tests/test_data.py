@@ -385,6 +385,57 @@ def test_process_shards_are_disjoint_and_cover(small, tokenizer):
     assert len(seen) == len(set(seen)) and set(seen) == everything
 
 
+def _blocks(batch_size, count):
+    """Process p's rows of a global batch: [p·n/P, (p+1)·n/P) (sharding.process_rows on a
+    data-parallel mesh whose devices are grouped by process)."""
+    size = batch_size // count
+    return [np.arange(p * size, (p + 1) * size) for p in range(count)]
+
+
+@pytest.mark.parametrize("count", [2, 4])
+def test_row_shards_split_the_same_global_batches(small_prompts, count):
+    """Every process iterates the same global batches and keeps its rows: their union is the
+    one-process batch, whatever the process count, and a position saved by `count`
+    processes resumes on one process (and back) at the same global batch."""
+    whole = small_prompts.iterator(16, seed=3)
+    parts = [small_prompts.iterator(16, seed=3, rows=rows) for rows in _blocks(16, count)]
+    for _ in range(40):  # past one epoch of 600 / 16 batches
+        want = next(whole)
+        got = [next(it) for it in parts]
+        for key in want:
+            np.testing.assert_array_equal(np.concatenate([b[key] for b in got]), want[key])
+    saved = json.loads(json.dumps(parts[0].get_state()))
+    assert all(it.get_state() == saved for it in parts) and saved == whole.get_state()
+    assert parts[0].epoch == whole.epoch == 40 * 16 / 600
+    one = small_prompts.iterator(16, seed=3)
+    one.set_state(saved)
+    again = small_prompts.iterator(16, seed=3, rows=_blocks(16, count)[1])
+    again.set_state(whole.get_state())
+    for _ in range(3):
+        want = next(whole)
+        np.testing.assert_array_equal(next(one)["example_id"], want["example_id"])
+        np.testing.assert_array_equal(
+            next(again)["example_id"], want["example_id"][_blocks(16, count)[1]]
+        )
+    # Evaluation: one ordered pass, each process its rows of every padded global batch.
+    halves = [list(small_prompts.iterator(64, train=False, rows=r)) for r in _blocks(64, 2)]
+    assert [len(h) for h in halves] == [10, 10]  # ceil(600 / 64); the last has 24 real rows
+    assert int(halves[1][-1]["valid"].sum()) == 0
+    rows = [r for pair in zip(*halves) for b in pair for r in zip(b["example_id"], b["valid"])]
+    assert [i for i, v in rows if v] == small_prompts.arrays["example_id"].tolist()
+
+
+def test_row_shard_errors(small, tokenizer, small_prompts):
+    for rows in ([], [0, 0], [16], [-1], [[0, 1]], [0.5]):
+        with pytest.raises(ValueError, match="rows must be distinct int indices"):
+            small_prompts.iterator(16, rows=rows)
+    shard = data.prepare_prompts(
+        small["test"], tokenizer, prompt_length=80, shard_index=1, shard_count=2
+    )
+    with pytest.raises(ValueError, match="already one of 2 record shards"):
+        shard.iterator(8, rows=[0, 1, 2, 3])
+
+
 def test_eval_is_one_ordered_pass_with_padding(small, tokenizer):
     prepared = data.prepare_prompts(
         small["test"], tokenizer, prompt_length=80, shard_index=0, shard_count=1

@@ -2,6 +2,8 @@
 checkpoint of a RunState (docs/architecture.md, "One RL step")."""
 
 import dataclasses
+import json
+import types
 
 import jax
 import jax.numpy as jnp
@@ -107,3 +109,62 @@ def test_run_state_checkpoint_round_trip(pieces, tmp_path):
     for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(restored)):
         np.testing.assert_array_equal(a, b)
         assert a.sharding == b.sharding
+
+
+def test_checkpoints_with_per_process_data_positions(pieces, tmp_path):
+    """The format before global prompt batches kept one data position per process: one
+    process's resumes (its order was the global one), several are refused by name."""
+    import orbax.checkpoint as ocp
+
+    state = train.init_or_restore(pieces)
+    position = json.dumps(pieces.train_iter.get_state())
+    for step, positions in ((1, [position]), (2, [position, position])):
+        manager = checkpoint.make_manager(str(tmp_path / str(step)), async_save=False)
+        meta = {**state.meta(), "step": step, "data": positions}
+        manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state.arrays()), meta=ocp.args.JsonSave(meta)
+            ),
+        )
+        if len(positions) == 1:
+            restored = checkpoint.restore_latest(manager, pieces.abstract_state())
+            assert restored.data == position and restored.step == 1
+        else:
+            with pytest.raises(ValueError, match="holds one data position per process .2 of"):
+                checkpoint.restore_latest(manager, pieces.abstract_state())
+        manager.close()
+
+
+@pytest.mark.parametrize("num_prompts, batch_size", [(10, 8), (3, 64), (20, 5)])
+def test_evaluation_scores_exactly_the_first_num_prompts(pieces, num_prompts, batch_size):
+    """Whatever the batch size (and so the padding of the last call): the first num_prompts
+    of the split, each once. The accuracy reward here is the reference itself."""
+    import gspo_jax.rewards.testing  # noqa: F401  (registers test_const)
+    from gspo_jax import evaluation
+    from gspo_jax.rewards import build_reward
+
+    seen = []
+
+    def sample_greedy(tokens, mask):
+        seen.append(np.asarray(tokens).shape[0])
+        rows = np.asarray(tokens).shape[0]
+        return types.SimpleNamespace(tokens=np.zeros((rows, 2), np.int32), mask=np.ones((rows, 2)))
+
+    scorer = rollout.Scorer(build_reward("test_const"), "zero")
+    got = evaluation.greedy_accuracy(
+        sample_greedy,
+        pieces.eval_data,
+        pieces.tokenizer,
+        scorer,
+        pieces.mesh,
+        num_prompts=num_prompts,
+        batch_size=batch_size,
+        buckets=pieces.config.sampling.prompt_buckets,
+    )
+    references = pieces.eval_data.arrays["reference"][:num_prompts].astype(float)
+    assert got["eval/num_prompts"] == num_prompts
+    np.testing.assert_allclose(got["eval/accuracy"], references.mean(), rtol=1e-6)
+    assert got["eval/length_mean"] == 2
+    # Each call a whole number of rows per data-parallel device (8), at most batch_size.
+    assert all(n % 8 == 0 or n == batch_size for n in seen) and sum(seen) >= num_prompts

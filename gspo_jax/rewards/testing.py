@@ -83,3 +83,12 @@ def nan_reward(prompt: str, completion: str, reference: str) -> float:
 def const_reward(prompt: str, completion: str, reference: str) -> float:
     """float(reference): a trivially cheap verifier, for overhead measurements."""
     return float(reference)
+
+
+@register_reward("test_checksum")
+def checksum_reward(prompt: str, completion: str, reference: str) -> float:
+    """(Σ code points of the completion mod 7) / 6: a deterministic function of the response
+    text that varies within a group, so advantages and gradients are non-zero (for tests
+    comparing whole RL steps)."""
+    del prompt, reference
+    return (sum(map(ord, completion)) % 7) / 6.0
