@@ -214,3 +214,15 @@ def test_digests_see_one_flipped_bit_and_not_the_sharding(tiny):
             {"embed": {"embedding": params["embed"]["embedding"].at[0, 0].set(jnp.nan)}},
             "the weights",
         )
+
+
+def test_a_policy_holding_nan_is_never_exported(tiny, tmp_path):
+    """A run must not leave a NaN model behind: `export_hf` names the tensor and writes
+    nothing (it used to write an all-NaN model.safetensors, exit 0)."""
+    state, _ = tiny
+    params = state.train.params
+    bad = {**params, "embed": {"embedding": params["embed"]["embedding"].at[1, 2].set(jnp.inf)}}
+    path = tmp_path / "hf"
+    with pytest.raises(ValueError, match=r"the final policy \(not exported to .*hf\) holds NaN "):
+        checkpoint.export_hf(TINY, None, bad, str(path))
+    assert not path.exists()
