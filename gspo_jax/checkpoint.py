@@ -44,6 +44,7 @@ import logging
 import os
 import sys
 import time
+import types
 
 import jax
 import jax.numpy as jnp
@@ -185,23 +186,25 @@ def restore_latest(manager: ocp.CheckpointManager, abstract: RunState) -> RunSta
 def _restore_step(manager, step: int, abstract: RunState) -> RunState | str:
     """The restored state, or why step `step` is unusable. Every process reaches the same
     verdict (a failure on one is agreed over all before anything else is collective)."""
-    mismatch = _shape_mismatch(manager, step, abstract)
+    args = ocp.args.Composite(
+        **{STATE: ocp.args.StandardRestore(abstract.arrays()), META: ocp.args.JsonRestore()}
+    )
+    error = mismatch = None
+    try:
+        # Reading the metadata of a damaged step fails the same noisy way as the restore.
+        with _quiet_orbax_failures() as quiet:
+            mismatch = _shape_mismatch(manager, step, abstract, quiet)
+            if mismatch is None:
+                restored = manager.restore(step, args=args)
+                arrays, meta = dict(restored[STATE]), dict(restored[META])
+    except Exception as e:  # noqa: BLE001 - any unreadable file: try the previous step
+        error = f"cannot be read ({_cause(e)})"
     if mismatch:
         raise CheckpointError(
             f"checkpoint {_path(manager, step)} does not fit this run's state: {mismatch}. "
             "The model or the KL setting changed since it was written: resume with the "
             "original config, or start a new --workdir"
         )
-    args = ocp.args.Composite(
-        **{STATE: ocp.args.StandardRestore(abstract.arrays()), META: ocp.args.JsonRestore()}
-    )
-    error = None
-    try:
-        with _quiet_orbax_failures():
-            restored = manager.restore(step, args=args)
-        arrays, meta = dict(restored[STATE]), dict(restored[META])
-    except Exception as e:  # noqa: BLE001 - any unreadable file: try the previous step
-        error = f"cannot be read ({_cause(e)})"
     if sharding_lib.host_max(error is not None):
         return error or "cannot be read on another process (see its log)"
     bad = _verify(arrays, meta.get("digests"))
@@ -238,9 +241,10 @@ def _verify(arrays: dict, saved: dict | None) -> str | None:
     return None
 
 
-def _shape_mismatch(manager, step: int, abstract: RunState) -> str | None:
+def _shape_mismatch(manager, step: int, abstract: RunState, quiet) -> str | None:
     """The first differences between the saved arrays' shapes and `abstract`'s, or None
-    (also when the metadata cannot be read: the restore will say why)."""
+    (also when the metadata cannot be read: the restore will say why; `quiet`, the
+    `_quiet_orbax_failures` around both, is told)."""
     try:
         saved = manager.item_metadata(step)[STATE]
         saved = {
@@ -250,6 +254,7 @@ def _shape_mismatch(manager, step: int, abstract: RunState) -> str | None:
             )[0]
         }
     except Exception:  # noqa: BLE001 - unreadable metadata is corruption, not a mismatch
+        quiet.failed = True
         return None
     wanted = {
         _key(path): tuple(a.shape)
@@ -300,7 +305,8 @@ def _quiet_orbax_failures():
     callback threads that fire after orbax closed its loop, some seconds later) and "Task
     exception was never retrieved" (at garbage collection). The caller reports the one-line
     reason; this holds the rest back (logged at DEBUG level) and, after a failure, keeps
-    dropping that one late error for good (`_drop_late_event_loop_errors`)."""
+    dropping that one late error for good (`_drop_late_event_loop_errors`). Yields a status
+    whose `failed` the caller sets when it caught a failure itself."""
     hook, stderr = sys.unraisablehook, sys.stderr
     loggers = [logging.getLogger(name) for name in ("absl", "asyncio")]
     levels = [logger.level for logger in loggers]
@@ -309,11 +315,14 @@ def _quiet_orbax_failures():
     sys.stderr = held
     for logger in loggers:
         logger.setLevel(logging.CRITICAL)
-    failed = True
+    status = types.SimpleNamespace(failed=False)  # the caller may mark a failure it caught
     try:
-        yield
-        failed = False
+        yield status
+    except BaseException:
+        status.failed = True
+        raise
     finally:
+        failed = status.failed
         # The failed reads' callbacks keep firing for a moment after orbax gives up: hold
         # stderr until they stop (at most a few seconds, and only when something failed).
         deadline, quiet, size = time.monotonic() + 3.0, 0, -1

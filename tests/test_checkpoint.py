@@ -6,6 +6,7 @@ import glob
 import logging
 import os
 import shutil
+import sys
 import threading
 import time
 
@@ -140,6 +141,33 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(tiny, tmp_path, dam
     assert not os.path.exists(bad) and os.path.isdir(bad + checkpoint.CORRUPT_SUFFIX)
     again = _restore(directory, abstract)
     assert again.step == 1
+
+
+def test_reading_a_damaged_steps_metadata_is_quiet_too(tiny, tmp_path, capfd):
+    """The shape check reads a step's metadata before restoring it; on a damaged step that
+    read fails as noisily as the restore (tensorstore's late "Event loop is closed"
+    tracebacks, seen in a run resuming past a truncated checkpoint). It is held back as well,
+    and unreadable metadata alone is not a model change: the restore decides."""
+    state, abstract = tiny
+    directory = _saved(tmp_path, state, (1, 2))
+    manager = checkpoint.make_manager(directory, async_save=False)
+    read = manager.item_metadata
+
+    def noisy(step):
+        if step == 2:
+            print("Traceback (most recent call last):", file=sys.stderr)
+            print("RuntimeError: Event loop is closed", file=sys.stderr)
+            raise ValueError("OUT_OF_RANGE: Error reading _METADATA")
+        return read(step)
+
+    manager.item_metadata = noisy
+    try:
+        restored = checkpoint.restore_latest(manager, abstract)
+    finally:
+        manager.close()
+    noise = capfd.readouterr().err
+    assert "Event loop is closed" not in noise and "Traceback" not in noise, noise[-2000:]
+    assert restored.step == 2 and restored.data == "d2"
 
 
 def test_no_usable_checkpoint_is_an_error_listing_each(tiny, tmp_path):
