@@ -5,35 +5,28 @@ it (test_multiprocess.py checks that a two-process resume matches an uninterrupt
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
-from test_multiprocess import TINY, _free_port
+from test_multiprocess import _command, _env, _free_port
 from tiny_flags import metrics_by_step
 
 
 def _start(workdir, data_dir, num_steps):
+    """The two processes of test_multiprocess.py (its tiny flags and test rewards)."""
     port = _free_port()
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
-    env["JAX_PLATFORMS"] = "cpu"
     return [
         subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gspo_jax.main",
-                "--config=configs/default.py",
-                f"--workdir={workdir}",
-                f"--config.data.data_dir={data_dir}",
-                f"--config.num_steps={num_steps}",
-                *TINY,
+            _command(
+                workdir,
+                data_dir,
+                num_steps,
                 "--config.checkpoint.every_steps=0",
                 f"--coordinator=127.0.0.1:{port}",
                 "--num_processes=2",
                 f"--process_id={i}",
-            ],
-            env=env,
+            ),
+            env=_env(4),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
