@@ -62,7 +62,10 @@ def run(
     """
     pieces = experiment.setup(config, workdir, allow_config_change=allow_config_change)
     try:
-        summary = train(pieces, init_or_restore(pieces), stop_after=stop_after)
+        # The model's shard_map regions (splash attention, per-device MoE) read the mesh in
+        # context when the jitted functions are traced.
+        with jax.set_mesh(pieces.mesh):
+            summary = train(pieces, init_or_restore(pieces), stop_after=stop_after)
     finally:
         pieces.close()
     if pieces.is_lead:
