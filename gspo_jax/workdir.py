@@ -12,9 +12,10 @@ the config the run was started with (config.json, plus the changes accepted sinc
 config_changes.jsonl):
 
 - fields in FREE_ON_RESUME may change: they do not change what is computed (logging,
-  evaluation, checkpoint cadence, paths whose content is checked elsewhere, the mesh, remat,
-  and num_steps unless the learning-rate schedule depends on it); the change is logged and
-  recorded;
+  evaluation, checkpoint cadence, paths whose content is checked elsewhere, the mesh, the
+  remat / MoE / attention kernels, and num_steps unless the learning-rate schedule depends
+  on it); the change is logged and recorded. So are fields that gspo_jax added or removed
+  since the run started (absent from one of the two configs);
 - any other difference stops the run before anything is loaded, with a message listing
   every difference; `allow_change=True` (main's --allow_config_change) resumes anyway and
   records the differences with the step they took effect at.
@@ -54,8 +55,9 @@ FREE_ON_RESUME = (
     "data.data_dir",  # the prepared data's content is checked by the iterator's fingerprint
     "data.manual_dir",  # and by the manual files' digests (data/build.py)
     "mesh.",  # same math; float sums may round differently on another mesh
-    "model.remat",
+    "model.remat",  # kernels and memory only: the same math (float rounding aside)
     "model.moe_impl",
+    "model.attention_impl",
 )
 
 
@@ -149,6 +151,11 @@ def _recorded(workdir: str) -> dict:
 
 
 def _is_free(key: str, diff, recorded: dict, new: dict) -> bool:
+    if "<absent>" in diff:
+        # A field gspo_jax added (or removed) since the run started: config files cannot add
+        # fields, so this is an upgrade of the code, not a change the user asked for. Logged
+        # and recorded like a free change; refusing it would strand every run in progress.
+        return True
     if key == "num_steps":
         # The cosine schedule decays over num_steps: changing it changes every later rate.
         return "cosine" not in (recorded.get("optim.schedule"), new.get("optim.schedule"))

@@ -83,6 +83,33 @@ def test_allow_change_records_it_and_the_next_restart_compares_with_it(tmp_path)
         _record(c, tmp_path)
 
 
+def test_a_field_added_to_gspo_jax_since_the_run_started_does_not_strand_it(tmp_path, caplog):
+    """A run started before model.attention_impl existed: its config.json lacks the field.
+    Config files cannot add fields, so the difference is an upgrade of the code: logged and
+    recorded, not refused (it used to stop every run in progress). The kernel choice itself
+    is free, as remat and moe_impl are: the same math."""
+    c = default.get_config()
+    _record(c, tmp_path, resuming=False)
+    saved = json.loads((tmp_path / CONFIG_FILE).read_text())
+    del saved["model"]["attention_impl"], saved["reward"]["max_failed_rollouts"]
+    (tmp_path / CONFIG_FILE).write_text(json.dumps(saved))
+    with caplog.at_level(logging.WARNING, logger="gspo_jax.workdir"):
+        diffs = _record(c, tmp_path)
+    assert diffs == {
+        "model.attention_impl": ("<absent>", "auto"),
+        "reward.max_failed_rollouts": ("<absent>", 3),
+    }
+    assert any(
+        "model.attention_impl: '<absent>' -> 'auto'" in r.getMessage() for r in caplog.records
+    )
+    assert _record(c, tmp_path) == {}  # recorded: the next restart compares with it
+    c.model.attention_impl = "xla"
+    assert _record(c, tmp_path) == {"model.attention_impl": ("auto", "xla")}
+    c.importance_sampling = "token"  # still refused, whatever else changed
+    with pytest.raises(WorkdirError, match=r"1 field\(s\) that change the run differ"):
+        _record(c, tmp_path)
+
+
 def test_reward_norm_spellings_are_one_value(tmp_path):
     c = default.get_config()
     _record(c, tmp_path, resuming=False)
