@@ -141,6 +141,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.data.system_prompt = _placeholder(str)  # optional system message of the chat template
     c.data.instruction = _placeholder(str)  # appended to every question; None: the dataset
     # pipeline's default ("Give the final answer after ####."), "" for none
+    c.data.overlong = "error"  # prompts longer than prompt_length: "error" (start-up error
+    # naming the count and an example) or "drop" (skip them, logged); never truncated
 
     # ------------------------------------------------------------------------------------
     # Rewards (host-side verifiers, see gspo_jax/rewards).
@@ -150,6 +152,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.reward.accuracy = "math"  # reward whose value (0/1) is reported as accuracy
     c.reward.timeout_s = 5.0  # per-call verifier timeout; a timeout scores 0 and is counted
     c.reward.num_workers = 2  # verifier worker processes (0: in-process, no timeout)
+    c.reward.max_failed_rollouts = 3  # stop (with the verifier's error) after this many
+    # rollouts in a row in which every reward call raised or returned a non-number / NaN:
+    # they carry no reward signal (0: never stop)
 
     # ------------------------------------------------------------------------------------
     # Supervised warm start on the task itself (only for models trained from scratch).
@@ -170,8 +175,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval.batch_size = 64  # prompts per greedy sampling call
 
     c.checkpoint = ml_collections.ConfigDict()
-    c.checkpoint.every_steps = 50  # orbax checkpoint period in RL steps (0: only at the end)
-    c.checkpoint.max_to_keep = 3
+    c.checkpoint.every_steps = 50  # orbax checkpoint period in RL steps (0: only at the end);
+    # SIGTERM / SIGINT also save one at the current step boundary (docs/failures.md)
+    c.checkpoint.max_to_keep = 3  # the newest N are kept; a corrupt one falls back to the next
     c.checkpoint.async_save = True
     c.checkpoint.export_hf = True  # write the final policy with save_pretrained to workdir/hf
 

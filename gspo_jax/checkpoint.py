@@ -4,8 +4,8 @@ One checkpoint per saved RL step holds the `RunState` (state.py) as two items:
   state: its arrays: the train state (params, optimizer state, update count), the RNG key
          data, the running reward moments, π_ref's params when there is a KL term;
   meta:  JSON: its host fields: the RL step, the prompt iterator's position (one global
-         position, the same on every process: `sharding.process_rows`), and where the params
-         came from.
+         position, the same on every process: `sharding.process_rows`), where the params
+         came from, and a checksum of every array (`digests`).
 
 Neither item depends on the number of processes or the mesh: a checkpoint written by 2
 processes x 4 devices restores onto 1 process x 8 devices with another mesh (orbax reshards
@@ -15,24 +15,55 @@ one (one process, whose order was the global one) resumes; a longer one is refus
 message, its positions index per-process shuffles that no longer exist.
 
 Resume order (train.py follows it, automatically):
-  1. the workdir's latest complete checkpoint (orbax only lists committed steps);
+  1. the workdir's newest usable checkpoint (orbax only lists committed steps; a step whose
+     arrays do not match their checksums, or that cannot be read at all, is moved aside to
+     `<step>.corrupt` with a warning naming it, and the next older one is tried);
   2. otherwise the config's initial Hugging Face checkpoint (config.model.hf_path);
   3. otherwise initialisation from scratch with config.seed.
+
+Integrity: orbax 0.12.8 checksums only the shard index of its zarr3 arrays, not the data,
+so a flipped byte in a data file restores silently. `digests` fixes that: two 32-bit sums
+per array, Σ w_i·(2i+1) and Σ (w_i ⊕ φ·i)·c over its bits w as uint32 words (i the linear
+index, φ and c odd constants), computed on the device by one jitted reduction, so sharded
+arrays are never gathered. Any single flipped bit changes both sums (an odd multiple of
+2^k is never 0 mod 2^32), and integer sums are exact in any order: the digest does not
+depend on the sharding or the device count. Saved in `meta`, recomputed after a restore.
+
+Failures surface, never hang: directories are created synchronously (orbax's asynchronous
+creation, when it fails, leaves commit threads waiting five minutes for a signal that never
+comes, and the interpreter waits for them at exit), a failed save raises `CheckpointError`
+at the next `check` / `save` / `finish`, naming the directory and the cause.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import io
+import logging
 import os
+import sys
+import time
+import types
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 
 from gspo_jax import models
 from gspo_jax import sharding as sharding_lib
 from gspo_jax.state import RunState
 
+log = logging.getLogger(__name__)
+
 STATE = "state"
 META = "meta"
+CORRUPT_SUFFIX = ".corrupt"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written, or none of the workdir's could be restored."""
 
 
 def make_manager(
@@ -43,62 +74,366 @@ def make_manager(
         max_to_keep=max_to_keep,
         enable_async_checkpointing=async_save,
         create=True,
+        # A failed asynchronous mkdir leaves orbax's commit threads waiting (module docstring).
+        async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
     )
     return ocp.CheckpointManager(
-        os.path.abspath(directory), options=options, item_names=(STATE, META)
+        os.path.abspath(directory),
+        options=options,
+        item_handlers={STATE: ocp.StandardCheckpointHandler(), META: ocp.JsonCheckpointHandler()},
     )
 
 
 def save(manager: ocp.CheckpointManager, state: RunState) -> None:
     """Start saving `state` at its RL step: its arrays as the `state` item, its host fields
-    as JSON `meta`.
+    as JSON `meta` (the arrays' digests added).
 
     Asynchronous when the manager is: the call returns once device buffers are copied, and
-    `manager.wait_until_finished()` blocks until the files are committed.
+    `finish(manager)` blocks until the files are committed. Raises CheckpointError if this
+    save, or an earlier asynchronous one, failed.
     """
+    arrays = state.arrays()
     meta = state.meta()
-    manager.save(
-        state.step,
-        args=ocp.args.Composite(
-            **{STATE: ocp.args.StandardSave(state.arrays()), META: ocp.args.JsonSave(meta)}
-        ),
+    meta["digests"] = {path: list(d[:2]) for path, d in digests(arrays).items()}
+    args = ocp.args.Composite(
+        **{STATE: ocp.args.StandardSave(arrays), META: ocp.args.JsonSave(meta)}
     )
+    with _failure_as_error(manager, f"saving checkpoint {state.step}"):
+        manager.save(state.step, args=args)
+
+
+def check(manager: ocp.CheckpointManager) -> None:
+    """Raise CheckpointError now if an asynchronous save has failed (cheap; every step). A
+    failure on one process raises on all (one tiny all-gather), so none is left waiting."""
+    error = None
+    try:
+        with _failure_as_error(manager, "an asynchronous checkpoint save"):
+            manager.check_for_errors()
+    except CheckpointError as e:
+        error = e
+    if sharding_lib.host_max(error is not None):
+        raise error or CheckpointError(
+            f"an asynchronous checkpoint save in {manager.directory} failed on another "
+            "process (see its log)"
+        )
+
+
+def finish(manager: ocp.CheckpointManager) -> None:
+    """Block until every save is committed; CheckpointError if one failed."""
+    with _failure_as_error(manager, "committing a checkpoint"):
+        manager.wait_until_finished()
+
+
+@contextlib.contextmanager
+def _failure_as_error(manager, what: str):
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except Exception as e:
+        raise CheckpointError(f"{what} in {manager.directory} failed: {_cause(e)}") from e
+
+
+def _cause(error: BaseException) -> str:
+    """The innermost error of a chain, on one line."""
+    while error.__cause__ is not None or (
+        error.__context__ is not None and not error.__suppress_context__
+    ):
+        error = error.__cause__ or error.__context__
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text[:400]}"
+
+
+# ------------------------------------------------------------------------------ restore
 
 
 def restore_latest(manager: ocp.CheckpointManager, abstract: RunState) -> RunState | None:
-    """The latest complete checkpoint restored into `abstract`'s shapes and shardings, or
-    None when the directory holds none."""
-    step = manager.latest_step()
-    if step is None:
+    """The newest usable checkpoint restored into `abstract`'s shapes and shardings, or
+    None when the directory holds none.
+
+    A step that cannot be read or whose arrays fail their digests is moved aside
+    (`<step>.corrupt`) with a warning, and the next older one is tried; CheckpointError if
+    none is usable. A checkpoint whose arrays have other shapes than `abstract` (the model
+    changed) is an error naming the first differences, not a fallback: every step of the
+    run has the same shapes.
+    """
+    steps = sorted(manager.all_steps(), reverse=True)
+    if not steps:
         return None
-    restored = manager.restore(
-        step,
-        args=ocp.args.Composite(
-            **{STATE: ocp.args.StandardRestore(abstract.arrays()), META: ocp.args.JsonRestore()}
-        ),
+    failures = []
+    for step in steps:
+        reason = _restore_step(manager, step, abstract)
+        if isinstance(reason, RunState):
+            if failures:
+                log.warning(
+                    "resuming from checkpoint %d: the newer %s unusable (moved aside to %s)",
+                    step,
+                    " and ".join(f"{s}" for s, _ in failures)
+                    + (" is" if len(failures) == 1 else " are"),
+                    ", ".join(_path(manager, s) + CORRUPT_SUFFIX for s, _ in failures),
+                )
+            return reason
+        log.warning("checkpoint %s is unusable: %s", _path(manager, step), reason)
+        failures.append((step, reason))
+        _move_aside(manager, step)
+    listing = "; ".join(f"step {s}: {r}" for s, r in failures)
+    raise CheckpointError(
+        f"no usable checkpoint in {manager.directory} (each moved aside to "
+        f"<step>{CORRUPT_SUFFIX}): {listing}"
     )
-    meta = dict(restored[META])
-    if isinstance(meta["data"], list):  # the format before global batches: one per process
+
+
+def _restore_step(manager, step: int, abstract: RunState) -> RunState | str:
+    """The restored state, or why step `step` is unusable. Every process reaches the same
+    verdict (a failure on one is agreed over all before anything else is collective)."""
+    args = ocp.args.Composite(
+        **{STATE: ocp.args.StandardRestore(abstract.arrays()), META: ocp.args.JsonRestore()}
+    )
+    error = mismatch = None
+    try:
+        # Reading the metadata of a damaged step fails the same noisy way as the restore.
+        with _quiet_orbax_failures() as quiet:
+            mismatch = _shape_mismatch(manager, step, abstract, quiet)
+            if mismatch is None:
+                restored = manager.restore(step, args=args)
+                arrays, meta = dict(restored[STATE]), dict(restored[META])
+    except Exception as e:  # noqa: BLE001 - any unreadable file: try the previous step
+        error = f"cannot be read ({_cause(e)})"
+    if mismatch:
+        raise CheckpointError(
+            f"checkpoint {_path(manager, step)} does not fit this run's state: {mismatch}. "
+            "The model or the KL setting changed since it was written: resume with the "
+            "original config, or start a new --workdir"
+        )
+    if sharding_lib.host_max(error is not None):
+        return error or "cannot be read on another process (see its log)"
+    bad = _verify(arrays, meta.get("digests"))
+    if bad:
+        return bad
+    if isinstance(meta.get("data"), list):  # the format before global batches: per process
         if len(meta["data"]) > 1:
             raise ValueError(
-                f"checkpoint {step} in {manager.directory} holds one data position per process "
+                f"checkpoint {_path(manager, step)} holds one data position per process "
                 f"({len(meta['data'])} of them): it was written before prompt batches became "
                 "global, and this version cannot continue its per-process prompt order. "
                 "Resume it with the version that wrote it, on the same number of processes."
             )
         meta["data"] = meta["data"][0]  # one process: its order was the global one
     meta["origin"] = f"checkpoint {step} in {manager.directory}"
-    return abstract.restored(dict(restored[STATE]), meta)
+    return abstract.restored(arrays, meta)
+
+
+def _verify(arrays: dict, saved: dict | None) -> str | None:
+    """Why `arrays` differ from the digests saved with them (None when they agree)."""
+    got = digests(arrays)
+    nonfinite = [path for path, d in got.items() if not d[2]]
+    if saved is None:
+        log.warning("checkpoint has no array digests (written by an older gspo_jax): unchecked")
+    else:
+        wrong = [p for p, d in got.items() if list(d[:2]) != list(saved.get(p, ()))]
+        if wrong:
+            return (
+                f"{len(wrong)} array(s) differ from the digests saved with them, e.g. "
+                f"{wrong[0]} (the files were changed or damaged after the save)"
+            )
+    if nonfinite:
+        return f"{len(nonfinite)} array(s) hold NaN or inf, e.g. {nonfinite[0]}"
+    return None
+
+
+def _shape_mismatch(manager, step: int, abstract: RunState, quiet) -> str | None:
+    """The first differences between the saved arrays' shapes and `abstract`'s, or None
+    (also when the metadata cannot be read: the restore will say why; `quiet`, the
+    `_quiet_orbax_failures` around both, is told)."""
+    try:
+        saved = manager.item_metadata(step)[STATE]
+        saved = {
+            _key(path): tuple(m.shape)
+            for path, m in jax.tree_util.tree_flatten_with_path(
+                getattr(saved, "tree", saved), is_leaf=lambda x: hasattr(x, "shape")
+            )[0]
+        }
+    except Exception:  # noqa: BLE001 - unreadable metadata is corruption, not a mismatch
+        quiet.failed = True
+        return None
+    wanted = {
+        _key(path): tuple(a.shape)
+        for path, a in jax.tree_util.tree_flatten_with_path(abstract.arrays())[0]
+    }
+    diffs = [f"{k} is missing" for k in wanted if k not in saved]
+    diffs += [f"{k} is not in this run" for k in saved if k not in wanted]
+    diffs += [f"{k} saved {saved[k]} vs now {v}" for k, v in wanted.items() if saved.get(k, v) != v]
+    if not diffs:
+        return None
+    more = f" (and {len(diffs) - 3} more)" if len(diffs) > 3 else ""
+    return "; ".join(diffs[:3]) + more
+
+
+def _key(path) -> str:
+    """A tree path as "train/params/embed/embedding", whatever the container types."""
+    parts = []
+    for entry in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(entry, attr):
+                parts.append(str(getattr(entry, attr)))
+                break
+    return "/".join(parts)
+
+
+def _path(manager, step: int) -> str:
+    return os.path.join(str(manager.directory), str(step))
+
+
+def _move_aside(manager, step: int) -> None:
+    """Rename step `step` to `<step>.corrupt` (kept for inspection; orbax no longer lists
+    it, so later saves and restarts do not trip over it). Process 0 renames; all wait."""
+    if jax.process_index() == 0:
+        path = _path(manager, step)
+        target = path + CORRUPT_SUFFIX
+        n = 1
+        while os.path.exists(target):
+            target, n = f"{path}{CORRUPT_SUFFIX}.{n}", n + 1
+        os.rename(path, target)
+    sharding_lib.barrier(f"checkpoint_move_aside_{step}")
+    manager.reload()
+
+
+@contextlib.contextmanager
+def _quiet_orbax_failures():
+    """A damaged file makes tensorstore's reads fail inside orbax's asyncio tasks, which
+    then print dozens to hundreds of "Event loop is closed" tracebacks (unraisable errors of
+    callback threads that fire after orbax closed its loop, some seconds later) and "Task
+    exception was never retrieved" (at garbage collection). The caller reports the one-line
+    reason; this holds the rest back (logged at DEBUG level) and, after a failure, keeps
+    dropping that one late error for good (`_drop_late_event_loop_errors`). Yields a status
+    whose `failed` the caller sets when it caught a failure itself."""
+    hook, stderr = sys.unraisablehook, sys.stderr
+    loggers = [logging.getLogger(name) for name in ("absl", "asyncio")]
+    levels = [logger.level for logger in loggers]
+    held, swallowed = io.StringIO(), []
+    sys.unraisablehook = swallowed.append
+    sys.stderr = held
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    status = types.SimpleNamespace(failed=False)  # the caller may mark a failure it caught
+    try:
+        yield status
+    except BaseException:
+        status.failed = True
+        raise
+    finally:
+        failed = status.failed
+        # The failed reads' callbacks keep firing for a moment after orbax gives up: hold
+        # stderr until they stop (at most a few seconds, and only when something failed).
+        deadline, quiet, size = time.monotonic() + 3.0, 0, -1
+        while (failed or held.tell()) and quiet < 3 and time.monotonic() < deadline:
+            gc.collect()  # the failed tasks and coroutines are finalised here, silently
+            quiet = quiet + 1 if held.tell() + len(swallowed) == size else 0
+            size = held.tell() + len(swallowed)
+            time.sleep(0.1)
+        gc.collect()
+        sys.unraisablehook, sys.stderr = hook, stderr
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+        if failed or held.tell() or swallowed:
+            _drop_late_event_loop_errors()
+        if held.getvalue() or swallowed:
+            log.debug(
+                "held back while restoring a checkpoint (%d unraisable):\n%s",
+                len(swallowed),
+                held.getvalue(),
+            )
+
+
+def _drop_late_event_loop_errors() -> None:
+    """From now on, drop (only) the "Event loop is closed" errors that a failed restore's
+    tensorstore callbacks raise when they fire after orbax closed its loop, possibly seconds
+    later; every other unraisable exception still reaches the previous hook."""
+    previous = sys.unraisablehook
+    if getattr(previous, "gspo_jax_filter", False):
+        return
+
+    def hook(unraisable):
+        error = unraisable.exc_value
+        if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+            return
+        previous(unraisable)
+
+    hook.gspo_jax_filter = True
+    sys.unraisablehook = hook
+
+
+# ------------------------------------------------------------------------------ digests
+
+
+def _words(x: jax.Array) -> jax.Array:
+    """The bits of `x` as uint32 (2-byte and 1-byte types widened, 8-byte ones split)."""
+    if x.dtype == jnp.bool_:
+        return x.astype(jnp.uint32)
+    size = x.dtype.itemsize
+    if size == 4:
+        return jax.lax.bitcast_convert_type(x, jnp.uint32)
+    if size == 2:
+        return jax.lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32)
+    if size == 1:
+        return jax.lax.bitcast_convert_type(x, jnp.uint8).astype(jnp.uint32)
+    return jax.lax.bitcast_convert_type(x, jnp.uint32)  # [..., size // 4]
+
+
+def _digest(x: jax.Array):
+    """(Σ w_i·(2i+1), Σ (w_i ⊕ φ·i)·c, all finite) of one array (module docstring)."""
+    w = _words(x)
+    index = jnp.zeros(w.shape, jnp.uint32)
+    stride = 1
+    for axis in reversed(range(w.ndim)):  # the linear index, without reshaping (sharding)
+        index = index + jax.lax.broadcasted_iota(jnp.uint32, w.shape, axis) * np.uint32(stride)
+        stride = (stride * w.shape[axis]) % 2**32
+    first = jnp.sum(w * (index * np.uint32(2) + np.uint32(1)), dtype=jnp.uint32)
+    second = jnp.sum(
+        (w ^ (index * np.uint32(0x9E3779B9))) * np.uint32(0x85EBCA6B), dtype=jnp.uint32
+    )
+    finite = jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.bool_(True)
+    return first, second, finite
+
+
+_digests_jit = jax.jit(lambda tree: jax.tree.map(_digest, tree))
+
+
+def digests(tree) -> dict[str, tuple[int, int, bool]]:
+    """{path: (sum 1, sum 2, all finite)} of every array of `tree` (one jitted reduction;
+    the same values on every process and for every sharding)."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    out = jax.device_get(_digests_jit([leaf for _, leaf in leaves]))
+    return {_key(path): (int(a), int(b), bool(f)) for (path, _), (a, b, f) in zip(leaves, out)}
+
+
+def require_finite(tree, what: str) -> None:
+    """Raise ValueError naming the first arrays of `tree` that hold NaN or inf."""
+    bad = [path for path, d in digests(tree).items() if not d[2]]
+    if bad:
+        more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
+        raise ValueError(f"{what} holds NaN or inf in {', '.join(bad[:3])}{more}")
+
+
+# ------------------------------------------------------------------------------ export
 
 
 def export_hf(model_config, tokenizer, params, path: str) -> str:
     """The policy as a Hugging Face checkpoint directory (safetensors + tokenizer) at `path`.
 
-    Every process takes part in gathering the (possibly multi-host) params; process 0
-    writes.
+    Refuses params holding NaN or inf (a run must never leave a NaN model behind). Every
+    process takes part in gathering the (possibly multi-host) params; process 0 writes.
     """
+    require_finite(params, f"the final policy (not exported to {path})")
     params = sharding_lib.gather_params(params)
     if jax.process_index() == 0:
         models.save_pretrained(model_config, params, path)
         tokenizer.save_pretrained(path)
     return path
+
+
+def existing_steps(directory: str) -> list[int]:
+    """The committed checkpoint steps under `directory` (a cheap listing, no orbax)."""
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(name) for name in os.listdir(directory) if name.isdigit())

@@ -5,25 +5,34 @@ module is the one place a config is read into the arguments of the pieces it dri
 
   validate(config)                     before anything is compiled or loaded
   model_config(config, tokenizer)      the policy architecture (scratch or Hugging Face)
+  check_model_against_tokenizer(...)   tokenizer ids inside the model's vocabulary
   step_config(config, model_config)    the train step's static StepConfig
   advantage_kwargs(config)             compute_advantages' options (ROLL's names)
   sampler_kwargs(config, greedy=)      sampling.sample's options
   batch_sizes(config)                  responses, mini-batch and micro-batch sizes
 
 Valid names are read from the registries that define them (objectives, advantages, optim,
-models, data), never restated here. Errors name the field and list the valid values;
-settings that are legal but far from the paper's (GSPO with a GRPO-sized clip range, GSPO
-with a token-sum aggregation) warn with the paper's values.
+models, data), never restated here. Errors name the field and list the valid values; every
+number must be finite and in its range (NaN compares False, so it is named here instead of
+becoming a NaN loss). Settings that are legal but far from the paper's (GSPO with a
+GRPO-sized clip range, GSPO with a token-sum aggregation) warn with the paper's values, and
+so does an option set while its switch is off (docs/failures.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.machinery
+import math
+import numbers
+import os
+import sys
 import warnings
 
 from gspo_jax import advantages, models, objectives, optim
 from gspo_jax import sharding as sharding_lib
 from gspo_jax.data.build import DATASETS
+from gspo_jax.data.pipeline import OVERLONG_POLICIES
 from gspo_jax.models.config import ARCHS, ATTENTION_IMPLS, DTYPES, MOE_IMPLS, REMAT_POLICIES
 from gspo_jax.train_step import StepConfig
 
@@ -57,10 +66,66 @@ def _choice(name: str, value, valid) -> None:
 
 
 def _positive_int(config, name: str) -> int:
+    return _int(config, name, minimum=1)
+
+
+def _int(config, name: str, *, minimum: int, allow_none: bool = False) -> int | None:
+    """An int >= minimum (bools are not ints here)."""
     value = _get(config, name)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"config.{name}={value!r} must be a positive integer")
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        kind = {0: "a non-negative integer", 1: "a positive integer"}.get(
+            minimum, f"an integer >= {minimum}"
+        )
+        raise ConfigError(f"config.{name}={value!r} must be {kind}")
     return value
+
+
+def _number(
+    config,
+    name: str,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+    allow_none: bool = False,
+) -> float | None:
+    """A finite real number within [low, high] (an end open where asked). NaN and inf
+    fail every check, so they are named here rather than turned into NaN losses later."""
+    value = _get(config, name)
+    if value is None and allow_none:
+        return None
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    ok = ok and math.isfinite(value)
+    if ok and low is not None:
+        ok = value > low if low_open else value >= low
+    if ok and high is not None:
+        ok = value < high if high_open else value <= high
+    if not ok:
+        if low is not None and high is not None:
+            where = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        elif low is not None:
+            where = f"{'>' if low_open else '>='} {low:g}"
+        elif high is not None:
+            where = f"{'<' if high_open else '<='} {high:g}"
+        else:
+            where = "finite"
+        none = " (or None)" if allow_none else ""
+        raise ConfigError(f"config.{name}={value!r} must be a finite number {where}{none}")
+    return float(value)
+
+
+def _bool(config, name: str) -> bool:
+    value = _get(config, name)
+    if not isinstance(value, bool):
+        raise ConfigError(f"config.{name}={value!r} must be True or False")
+    return value
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, ConfigWarning, stacklevel=3)
 
 
 def _get(config, dotted: str):
@@ -168,56 +233,25 @@ def validate(config, *, num_devices: int | None = None, num_processes: int = 1) 
         raise ConfigError(f"reward_norm='group' needs num_return_sequences_in_group >= 2 (got {g})")
 
     # -- ranges ------------------------------------------------------------------------------
-    if not 0.0 <= config.clip_low < 1.0:
-        raise ConfigError(f"config.clip_low={config.clip_low} must be in [0, 1)")
-    if not config.clip_high >= 0.0:
-        raise ConfigError(f"config.clip_high={config.clip_high} must be >= 0")
-    if config.dual_clip_loss and not config.dual_clip_ratio > 1.0:
-        raise ConfigError(f"config.dual_clip_ratio={config.dual_clip_ratio} must be > 1")
-    for name in ("reward_clip", "advantage_clip"):
-        value = config[name]
-        if value is not None and not value > 0:
-            raise ConfigError(f"config.{name}={value} must be > 0 (or None to switch it off)")
-    if config.kl_loss_coef < 0 or config.token_level_kl_coef < 0:
-        raise ConfigError("config.kl_loss_coef and config.token_level_kl_coef must be >= 0")
-    if config.sampling.temperature < 0:
-        raise ConfigError(f"config.sampling.temperature={config.sampling.temperature} < 0")
-    if config.sampling.top_k is not None and config.sampling.top_k < 1:
-        raise ConfigError(f"config.sampling.top_k={config.sampling.top_k} must be >= 1")
-    if config.sampling.top_p is not None and not 0.0 < config.sampling.top_p <= 1.0:
-        raise ConfigError(f"config.sampling.top_p={config.sampling.top_p} must be in (0, 1]")
-    if config.optim.learning_rate < 0:
-        raise ConfigError(f"config.optim.learning_rate={config.optim.learning_rate} < 0")
-    if config.data.name == "gsm8k" and not config.data.manual_dir:
-        raise ConfigError(
-            "config.data.name='gsm8k' needs config.data.manual_dir: a directory holding "
-            "train.jsonl and test.jsonl"
-        )
-    if (
-        config.model.routing_replay
-        and config.model.arch != "qwen3_moe"
-        and not config.model.hf_path
-    ):
-        raise ConfigError("config.model.routing_replay needs a Mixture-of-Experts model")
+    _ranges(config)
+    _check_model(config)
+    _check_data(config)
+    _check_rewards(config)
 
     # -- legal, but worth a warning ------------------------------------------------------------
     if config.importance_sampling in SEQ_MODES:
         if max(config.clip_low, config.clip_high) >= GSPO_CLIP_WARN:
-            warnings.warn(
+            _warn(
                 f"GSPO (importance_sampling={config.importance_sampling!r}) with clip range "
                 f"({config.clip_low}, {config.clip_high}): sequence ratios sit within ~1e-3 of "
                 "1, so a GRPO-sized range almost never clips. The paper uses "
-                "clip_low=3e-4, clip_high=4e-4 (§5.1).",
-                ConfigWarning,
-                stacklevel=2,
+                "clip_low=3e-4, clip_high=4e-4 (§5.1)."
             )
         if config.loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-sum-norm"):
-            warnings.warn(
+            _warn(
                 f"GSPO with loss_agg_mode={config.loss_agg_mode!r} weights each sequence by its "
                 "length; the paper's objective (§4.1) averages sequences with 1/|y_i| length "
-                "normalisation: loss_agg_mode='seq-mean-token-mean'.",
-                ConfigWarning,
-                stacklevel=2,
+                "normalisation: loss_agg_mode='seq-mean-token-mean'."
             )
     if config.old_logprobs_source == "sampler":
         if config.sampling.temperature == 0:
@@ -226,19 +260,245 @@ def validate(config, *, num_devices: int | None = None, num_processes: int = 1) 
                 "has no sampling distribution to serve as pi_old"
             )
         if config.sampling.top_k is not None or config.sampling.top_p is not None:
-            warnings.warn(
+            _warn(
                 "old_logprobs_source='sampler' with top_k/top_p: the sampler's log-probs are "
                 "of the unfiltered softmax(logits / temperature), but tokens were drawn from "
-                "the filtered distribution, so the importance ratio is biased.",
-                ConfigWarning,
-                stacklevel=2,
+                "the filtered distribution, so the importance ratio is biased."
             )
-    if config.use_kl_loss and config.kl_loss_coef == 0:
-        warnings.warn("use_kl_loss=True with kl_loss_coef=0 adds nothing", ConfigWarning, 2)
-    if config.add_token_level_kl and config.token_level_kl_coef == 0:
-        warnings.warn(
-            "add_token_level_kl=True with token_level_kl_coef=0 adds nothing", ConfigWarning, 2
+    if config.sampling.temperature == 0 and g > 1:
+        _warn(
+            f"sampling.temperature=0 samples greedily: the {g} responses of a prompt are "
+            "identical, so group advantages are 0 and nothing is learned"
         )
+    if config.use_kl_loss and config.kl_loss_coef == 0:
+        _warn("use_kl_loss=True with kl_loss_coef=0 adds nothing")
+    if config.add_token_level_kl and config.token_level_kl_coef == 0:
+        _warn("add_token_level_kl=True with token_level_kl_coef=0 adds nothing")
+    _warn_options_without_switch(config, reward_norm)
+
+
+# An option -> (the switch that makes it matter, a test of whether the switch is on, its
+# value when unused). Setting the option while its switch is off changes nothing, which is
+# worth a word: the reverse case (a switch on with a zero coefficient) warns too. Warnings,
+# not errors: ROLL / verl yamls routinely carry kl_loss_coef: 0.001 with use_kl_loss: false.
+def _warn_options_without_switch(config, reward_norm) -> None:
+    pairs = [
+        ("kl_loss_coef", config.kl_loss_coef != 0, "use_kl_loss", config.use_kl_loss),
+        (
+            "token_level_kl_coef",
+            config.token_level_kl_coef != 0,
+            "add_token_level_kl",
+            config.add_token_level_kl,
+        ),
+        ("reward_shift", config.reward_shift, "reward_norm", reward_norm is not None),
+        ("reward_scale", config.reward_scale, "reward_norm", reward_norm is not None),
+        (
+            "dual_clip_ratio",
+            config.dual_clip_ratio != DEFAULT_DUAL_CLIP_RATIO,
+            "dual_clip_loss",
+            config.dual_clip_loss,
+        ),
+        (
+            "kl_estimator",
+            config.kl_estimator != "k3",
+            "use_kl_loss or add_token_level_kl",
+            config.use_kl_loss or config.add_token_level_kl,
+        ),
+        (
+            "warm_start.steps",
+            config.warm_start.steps > 0,
+            "a scratch model (model.hf_path unset)",
+            not config.model.hf_path,
+        ),
+    ]
+    for option, is_set, switch, switch_on in pairs:
+        if is_set and not switch_on:
+            _warn(
+                f"config.{option}={_get(config, option)!r} has no effect: it is only used "
+                f"with {switch}, which is off"
+            )
+
+
+# dual_clip_ratio's value in configs/base.py; a different one without dual_clip_loss warns.
+DEFAULT_DUAL_CLIP_RATIO = 3.0
+
+
+def _ranges(config) -> None:
+    """Every number a run reads, checked finite and in range (NaN compares False)."""
+    if not 0 <= _int(config, "seed", minimum=0) < 2**31:
+        raise ConfigError(f"config.seed={config.seed} must be in [0, 2**31)")
+    _number(config, "clip_low", low=0.0, high=1.0, high_open=True)
+    _number(config, "clip_high", low=0.0)
+    _number(config, "dual_clip_ratio", low=1.0, low_open=True)
+    for name in ("reward_clip", "advantage_clip"):
+        _number(config, name, low=0.0, low_open=True, allow_none=True)
+    for name in ("kl_loss_coef", "token_level_kl_coef"):
+        _number(config, name, low=0.0)
+    _number(config, "entropy_coef")
+    for name in (
+        "use_kl_loss",
+        "add_token_level_kl",
+        "dual_clip_loss",
+        "whiten_advantages",
+        "reward_shift",
+        "reward_scale",
+        "model.routing_replay",
+        "checkpoint.async_save",
+        "checkpoint.export_hf",
+        "log.progress_bar",
+        "log.tensorboard",
+        "log.plot",
+    ):
+        _bool(config, name)
+    _positive_int(config, "logprob_chunk_size")
+
+    _number(config, "sampling.temperature", low=0.0)
+    _int(config, "sampling.top_k", minimum=1, allow_none=True)
+    _number(config, "sampling.top_p", low=0.0, high=1.0, low_open=True, allow_none=True)
+    buckets = config.sampling.prompt_buckets
+    if (
+        not isinstance(buckets, (tuple, list))
+        or not buckets
+        or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in buckets)
+    ):
+        raise ConfigError(
+            f"config.sampling.prompt_buckets={buckets!r} must be a non-empty tuple of "
+            "positive integers"
+        )
+
+    _number(config, "optim.learning_rate", low=0.0, low_open=True)
+    _int(config, "optim.warmup_steps", minimum=0)
+    _number(config, "optim.end_lr_ratio", low=0.0, high=1.0)
+    _number(config, "optim.weight_decay", low=0.0)
+    _number(config, "optim.b1", low=0.0, high=1.0, high_open=True)
+    _number(config, "optim.b2", low=0.0, high=1.0, high_open=True)
+    _number(config, "optim.eps", low=0.0, low_open=True)
+    if config.optim.max_grad_norm not in (None, 0):  # None or 0: no clipping
+        _number(config, "optim.max_grad_norm", low=0.0, low_open=True)
+
+    _int(config, "warm_start.steps", minimum=0)
+    _positive_int(config, "warm_start.batch_size")
+    _number(config, "warm_start.learning_rate", low=0.0, low_open=True)
+    _number(config, "warm_start.teacher_error_rate", low=0.0, high=1.0)
+
+    _int(config, "eval.every_steps", minimum=0)
+    _positive_int(config, "eval.num_prompts")
+    _positive_int(config, "eval.batch_size")
+    _int(config, "checkpoint.every_steps", minimum=0)
+    _positive_int(config, "checkpoint.max_to_keep")
+
+    _int(config, "reward.num_workers", minimum=0)
+    _int(config, "reward.max_failed_rollouts", minimum=0)
+    _number(config, "reward.timeout_s", low=0.0, low_open=True)
+
+
+def _check_model(config) -> None:
+    """The model fields, before any file is read: a scratch architecture is built once with
+    a placeholder vocabulary (ModelConfig checks itself); a checkpoint directory must be one."""
+    m = config.model
+    if m.routing_replay and m.arch != "qwen3_moe" and not m.hf_path:
+        raise ConfigError("config.model.routing_replay needs a Mixture-of-Experts model")
+    if m.hf_path:
+        _check_dir("model.hf_path", m.hf_path, must_hold=("config.json",))
+    if m.tokenizer_path:
+        _check_dir("model.tokenizer_path", m.tokenizer_path)
+    if m.hf_path:
+        return
+    for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "head_dim"):
+        _positive_int(config, f"model.{name}")
+    _positive_int(config, "model.num_kv_heads")
+    _number(config, "model.rope_theta", low=0.0, low_open=True)
+    if m.arch == "qwen3_moe":
+        experts = _positive_int(config, "model.num_experts")
+        if not 1 <= _positive_int(config, "model.num_experts_per_tok") <= experts:
+            raise ConfigError(
+                f"config.model.num_experts_per_tok={m.num_experts_per_tok} must be in "
+                f"[1, model.num_experts={experts}]"
+            )
+        _positive_int(config, "model.moe_intermediate_size")
+    try:
+        _scratch_model_config(config, vocab_size=1, eos_token_ids=(), pad_token_id=None)
+    except ValueError as e:
+        raise ConfigError(str(e).replace("ModelConfig.", "config.model.")) from None
+
+
+def _check_dir(name: str, path, *, must_hold: tuple[str, ...] = ()) -> None:
+    if not os.path.isdir(path):
+        what = "is a file, not a directory" if os.path.exists(path) else "does not exist"
+        raise ConfigError(f"config.{name}={path!r} {what}")
+    for file in must_hold:
+        if not os.path.isfile(os.path.join(path, file)):
+            raise ConfigError(f"config.{name}={path!r} has no {file}")
+
+
+def _check_data(config) -> None:
+    d = config.data
+    spec = DATASETS[d.name]
+    configs = [c.name for c in spec.builder.BUILDER_CONFIGS]
+    if configs and d.config_name not in configs:
+        raise ConfigError(
+            f"config.data.config_name={d.config_name!r} is not one of {configs} "
+            f"(dataset {d.name!r})"
+        )
+    if not configs and d.config_name:
+        raise ConfigError(
+            f"config.data.config_name={d.config_name!r}: dataset {d.name!r} has no builder "
+            "configs; set it to ''"
+        )
+    _choice("data.overlong", d.overlong, OVERLONG_POLICIES)
+    if d.train_split == d.eval_split:
+        _warn(
+            f"config.data.train_split and eval_split are both {d.train_split!r}: the "
+            "held-out accuracy is measured on training prompts"
+        )
+    if spec.check_manual_dir is not None:
+        if not d.manual_dir:
+            raise ConfigError(
+                f"config.data.name={d.name!r} needs config.data.manual_dir: a directory "
+                "holding train.jsonl and test.jsonl"
+            )
+        try:
+            spec.check_manual_dir(d.manual_dir)
+        except FileNotFoundError as e:
+            raise ConfigError(f"config.data.manual_dir={d.manual_dir!r}: {e}") from None
+
+
+def _check_rewards(config) -> None:
+    """The reward specs name registered rewards; with worker processes, each reward's module
+    must be importable by name (a reward registered in the config file is not: the workers
+    would fail at the first rollout, after the model is loaded)."""
+    from gspo_jax import rewards
+
+    modules = {}
+    for name in ("reward.spec", "reward.accuracy"):
+        try:
+            reward = rewards.build_reward(_get(config, name))
+        except ValueError as e:
+            raise ConfigError(f"config.{name}: {e}") from None
+        for term, fn in zip(reward.names, reward.fns):
+            modules[term] = (name, getattr(fn, "__module__", "__main__"))
+    if config.reward.num_workers == 0:
+        return
+    for term, (field, module) in modules.items():
+        if not _importable_by_workers(module):
+            raise ConfigError(
+                f"config.{field}: reward {term!r} is registered in module {module!r}, which "
+                "the reward worker processes cannot import by name (a config file or a "
+                "script is not a module on sys.path). Move it into an importable module, or "
+                "score in-process with config.reward.num_workers=0 (no timeout)"
+            )
+
+
+def _importable_by_workers(module: str) -> bool:
+    """Workers import reward modules by name with the parent's sys.path (rewards/pool.py)."""
+    if module in ("__main__", "__mp_main__"):
+        return False
+    top = module.split(".")[0]
+    return (
+        top in ("gspo_jax",)
+        or importlib.machinery.PathFinder.find_spec(top) is not None
+        or top in sys.builtin_module_names
+    )
 
 
 def _data_parallel_size(config, num_devices: int) -> int:
@@ -276,10 +536,20 @@ def model_config(config, tokenizer) -> models.ModelConfig:
         return dataclasses.replace(hf, **numerics)
     from gspo_jax import data
 
+    return _scratch_model_config(
+        config,
+        vocab_size=len(tokenizer),
+        eos_token_ids=tuple(data.stop_token_ids(tokenizer)),
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def _scratch_model_config(config, **tokens) -> models.ModelConfig:
+    """The scratch architecture of `model.*`; `tokens`: vocab_size and the special ids."""
+    m = config.model
     moe = m.arch == "qwen3_moe"
     return models.ModelConfig(
         arch=m.arch,
-        vocab_size=len(tokenizer),
         hidden_size=m.hidden_size,
         intermediate_size=m.intermediate_size,
         num_layers=m.num_layers,
@@ -295,10 +565,44 @@ def model_config(config, tokenizer) -> models.ModelConfig:
         moe_intermediate_size=m.moe_intermediate_size if moe else 0,
         norm_topk_prob=moe,
         max_position_embeddings=max(4096, config.prompt_length + config.response_length),
-        eos_token_ids=tuple(data.stop_token_ids(tokenizer)),
-        pad_token_id=tokenizer.pad_token_id,
-        **numerics,
+        param_dtype=m.param_dtype,
+        dtype=m.dtype,
+        remat=m.remat,
+        moe_impl=m.moe_impl,
+        **tokens,
     )
+
+
+def check_model_against_tokenizer(config, model_config: models.ModelConfig, tokenizer) -> None:
+    """The tokenizer's ids, the model's vocabulary and the run's lengths agree (run when the
+    model config is read, before any data or weights). A token id >= vocab_size has no
+    embedding row: it would give NaN log-probs and skip every update, silently."""
+    from gspo_jax import data
+
+    vocab = model_config.vocab_size
+    where = f"model.hf_path={config.model.hf_path!r}" if config.model.hf_path else "model"
+    source = config.model.tokenizer_path or config.model.hf_path or "the char tokenizer"
+    largest = max(tokenizer.get_vocab().values(), default=-1)
+    if largest >= vocab:
+        raise ConfigError(
+            f"the tokenizer ({source}) has token ids up to {largest}, but the {where} has "
+            f"vocab_size={vocab}: ids >= {vocab} have no embedding. Use the model's own "
+            "tokenizer (config.model.tokenizer_path)"
+        )
+    special = {"pad_token_id": tokenizer.pad_token_id}
+    for i, eos in enumerate(data.stop_token_ids(tokenizer)):
+        special[f"stop token {i}"] = eos
+    for name, value in special.items():
+        if value is not None and not 0 <= value < vocab:
+            raise ConfigError(
+                f"the tokenizer's {name}={value} is outside the {where} vocabulary [0, {vocab})"
+            )
+    length = config.prompt_length + config.response_length
+    if length > model_config.max_position_embeddings:
+        raise ConfigError(
+            f"config.prompt_length + config.response_length = {length} exceeds the "
+            f"{where}'s max_position_embeddings={model_config.max_position_embeddings}"
+        )
 
 
 def step_config(config, model_config: models.ModelConfig) -> StepConfig:

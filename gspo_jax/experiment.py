@@ -6,14 +6,17 @@ reward scorers, the metric writer and the checkpoint manager. The loop (train.py
 rollout (rollout.py) read it; nothing writes to it after `setup`, except the prompt
 iterator advancing (its position is part of the `RunState`).
 
-`setup` does the cheap checks first: the config is validated before any data, model or
-compile work, and the workdir gets config.json.
+`setup` does the cheap checks first, before any data, model or compile work: the config is
+validated, the workdir must be a writable directory, a resumed run's config is compared
+with the one it was started with (workdir.py), and the tokenizer is checked against the
+model's vocabulary.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -28,8 +31,11 @@ from gspo_jax import checkpoint, data, models, optim, rollout, sampling, writers
 from gspo_jax import config as config_lib
 from gspo_jax import sharding as sharding_lib
 from gspo_jax import state as state_lib
+from gspo_jax import workdir as workdir_lib
 from gspo_jax.rewards import RewardPool, build_reward
 from gspo_jax.train_step import StepConfig, batch_shardings, make_logprobs_fn, make_train_step
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,14 +100,28 @@ class Run:
         )
 
     def close(self) -> None:
-        if self.pool is not None:
-            self.pool.close()
-        self.manager.close()
+        """Release the workers, the writer and the checkpoint manager. Never raises: it runs
+        on the way out of a failed run, whose own error is the one to report."""
+        for close in (getattr(self.pool, "close", None), self.writer.close, self.manager.close):
+            if close is None:
+                continue
+            try:
+                close()
+            except Exception as e:  # noqa: BLE001
+                log.debug("closing %s: %s", close, e)
 
 
-def setup(config, workdir: str, *, devices: Sequence[jax.Device] | None = None) -> Run:
+def setup(
+    config,
+    workdir: str,
+    *,
+    allow_config_change: bool = False,
+    devices: Sequence[jax.Device] | None = None,
+) -> Run:
     """Validate `config`, then build every fixed piece of the run in `workdir`.
 
+    `allow_config_change`: resume a workdir whose run was started with a config that
+    differs in fields that change the run (workdir.record_config).
     The mesh (config.mesh) spans `devices`, by default all of them; a subset runs a
     one-device reference beside a sharded run in one process (tests, a Colab).
     """
@@ -110,12 +130,23 @@ def setup(config, workdir: str, *, devices: Sequence[jax.Device] | None = None) 
     devices = list(jax.devices() if devices is None else devices)
     config_lib.validate(c, num_devices=len(devices), num_processes=jax.process_count())
     mesh = sharding_lib.make_mesh(config_lib.mesh_shape(c, len(devices)), devices)
-    os.makedirs(workdir, exist_ok=True)
-    if jax.process_index() == 0:
-        with open(os.path.join(workdir, "config.json"), "w") as f:
-            f.write(c.to_json_best_effort(indent=2))
+    checkpoint_dir = os.path.join(workdir, "checkpoints")
+    workdir_lib.prepare(workdir, checkpoint_dir)
+    workdir_lib.record_config(
+        c,
+        workdir,
+        resuming=bool(checkpoint.existing_steps(checkpoint_dir)),
+        allow_change=allow_config_change,
+    )
 
     tokenizer = _tokenizer(c, workdir)
+    model_config = config_lib.model_config(c, tokenizer)
+    config_lib.check_model_against_tokenizer(c, model_config, tokenizer)
+    if c.model.routing_replay and model_config.num_experts == 0:
+        raise config_lib.ConfigError(
+            f"config.model.routing_replay needs a Mixture-of-Experts model; "
+            f"{c.model.hf_path or 'the scratch model'} has none"
+        )
     spec = data.get_spec(c.data.name)
     sources = _sources(c, workdir)
     instruction = data.DEFAULT_INSTRUCTION if c.data.instruction is None else c.data.instruction
@@ -124,6 +155,7 @@ def setup(config, workdir: str, *, devices: Sequence[jax.Device] | None = None) 
         "reference_key": spec.reference_key,
         "system_prompt": c.data.system_prompt,
         "instruction": instruction or None,
+        "overlong": c.data.overlong,
     }
     # Every process prepares the whole split and keeps its rows of each global batch, so the
     # batches (and a saved data position) do not depend on the number of processes.
@@ -132,12 +164,6 @@ def setup(config, workdir: str, *, devices: Sequence[jax.Device] | None = None) 
         sources[c.data.train_split], tokenizer, **prompt_kwargs, **whole
     )
 
-    model_config = config_lib.model_config(c, tokenizer)
-    if c.model.routing_replay and model_config.num_experts == 0:
-        raise config_lib.ConfigError(
-            f"config.model.routing_replay needs a Mixture-of-Experts model; "
-            f"{c.model.hf_path or 'the scratch model'} has none"
-        )
     step_config = config_lib.step_config(c, model_config)
     tx = optim.make_optimizer(c.optim, c.num_steps * c.ppo_epochs * c.num_mini_batches)
     abstract_params = models.abstract_params(model_config)
@@ -186,7 +212,11 @@ def setup(config, workdir: str, *, devices: Sequence[jax.Device] | None = None) 
         logprobs_fn=make_logprobs_fn(step_config),
         advantage_fn=rollout.make_advantage_fn(c, mesh),
         reward=rollout.Scorer(
-            build_reward(c.reward.spec), c.invalid_reward, timeout_s=timeout, pool=pool
+            build_reward(c.reward.spec),
+            c.invalid_reward,
+            timeout_s=timeout,
+            pool=pool,
+            max_failed_batches=c.reward.max_failed_rollouts,
         ),
         # Accuracy counts a failed verification as wrong (0), never as missing.
         accuracy=rollout.Scorer(
@@ -197,7 +227,7 @@ def setup(config, workdir: str, *, devices: Sequence[jax.Device] | None = None) 
             workdir, tensorboard=c.log.tensorboard, enabled=jax.process_index() == 0
         ),
         manager=checkpoint.make_manager(
-            os.path.join(workdir, "checkpoints"),
+            checkpoint_dir,
             max_to_keep=c.checkpoint.max_to_keep,
             async_save=c.checkpoint.async_save,
         ),

@@ -37,6 +37,7 @@ from gspo_jax import objectives, sampling
 from gspo_jax import sharding as sharding_lib
 from gspo_jax.config import advantage_kwargs
 from gspo_jax.rewards import score_batch
+from gspo_jax.rewards.scoring import HARD_FAILURES, FailureLog, raise_all_failed
 
 
 def bucket_prompts(tokens_NP: np.ndarray, mask_NP: np.ndarray, buckets) -> tuple:
@@ -59,17 +60,29 @@ def decode_responses(tokenizer, tokens_BT: np.ndarray, mask_BT: np.ndarray) -> l
 
 
 class Scorer:
-    """A reward function bound to its failure rule, timeout and worker pool."""
+    """A reward function bound to its failure rule, timeout and worker pool.
 
-    def __init__(self, reward_fn, invalid_reward: str, *, timeout_s=None, pool=None):
+    Each distinct failure message is logged once. With `max_failed_batches=k`, k batches
+    in a row in which every call failed in a hard way (raised, non-number, NaN:
+    `rewards.HARD_FAILURES`), counted over all processes, raise `rewards.RewardError` on
+    every process (one small all-reduce per call): such a batch has no reward signal at
+    all, so a verifier that keeps failing trains nothing."""
+
+    def __init__(
+        self, reward_fn, invalid_reward: str, *, timeout_s=None, pool=None, max_failed_batches=None
+    ):
         self.reward_fn = reward_fn
         self.invalid_reward = invalid_reward
         self.timeout_s = timeout_s
         self.pool = pool
+        self.max_failed_batches = max_failed_batches or None
+        self.failed_batches = 0  # consecutive batches in which every call failed
+        self.what = repr(getattr(reward_fn, "spec", getattr(reward_fn, "__name__", reward_fn)))
+        self.log_failures = FailureLog(self.what)
 
     def score(self, prompts, completions, references):
         """(rewards [B] f32, valid [B] bool, stats): see score_responses."""
-        return score_responses(
+        rewards, valid, stats = score_responses(
             self.reward_fn,
             prompts,
             completions,
@@ -78,6 +91,15 @@ class Scorer:
             timeout_s=self.timeout_s,
             pool=self.pool,
         )
+        self.log_failures(stats)
+        if self.max_failed_batches is not None:
+            hard = sum(stats.get(k, 0) for k in HARD_FAILURES)
+            items, failed = sharding_lib.host_sum(np.array([len(rewards), hard], np.int64))
+            all_failed = bool(items) and failed == items
+            self.failed_batches = self.failed_batches + 1 if all_failed else 0
+            if self.failed_batches >= self.max_failed_batches:
+                raise_all_failed(int(items), self.failed_batches, stats, what=self.what)
+        return rewards, valid, stats
 
 
 def score_responses(

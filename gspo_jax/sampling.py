@@ -7,8 +7,9 @@ whose log-probs use the trainer's own log-softmax formula).
 
 How it runs (no per-token Python):
 
-  host     validate the arguments; read the prompt lengths (one small device->host read, or
-           none for numpy input); trim the left-padded prompts to their bucket
+  host     validate the arguments and the prompts (integer ids inside the vocabulary, a 0/1
+           mask, left padding: one small device->host read, or none for numpy input); trim
+           the left-padded prompts to their bucket
   jit 1    `_prefill`: one prefill per prompt (`models.prefill_shared`), its KV cache kept
            once per prompt; a zeroed `models.ResponseCache` and the `SamplerState`
   jit 2    `_decode`: sample the first token from the prefill logits, then `lax.while_loop`s
@@ -325,30 +326,69 @@ def choose_bucket(longest: int, width: int, buckets=DEFAULT_BUCKETS) -> int:
     return min(fitting[0] if fitting else width, width)
 
 
-def _row_summary(mask_NP):
-    """(real length [N], left-padded [N] bool): padding only before the first real token."""
+def _prompt_summary(tokens_NP, mask_NP):
+    """(real length [N], left-padded [N] bool, mask entries not 0/1, smallest id, largest id):
+    padding only before the first real token; ids checked everywhere, padding included (an
+    out-of-range id at a masked position still reaches the embedding lookup)."""
     m = mask_NP != 0
     seen = jnp.cumsum(m, axis=1) > 0
-    return jnp.sum(m, axis=1, dtype=jnp.int32), jnp.all(m | ~seen, axis=1)
+    bad_mask = jnp.sum((mask_NP != 0) & (mask_NP != 1), dtype=jnp.int32)
+    return (
+        jnp.sum(m, axis=1, dtype=jnp.int32),
+        jnp.all(m | ~seen, axis=1),
+        bad_mask,
+        jnp.min(tokens_NP),
+        jnp.max(tokens_NP),
+    )
 
 
 @functools.cache
-def _replicated_row_summary(sharding):
-    return jax.jit(_row_summary, out_shardings=(sharding, sharding))
+def _replicated_prompt_summary(sharding):
+    return jax.jit(_prompt_summary, out_shardings=(sharding,) * 5)
 
 
-def _host_row_summary(mask_NP):
-    """Row lengths and left-padding flags on the host. numpy and fully addressable arrays
-    are read directly ([N, P] ints); an array spread over several processes is reduced where
-    it lives and only the [N] results come back, replicated (the same on every process)."""
-    if not isinstance(mask_NP, jax.Array) or mask_NP.is_fully_addressable:
-        m = np.asarray(mask_NP) != 0
+def _host_prompt_summary(tokens_NP, mask_NP):
+    """`_prompt_summary` on the host. numpy and fully addressable arrays are read directly
+    ([N, P] ints); arrays spread over several processes are reduced where they live and only
+    the [N] results and three scalars come back, replicated (the same on every process)."""
+    arrays = [x for x in (tokens_NP, mask_NP) if isinstance(x, jax.Array)]
+    if all(x.is_fully_addressable for x in arrays):
+        tokens, mask = np.asarray(tokens_NP), np.asarray(mask_NP)
+        m = mask != 0
         seen = np.cumsum(m, axis=1) > 0
-        return m.sum(axis=1), np.all(m | ~seen, axis=1)
-    mesh = mask_NP.sharding.mesh  # a multi-process array has a NamedSharding
+        bad = int(np.sum(m & (mask != 1)))
+        return m.sum(axis=1), np.all(m | ~seen, axis=1), bad, tokens.min(), tokens.max()
+    mesh = arrays[0].sharding.mesh  # a multi-process array has a NamedSharding
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    lengths, left = _replicated_row_summary(replicated)(mask_NP)
-    return np.asarray(lengths), np.asarray(left)
+    out = _replicated_prompt_summary(replicated)(tokens_NP, mask_NP)
+    return tuple(np.asarray(x) for x in out)
+
+
+def _check_prompts(tokens_NP, mask_NP, vocab_size: int):
+    """Host-side checks of the prompt arrays (their dtypes, mask values and ids); returns
+    (real lengths [N], left-padded [N]) for the later checks."""
+    for name, x, kinds in (
+        ("prompt_tokens", tokens_NP, "iu"),
+        ("prompt_mask", mask_NP, "iubf"),
+    ):
+        kind = np.dtype(x.dtype).kind if hasattr(x, "dtype") else np.asarray(x).dtype.kind
+        if kind not in kinds:
+            dtype = getattr(x, "dtype", np.asarray(x).dtype)
+            what = "integer token ids" if name == "prompt_tokens" else "0/1 (int, bool or float)"
+            raise TypeError(f"{name} must hold {what}, got dtype {dtype}")
+    lengths, left_padded, bad_mask, low, high = _host_prompt_summary(tokens_NP, mask_NP)
+    if int(bad_mask):
+        raise ValueError(
+            f"prompt_mask has {int(bad_mask)} value(s) other than 0 and 1; it marks real "
+            "tokens (1) and padding (0)"
+        )
+    if int(low) < 0 or int(high) >= vocab_size:
+        bad = int(low) if int(low) < 0 else int(high)
+        raise ValueError(
+            f"prompt_tokens holds id {bad} outside the vocabulary [0, {vocab_size}) "
+            "(padding positions included: their ids still reach the embedding)"
+        )
+    return np.asarray(lengths), np.asarray(left_padded)
 
 
 def _check_options(
@@ -454,10 +494,12 @@ def sample(
     (the cached decode and the full forward add in different orders).
 
     Raises ValueError/TypeError on the host, before anything compiles, for: shapes of tokens
-    and mask that differ or are not [N, P]; a row with no real token or with padding after a
-    real token (not left padded); a row longer than max_prompt_length; bucket +
-    max_new_tokens beyond the cache limit; num_samples < 1, max_new_tokens < 1,
-    temperature < 0, top_k < 1, top_p outside (0, 1], ids outside the vocabulary.
+    and mask that differ or are not [N, P]; token ids that are not integers, or outside
+    [0, vocab_size) anywhere (padding included); mask values other than 0 and 1; a row with
+    no real token or with padding after a real token (not left padded); a row longer than
+    max_prompt_length; bucket + max_new_tokens beyond the cache limit; num_samples < 1,
+    max_new_tokens < 1, temperature < 0, top_k < 1, top_p outside (0, 1], eos / pad ids
+    outside the vocabulary.
     """
     cfg = model_config
     eos_ids = _check_options(
@@ -487,7 +529,11 @@ def sample(
     N, width = tokens_shape
     if N == 0 or width == 0:
         raise ValueError(f"empty prompt batch: prompt_tokens has shape {tokens_shape}")
-    lengths, left_padded = _host_row_summary(prompt_mask)
+    if not isinstance(prompt_tokens, jax.Array):
+        prompt_tokens = np.asarray(prompt_tokens)
+    if not isinstance(prompt_mask, jax.Array):
+        prompt_mask = np.asarray(prompt_mask)
+    lengths, left_padded = _check_prompts(prompt_tokens, prompt_mask, cfg.vocab_size)
     empty = np.flatnonzero(lengths == 0)
     if empty.size:
         raise ValueError(f"empty prompt: row(s) {empty.tolist()} of prompt_mask have no real token")

@@ -102,6 +102,7 @@ def warm_start(
     chunk_size: int = 256,
     progress: bool = True,
     param_shardings=None,
+    overlong: str = "error",
 ):
     """`warm_start_config.steps` SFT steps on (prompt, target) pairs of `source`; new params.
 
@@ -137,6 +138,7 @@ def warm_start(
         target_template=data_spec.target_template,
         system_prompt=system_prompt,
         instruction=instruction,
+        overlong=overlong,
     )
     bar = None
     if progress:

@@ -304,16 +304,32 @@ def gather_json(obj: Any) -> list:
     return [json.loads(bytes(r).rstrip(b"\x00").decode()) for r in np.asarray(rows)]
 
 
+def barrier(name: str) -> None:
+    """Every process waits here until all have arrived (nothing with one process)."""
+    if jax.process_count() > 1:
+        _multihost().sync_global_devices(f"gspo_jax:{name}")
+
+
 def lead_first(name: str, lead_fn: Callable[[], Any], other_fn: Callable[[], Any]) -> Any:
-    """Process 0 runs `lead_fn` (which writes shared files); the others wait, then `other_fn`."""
+    """Process 0 runs `lead_fn` (which writes shared files); the others wait, then `other_fn`.
+
+    If `lead_fn` raises, process 0 re-raises its error and the others raise one naming it,
+    instead of waiting at the barrier until the coordination timeout.
+    """
     if jax.process_count() == 1:
         return lead_fn()
+    out, error = None, None
     if jax.process_index() == 0:
-        out = lead_fn()
-        _multihost().sync_global_devices(f"gspo_jax:{name}")
-        return out
-    _multihost().sync_global_devices(f"gspo_jax:{name}")
-    return other_fn()
+        try:
+            out = lead_fn()
+        except Exception as e:  # noqa: BLE001 - re-raised below, after the others know
+            error = e
+    barrier(name)
+    if host_max(error is not None):
+        if error is not None:
+            raise error
+        raise RuntimeError(f"process 0 failed while preparing the {name} (see its log)")
+    return out if jax.process_index() == 0 else other_fn()
 
 
 def gather_params(tree) -> Any:

@@ -13,7 +13,9 @@ usable on its own (docs/architecture.md):
 Resume order (automatic): the workdir's latest checkpoint -> config.model.hf_path -> scratch
 initialisation (+ the supervised warm start, saved as checkpoint 0). A killed run restarted
 with the same command continues as if never stopped: everything that changes is in the
-`RunState`, and all of it is in the checkpoint.
+`RunState`, and all of it is in the checkpoint. SIGTERM / SIGINT stop the loop at the next
+step boundary with a checkpoint (preemption.py); what happens on each failure is listed in
+docs/failures.md.
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import time
 from typing import Any
 
 import jax
 import numpy as np
 
-from gspo_jax import checkpoint, evaluation, experiment, models, rollout, sft, writers
+from gspo_jax import checkpoint, evaluation, experiment, models, preemption, rollout, sft, writers
 from gspo_jax import state as state_lib
 from gspo_jax.experiment import Run
 from gspo_jax.state import RunState
@@ -44,13 +47,21 @@ PROGRESS_KEYS = {
 }
 
 
-def run(config, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]:
+def run(
+    config,
+    workdir: str,
+    *,
+    stop_after: int | None = None,
+    allow_config_change: bool = False,
+) -> dict[str, Any]:
     """Train with `config` in `workdir` (resuming if it holds a checkpoint); returns a summary.
 
     `stop_after=k` stops right after RL step k has been checkpointed, skipping the end-of-run
-    work, as a preempted job would.
+    work, as a preempted job would. `allow_config_change` resumes a workdir whose run was
+    started with a config that differs in fields that change the run (workdir.py).
+    A signal-stopped run's summary has `preempted` (the signal's name) and `stopped_after`.
     """
-    pieces = experiment.setup(config, workdir)
+    pieces = experiment.setup(config, workdir, allow_config_change=allow_config_change)
     try:
         # The model's shard_map regions (splash attention, per-device MoE) read the mesh in
         # context when the jitted functions are traced.
@@ -74,25 +85,34 @@ def train(run: Run, state: RunState, *, stop_after: int | None = None) -> dict[s
         first = evaluate(run, state)
         report.write(0, first)
         summary["eval_start"] = first["eval/accuracy"]
-    while state.step < c.num_steps:
-        t0 = time.perf_counter()
-        prompts = next(run.train_iter)
-        state = state.replace(data=json.dumps(run.train_iter.get_state()))
-        state, metrics = rl_step(run, state, rollout.collect(run, state, prompts))
-        metrics["time/step_s"] = time.perf_counter() - t0
-        done, last = state.step, state.step == c.num_steps
-        stopping = stop_after is not None and done >= stop_after and not last
-        if last or _every(done, c.eval.every_steps):
-            metrics.update(evaluate(run, state))
-            summary["eval_end"] = metrics["eval/accuracy"]
-        if last or stopping or _every(done, c.checkpoint.every_steps):
-            checkpoint.save(run.manager, state)
-        report.step(done, metrics)
-        if stopping:
-            summary["stopped_after"] = done
-            break
+    saved = state.step if state.step in run.manager.all_steps() else None
+    with preemption.StopOnSignal() as signals:
+        while state.step < c.num_steps:
+            if signum := signals.requested():
+                _stop_on_signal(run, state, signum, summary, saved=saved == state.step)
+                break
+            t0 = time.perf_counter()
+            prompts = next(run.train_iter)
+            state = state.replace(data=json.dumps(run.train_iter.get_state()))
+            state, metrics = rl_step(run, state, rollout.collect(run, state, prompts))
+            metrics["time/step_s"] = time.perf_counter() - t0
+            done, last = state.step, state.step == c.num_steps
+            stopping = stop_after is not None and done >= stop_after and not last
+            if last or _every(done, c.eval.every_steps):
+                metrics.update(evaluate(run, state))
+                summary["eval_end"] = metrics["eval/accuracy"]
+            saving = last or stopping or _every(done, c.checkpoint.every_steps)
+            if saving:
+                checkpoint.save(run.manager, state)
+                saved = done
+            # A checkpointed step's row is written now: a restart from it repeats no row.
+            report.step(done, metrics, flush=saving)
+            checkpoint.check(run.manager)  # a failed asynchronous save stops the run here
+            if stopping:
+                summary["stopped_after"] = done
+                break
     report.close()
-    run.manager.wait_until_finished()
+    checkpoint.finish(run.manager)
     if state.step < c.num_steps:
         return summary  # stopped early: no export, no plot, as a preempted job
     if c.checkpoint.export_hf:
@@ -104,6 +124,21 @@ def train(run: Run, state: RunState, *, stop_after: int | None = None) -> dict[s
         png = os.path.join(run.workdir, "curves.png")
         summary["plot"] = writers.plot_curves(run.writer.path, png)
     return summary
+
+
+def _stop_on_signal(run: Run, state: RunState, signum: int, summary: dict, *, saved: bool):
+    """Checkpoint the state at this step boundary (unless it is saved already)."""
+    if not saved:
+        checkpoint.save(run.manager, state)
+    name = signal.Signals(signum).name
+    summary.update(preempted=name, stopped_after=state.step)
+    log.warning(
+        "%s: stopped after RL step %d, checkpoint %d in %s; the same command resumes",
+        name,
+        state.step,
+        state.step,
+        run.manager.directory,
+    )
 
 
 def rl_step(run: Run, state: RunState, rollout: rollout.Rollout) -> tuple[RunState, dict]:
@@ -156,6 +191,8 @@ def init_or_restore(run: Run) -> RunState:
         _, params = models.load_pretrained(
             c.model.hf_path, dtype=c.model.param_dtype, shardings=param_shardings
         )
+        # NaN weights would give NaN losses and skip every update, without another word.
+        checkpoint.require_finite(params, f"the Hugging Face checkpoint {c.model.hf_path}")
         origin = f"Hugging Face checkpoint {c.model.hf_path}"
     else:
         init = jax.jit(models.init_params, static_argnums=0, out_shardings=param_shardings)
@@ -190,6 +227,7 @@ def warm_start(run: Run, params):
         chunk_size=c.logprob_chunk_size,
         progress=run.is_lead and c.log.progress_bar,
         param_shardings=run.state_shardings.train.params,
+        overlong=c.data.overlong,
     )
 
 
@@ -211,10 +249,14 @@ def _every(step: int, period: int) -> bool:
 
 class _Reporter:
     """metrics.jsonl / TensorBoard rows and the progress bar. A step's row is written one
-    step late, so its device values are ready and fetching them never stalls the loop."""
+    step late, so its device values are ready and fetching them never stalls the loop
+    (a checkpointed step's row at once, `flush`). Starting at step k drops the rows a
+    previous, interrupted run wrote after its checkpoint k: one row per step."""
 
     def __init__(self, run: Run, *, initial: int):
         self.writer = run.writer
+        self.writer.resume(initial)
+        self.updates_per_step = run.config.ppo_epochs * run.config.num_mini_batches
         self.pending: tuple[int, dict] | None = None
         self.shown: dict[str, float] = {}  # latest values on the progress bar
         self.bar = None
@@ -229,11 +271,23 @@ class _Reporter:
         values = flat_metrics(jax.device_get(metrics))
         self.writer.write(step, values)
         self._remember(values)
+        skipped = values.get("policy/skipped_updates", 0)
+        if skipped:
+            log.warning(
+                "RL step %d: %d of %d optimizer updates skipped (a non-finite gradient or "
+                "update; policy/skipped_updates)",
+                step,
+                skipped,
+                self.updates_per_step,
+            )
 
-    def step(self, step: int, metrics: dict) -> None:
+    def step(self, step: int, metrics: dict, *, flush: bool = False) -> None:
         if self.pending is not None:
             self.write(*self.pending)  # the previous step's device metrics are ready by now
         self.pending = (step, metrics)
+        if flush:
+            self.write(*self.pending)
+            self.pending = None
         if self.bar is not None:
             self.bar.update(1)
             self._remember({k: v for k, v in metrics.items() if isinstance(v, float)})

@@ -8,7 +8,7 @@ One call consumes one rollout batch of B = N·G responses:
     for mini-batch m in range(num_mini_batches):   # one optimizer update each
       for micro-batch k:                           # lax.scan, gradient accumulation
         loss_k = policy_loss(...) + kl_loss_coef·KL − entropy_coef·H   (global denominators)
-      grads = Σ_k ∇loss_k ;  skip the update if grads are not finite
+      grads = Σ_k ∇loss_k ;  skip the update if grads or the update are not finite
       params, opt_state = AdamW(clip(grads))
 
 Denominators (valid tokens / valid sequences) are those of the whole mini-batch, so the loss
@@ -436,15 +436,17 @@ def train_step(step_config: StepConfig, tx: optax.GradientTransformation, state:
         mini = jax.tree.map(lambda x: x[u % num_mini], mini_batches)
         grads, metrics = _mini_batch_grads(step_config, params, mini)
         grad_norm = optax.tree.norm(grads)
-        finite = jnp.isfinite(grad_norm)
         updates, new_opt_state = tx.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
-        # A non-finite gradient never reaches the params or the Adam moments.
+        # A non-finite gradient, or a finite one the optimizer turned into a non-finite
+        # update (a NaN learning rate, eps = 0), never reaches the params or the moments.
+        raw_update_norm = optax.tree.norm(updates)
+        finite = jnp.isfinite(grad_norm) & jnp.isfinite(raw_update_norm)
         params = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_params, params)
         opt_state = jax.tree.map(
             lambda new, old: jnp.where(finite, new, old), new_opt_state, opt_state
         )
-        update_norm = jnp.where(finite, optax.tree.norm(updates), 0.0)
+        update_norm = jnp.where(finite, raw_update_norm, 0.0)
         metrics = dict(
             metrics,
             grad_norm=grad_norm,

@@ -42,19 +42,52 @@ def _to_builtin(value):
 
 
 class MetricsWriter:
-    """Appends one JSON line per call to metrics.jsonl and mirrors scalars to TensorBoard."""
+    """Appends one JSON line per call to metrics.jsonl and mirrors scalars to TensorBoard.
+
+    A run resumed from its checkpoint at step k calls `resume(k)` first: the rows an
+    interrupted run wrote after step k (they will be written again) are dropped from
+    metrics.jsonl, and TensorBoard is told to hide its events after k (purge_step), so
+    both hold one row per step however often the run was restarted.
+    """
 
     def __init__(self, workdir: str, *, tensorboard: bool = True, enabled: bool = True):
         self.enabled = enabled
         self.path = os.path.join(workdir, "metrics.jsonl")
+        self._tb_dir = os.path.join(workdir, "tb") if tensorboard else None
         self._tb = None
-        if not enabled:
-            return
-        os.makedirs(workdir, exist_ok=True)
-        if tensorboard:
+        if enabled:
+            os.makedirs(workdir, exist_ok=True)
+
+    def resume(self, step: int) -> int:
+        """Drop the rows after `step` (all of them at step 0, whose evaluation is redone);
+        returns how many were dropped. A torn last line (a kill mid-write) goes too."""
+        if not self.enabled:
+            return 0
+        self._open_tb(purge_step=step + 1 if step else 0)
+        if not os.path.exists(self.path):
+            return 0
+        with open(self.path) as f:
+            lines = f.readlines()
+        kept = []
+        for line in lines:
+            try:
+                row_step = json.loads(line)["step"]
+            except (ValueError, KeyError, TypeError):
+                continue
+            if step and row_step <= step:
+                kept.append(line if line.endswith("\n") else line + "\n")
+        if len(kept) != len(lines):
+            tmp = f"{self.path}.tmp"
+            with open(tmp, "w") as f:
+                f.writelines(kept)
+            os.replace(tmp, self.path)
+        return len(lines) - len(kept)
+
+    def _open_tb(self, purge_step: int | None = None) -> None:
+        if self._tb is None and self._tb_dir is not None:
             from tensorboardX import SummaryWriter
 
-            self._tb = SummaryWriter(os.path.join(workdir, "tb"))
+            self._tb = SummaryWriter(self._tb_dir, purge_step=purge_step)
 
     def write(self, step: int, metrics: Mapping[str, float]) -> None:
         if not self.enabled:
@@ -62,6 +95,7 @@ class MetricsWriter:
         row = {"step": int(step), **{k: _to_builtin(v) for k, v in metrics.items()}}
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
+        self._open_tb()
         if self._tb is not None:
             for key, value in metrics.items():
                 if np.ndim(value) == 0 and np.isfinite(value):

@@ -227,14 +227,16 @@ def test_ranges():
     c = base.get_config()
     c.dual_clip_loss = True
     c.dual_clip_ratio = 0.5
-    with pytest.raises(ConfigError, match="dual_clip_ratio=0.5 must be > 1"):
+    with pytest.raises(ConfigError, match="dual_clip_ratio=0.5 must be a finite number > 1"):
         validate(c)
     c = base.get_config()
     c.advantage_clip = -1.0
-    with pytest.raises(ConfigError, match="advantage_clip=-1.0 must be > 0"):
+    with pytest.raises(
+        ConfigError, match=r"advantage_clip=-1.0 must be a finite number > 0 \(or None\)"
+    ):
         validate(c)
     c = base.get_config()
-    c.data.name = "gsm8k"
+    c.data.name, c.data.config_name = "gsm8k", ""
     with pytest.raises(ConfigError, match="manual_dir"):
         validate(c)
 
@@ -258,12 +260,14 @@ def test_batch_sizes():
     assert batch_sizes(c) == {"responses": 64, "mini_batch": 16, "micro_batch": 4}
 
 
-def test_qwen3_gsm8k_config_needs_its_arguments_and_validates():
+def test_qwen3_gsm8k_config_needs_its_arguments_and_validates(tmp_path):
     from configs import qwen3_0p6b_gsm8k
 
     with pytest.raises(ValueError, match="hf_path=DIR,manual_dir=DIR"):
         qwen3_0p6b_gsm8k.get_config()
-    c = qwen3_0p6b_gsm8k.get_config("hf_path=/ckpt,manual_dir=/gsm8k")
+    for split in ("train", "test"):
+        (tmp_path / f"{split}.jsonl").write_text('{"question": "q", "answer": "#### 1"}\n')
+    c = qwen3_0p6b_gsm8k.get_config(f"hf_path=tests/fixtures/models/qwen3,manual_dir={tmp_path}")
     assert (c.importance_sampling, c.clip_low, c.clip_high) == ("seq", 3e-4, 4e-4)
     assert c.model.dtype == "bfloat16" and c.data.name == "gsm8k"
     _validate_quietly(c, num_devices=8)
@@ -277,3 +281,161 @@ def test_multi_process_prompt_batches_must_split_over_devices():
     with pytest.raises(ConfigError, match="rollout_batch_size=4 prompts do not split over the 8"):
         validate(c, num_devices=8, num_processes=2)
     validate(c, num_devices=8, num_processes=1)  # one process replicates small prompt batches
+
+
+# ------------------------------------------------------------------ issue 12: nothing silent
+
+
+@pytest.mark.parametrize(
+    "field,value,match",
+    [
+        ("optim.learning_rate", float("nan"), r"learning_rate=nan must be a finite number > 0"),
+        ("optim.learning_rate", 0.0, r"learning_rate=0.0 must be a finite number > 0"),
+        ("optim.max_grad_norm", -1.0, r"max_grad_norm=-1.0 must be a finite number > 0"),
+        ("optim.max_grad_norm", float("nan"), r"max_grad_norm=nan"),
+        ("optim.b2", 1.5, r"optim.b2=1.5 must be a finite number in \[0, 1\)"),
+        ("optim.b1", -0.1, r"optim.b1=-0.1"),
+        ("optim.eps", 0.0, r"optim.eps=0.0 must be a finite number > 0"),
+        ("optim.warmup_steps", -5, r"warmup_steps=-5 must be a non-negative integer"),
+        ("optim.end_lr_ratio", 2.0, r"end_lr_ratio=2.0 must be a finite number in \[0, 1\]"),
+        ("optim.weight_decay", float("inf"), r"weight_decay=inf"),
+        ("checkpoint.max_to_keep", 0, r"max_to_keep=0 must be a positive integer"),
+        ("checkpoint.every_steps", -5, r"checkpoint.every_steps=-5 must be a non-negative"),
+        ("eval.num_prompts", 0, r"eval.num_prompts=0 must be a positive integer"),
+        ("eval.batch_size", 0, r"eval.batch_size=0 must be a positive integer"),
+        ("eval.every_steps", -1, r"eval.every_steps=-1"),
+        ("reward.num_workers", -1, r"reward.num_workers=-1 must be a non-negative integer"),
+        ("reward.timeout_s", 0.0, r"reward.timeout_s=0.0 must be a finite number > 0"),
+        ("reward.max_failed_rollouts", -1, r"max_failed_rollouts=-1 must be a non-negative"),
+        ("logprob_chunk_size", 0, r"logprob_chunk_size=0 must be a positive integer"),
+        ("clip_high", float("inf"), r"clip_high=inf"),
+        ("sampling.temperature", float("nan"), r"temperature=nan"),
+        ("seed", -1, r"seed=-1"),
+        ("warm_start.teacher_error_rate", 1.5, r"teacher_error_rate=1.5"),
+        ("warm_start.learning_rate", 0.0, r"warm_start.learning_rate=0.0"),
+        ("kl_loss_coef", float("nan"), r"kl_loss_coef=nan"),
+        ("sampling.prompt_buckets", (32, 0), r"prompt_buckets=\(32, 0\)"),
+        ("data.overlong", "truncate", r"data.overlong='truncate' is not one of"),
+        ("data.config_name", "add9", r"data.config_name='add9' is not one of"),
+        ("model.head_dim", 15, r"config.model.head_dim=15"),
+        ("model.intermediate_size", 0, r"model.intermediate_size=0 must be a positive integer"),
+    ],
+)
+def test_values_that_cannot_be_meant_are_named_errors(field, value, match):
+    """NaN, non-positive and out-of-range numbers used to be accepted (a NaN learning rate
+    trained to an all-NaN export; max_to_keep=0 left no checkpoint) or silently turned
+    into something else (a negative warm-up, eval.batch_size=0)."""
+    c = default.get_config()
+    *parents, leaf = field.split(".")
+    node = c
+    for p in parents:
+        node = node[p]
+    with c.unlocked():
+        node[leaf] = value
+    with pytest.raises(ConfigError, match=match):
+        validate(c)
+
+
+@pytest.mark.parametrize(
+    "field,value,switch",
+    [
+        ("kl_loss_coef", 0.5, "use_kl_loss"),
+        ("token_level_kl_coef", 0.1, "add_token_level_kl"),
+        ("reward_shift", True, "reward_norm"),
+        ("reward_scale", True, "reward_norm"),
+        ("dual_clip_ratio", 5.0, "dual_clip_loss"),
+        ("kl_estimator", "k1", "use_kl_loss"),
+    ],
+)
+def test_an_option_without_its_switch_warns(field, value, switch):
+    """Ignored without a word before; the reverse case (switch on, coefficient 0) warned."""
+    c = base.get_config()
+    c[field] = value
+    with pytest.warns(ConfigWarning, match=rf"config.{field}=.* has no effect.*{switch}"):
+        validate(c)
+    c = base.get_config()  # with the switch on: no warning about it
+    c[field] = value
+    c[switch] = True if switch != "reward_norm" else "batch"
+    if field == "kl_estimator":
+        c.kl_loss_coef = 0.1
+    _validate_quietly(c)
+
+
+def test_greedy_rollouts_warn():
+    c = base.get_config()
+    c.sampling.temperature = 0.0
+    with pytest.warns(ConfigWarning, match=r"the 8 responses of a prompt are identical"):
+        validate(c)
+
+
+def test_reward_specs_are_checked_at_start_up():
+    c = base.get_config()
+    c.reward.spec = "math:1.0,no_such_reward:0.1"
+    with pytest.raises(ConfigError, match=r"config.reward.spec: unknown reward 'no_such_reward'"):
+        validate(c)
+    c = base.get_config()
+    c.reward.accuracy = "nope"
+    with pytest.raises(ConfigError, match=r"config.reward.accuracy: unknown reward 'nope'"):
+        validate(c)
+
+
+def test_a_reward_registered_in_the_config_file_is_an_error_with_workers():
+    """A config file's module cannot be imported by name in a worker process: that used to
+    fail at the first rollout, after the data build and the warm start."""
+    import types
+
+    from gspo_jax.rewards import registry
+
+    fn = types.FunctionType((lambda p, c, r: 1.0).__code__, {}, "cfg_reward")
+    fn.__module__ = "config_config"  # what ml_collections names a loaded config file
+    registry.register_reward("test_cfg_file_reward")(fn)
+    try:
+        c = base.get_config()
+        c.reward.spec = "test_cfg_file_reward"
+        with pytest.raises(ConfigError, match=r"module 'config_config'.*num_workers=0"):
+            validate(c)
+        c.reward.num_workers = 0  # in-process scoring: any registered callable works
+        _validate_quietly(c)
+    finally:
+        registry._REGISTRY.pop("test_cfg_file_reward")
+
+
+def test_missing_paths_name_their_field(tmp_path):
+    c = base.get_config()
+    c.model.hf_path = str(tmp_path / "missing")
+    with pytest.raises(ConfigError, match=r"config.model.hf_path='.*missing' does not exist"):
+        validate(c)
+    c.model.hf_path = str(tmp_path)  # a directory, but not a checkpoint
+    with pytest.raises(ConfigError, match=r"config.model.hf_path=.* has no config.json"):
+        validate(c)
+    c = base.get_config()
+    c.model.tokenizer_path = str(tmp_path / "tok")
+    with pytest.raises(ConfigError, match=r"config.model.tokenizer_path=.* does not exist"):
+        validate(c)
+    c = base.get_config()
+    c.data.name, c.data.config_name, c.data.manual_dir = "gsm8k", "", str(tmp_path)
+    (tmp_path / "train.jsonl").write_text("")
+    (tmp_path / "test.jsonl").write_text('{"question": "q", "answer": "#### 1"}\n')
+    with pytest.raises(ConfigError, match=r"manual_dir=.*empty: .*train.jsonl"):
+        validate(c)
+
+
+def test_a_tokenizer_larger_than_the_model_vocabulary_is_an_error(tmp_path):
+    """Ids >= vocab_size have no embedding row: NaN log-probs, every update skipped, exit 0
+    (before). Checked when the model config is read, before any data or weights."""
+    from gspo_jax import data, models
+    from gspo_jax.config import check_model_against_tokenizer
+
+    cfg = models.ModelConfig.from_hf_config(models.read_hf_config("tests/fixtures/models/qwen3"))
+    tokenizer = data.make_char_tokenizer(tmp_path / "tok")
+    c = base.get_config()
+    c.model.hf_path = "tests/fixtures/models/qwen3"
+    c.prompt_length = c.response_length = 64
+    check_model_against_tokenizer(c, cfg, tokenizer)  # 100 ids in a 256-word model: fine
+    tokenizer.add_tokens([f"<extra_{i}>" for i in range(200)])
+    with pytest.raises(ConfigError, match=r"token ids up to 299.*vocab_size=256"):
+        check_model_against_tokenizer(c, cfg, tokenizer)
+    c.prompt_length = cfg.max_position_embeddings
+    small = data.make_char_tokenizer(tmp_path / "tok2")
+    with pytest.raises(ConfigError, match=r"exceeds the .*max_position_embeddings"):
+        check_model_against_tokenizer(c, cfg, small)

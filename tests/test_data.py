@@ -204,6 +204,42 @@ def test_gsm8k_bad_line_names_file_and_line(tmp_path):
         data.read_gsm8k_jsonl(manual / "train.jsonl", "train")
 
 
+def test_gsm8k_answer_that_is_not_a_number_names_file_and_line(tmp_path):
+    """ "#### forty two" was accepted: a reference no completion could ever match."""
+    manual = tmp_path / "manual"
+    _write_gsm8k(manual, GSM_TRAIN + [{"question": "q", "answer": "so\n#### forty two"}], GSM_TEST)
+    with pytest.raises(ValueError, match=r"train\.jsonl:4: .*'forty two' is not a number"):
+        data.read_gsm8k_jsonl(manual / "train.jsonl", "train")
+
+
+def test_gsm8k_empty_file_is_named(tmp_path):
+    """An empty train.jsonl failed with TFDS's "No examples were yielded", no file named."""
+    manual = tmp_path / "manual"
+    _write_gsm8k(manual, GSM_TRAIN, GSM_TEST)
+    (manual / "train.jsonl").write_text("")
+    with pytest.raises(FileNotFoundError, match=r"empty: .*train\.jsonl"):
+        data.check_gsm8k_manual_dir(manual)
+    (manual / "train.jsonl").write_text("\n\n")
+    with pytest.raises(ValueError, match=r"train\.jsonl: no GSM8K example"):
+        data.read_gsm8k_jsonl(manual / "train.jsonl", "train")
+
+
+def test_a_data_dir_prepared_from_other_manual_files_is_an_error(tmp_path):
+    """Two runs sharing data.data_dir with different manual_dir: the second trained on the
+    first run's cached data, without a word."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    _write_gsm8k(first, GSM_TRAIN, GSM_TEST)
+    _write_gsm8k(second, GSM_TRAIN[:2], GSM_TEST)
+    data.build_dataset("gsm8k", data_dir=tmp_path / "tfds", manual_dir=first)
+    copy = tmp_path / "copy"  # the same files elsewhere: the same data, no error
+    _write_gsm8k(copy, GSM_TRAIN, GSM_TEST)
+    assert (
+        len(data.build_dataset("gsm8k", data_dir=tmp_path / "tfds", manual_dir=copy)["train"]) == 3
+    )
+    with pytest.raises(ValueError, match=rf"built from {first}, whose train.jsonl differ"):
+        data.build_dataset("gsm8k", data_dir=tmp_path / "tfds", manual_dir=second)
+
+
 # ---------------------------------------------------------------- tokenizer
 
 
@@ -422,8 +458,10 @@ def test_overlong_policy(small, tokenizer):
     limit = max(lengths) - 1
     too_long = sum(n > limit for n in lengths)
     assert 0 < too_long < len(records)
-    with pytest.raises(
-        ValueError, match=rf"{too_long} of {len(records)} examples .*longest: {max(lengths)} tokens"
+    with pytest.raises(  # the fix names a config field (it said: "pass overlong='drop'")
+        ValueError,
+        match=rf"{too_long} of {len(records)} examples .*longest: {max(lengths)} tokens.*"
+        r"config.prompt_length.*config.data.overlong='drop'",
     ):
         data.prepare_prompts(
             small["test"], tokenizer, prompt_length=limit, shard_index=0, shard_count=1

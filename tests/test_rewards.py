@@ -8,11 +8,13 @@ processes import the registering module by name, which a module under tests/ wou
 reliably be.
 """
 
+import os
 import pickle
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from fractions import Fraction
 
@@ -675,6 +677,32 @@ def test_workers_exit_when_parent_is_killed():
     while not _pid_gone(pids[0]) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _pid_gone(pids[0])
+
+
+def test_a_signal_to_the_process_group_does_not_fail_the_item_in_flight():
+    """SIGTERM (a preemption, `tpu_pod.sh stop`) and SIGINT reach the whole process group.
+    The trainer finishes the step in flight and checkpoints it (preemption.py); a worker
+    that died of the same signal used to score its item as an error in that step."""
+    with rewards.RewardPool(num_workers=1) as pool:
+        rewards.score_batch("test_chaos", ["p"], ["ok:1"], ["r"], timeout_s=30.0, pool=pool)
+        (pid,) = pool.worker_pids()
+        result = {}
+
+        def score():
+            result["out"] = rewards.score_batch(
+                "test_chaos", ["p"] * 2, ["nap", "ok:2"], ["r"] * 2, timeout_s=30.0, pool=pool
+            )
+
+        thread = threading.Thread(target=score)
+        thread.start()
+        time.sleep(0.3)  # the worker is inside the 1 s verifier
+        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGINT)
+        thread.join(timeout=30)
+        rewards_B, stats = result["out"]
+        np.testing.assert_array_equal(rewards_B, [1.0, 2.0])
+        assert stats["num_failed"] == 0 and stats["num_worker_restarts"] == 0
+        assert pool.worker_pids() == [pid] and not _pid_gone(pid)
 
 
 def test_check_value_rules():

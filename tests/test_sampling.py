@@ -312,12 +312,14 @@ def test_sharded_prompts_give_the_same_samples(fixture_models, sampling_prompts,
     np.testing.assert_array_equal(out.tokens, tempered.tokens)
     np.testing.assert_allclose(out.logprobs, tempered.logprobs, atol=1e-5)
     assert len(out.tokens.sharding.device_set) == 4
-    # The device-side row summary (used when prompts span processes) agrees with numpy.
+    # The device-side prompt summary (used when prompts span processes) agrees with numpy.
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    right = mask.at[0, -1].set(0)  # row 0 no longer left padded
-    lengths, left = sampling._replicated_row_summary(replicated)(right)
-    np.testing.assert_array_equal(lengths, np.asarray(right).sum(1))
+    right = mask.at[0, -1].set(0).at[1, -1].set(2)  # row 0 not left padded; one mask value 2
+    summary = sampling._replicated_prompt_summary(replicated)(tokens.at[2, 3].set(-5), right)
+    lengths, left, bad_mask, low, high = (np.asarray(x) for x in summary)
+    np.testing.assert_array_equal(lengths, np.asarray(right != 0).sum(1))
     np.testing.assert_array_equal(left, [False, True, True, True])
+    assert bad_mask == 1 and low == -5 and high == np.asarray(tokens).max()
 
 
 # ------------------------------------------------------------------------- bad input
@@ -376,6 +378,45 @@ def test_bad_prompts_raise(fixture_models):
         sampling.sample(
             no_eos, params, tokens, mask, jax.random.key(0), num_samples=1, max_new_tokens=T
         )
+
+
+def test_bad_prompt_ids_and_mask_values_raise_before_compiling(fixture_models):
+    """Ids outside the vocabulary (padding included: they still reach the embedding and
+    gave NaN log-probs), negative ids (they wrapped around), float ids (truncated) and mask
+    values other than 0/1 (they changed the samples) are host-side errors."""
+    cfg, params, ref = fixture_models("qwen3")
+    tokens, mask = np.asarray(ref["gen_prompt_tokens"]), np.asarray(ref["gen_prompt_mask"])
+    row = int(np.argmin(mask.sum(axis=1)))  # the shortest prompt: its column 0 is padding
+    assert mask[row, 0] == 0
+    cases = [
+        (tokens.copy(), mask, f"id {cfg.vocab_size} outside the vocabulary"),
+        (tokens - tokens.max() - 1, mask, r"id -\d+ outside the vocabulary"),
+        (tokens.astype(np.float32), mask, "integer token ids, got dtype float32"),
+        (tokens, np.where(mask > 0, 0.5, 0.0), r"value\(s\) other than 0 and 1"),
+        (tokens, mask * 2, r"value\(s\) other than 0 and 1"),
+    ]
+    cases[0][0][row, 0] = cfg.vocab_size  # at a masked position
+    before = sampling.trace_counts()
+    for t, m, message in cases:
+        for to_device in (False, True):
+            t_, m_ = (jax.numpy.asarray(t), jax.numpy.asarray(m)) if to_device else (t, m)
+            with pytest.raises((ValueError, TypeError), match=message):
+                sampling.sample(
+                    cfg, params, t_, m_, jax.random.key(0), num_samples=2, max_new_tokens=T
+                )
+    assert sampling.trace_counts() == before
+    # A float mask of exact zeros and ones is a mask.
+    out = sampling.sample(
+        cfg,
+        params,
+        tokens,
+        mask.astype(np.float32),
+        jax.random.key(0),
+        num_samples=1,
+        max_new_tokens=2,
+        eos_ids=(),
+    )
+    assert out.tokens.shape == (tokens.shape[0], 2)
 
 
 def test_biased_pi_old_warning():

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -90,6 +91,30 @@ def test_main_entry_point_writes_everything(main_run):
     assert summary["origin"].startswith("scratch initialisation + 3 supervised warm-start")
 
 
+def test_a_restart_with_a_config_that_changes_the_run_stops_and_keeps_the_record(main_run):
+    """Before: it resumed the finished run, trained nothing, exited 0, and config.json said
+    GRPO for a GSPO checkpoint. Now: one line listing the differences, nothing touched."""
+    workdir, data_dir = main_run
+    kept = {name: (workdir / name).read_bytes() for name in ("config.json", "metrics.jsonl")}
+    cmd = [
+        sys.executable,
+        "-m",
+        "gspo_jax.main",
+        "--config=configs/default.py",
+        f"--workdir={workdir}",
+        f"--config.data.data_dir={data_dir}",
+        *TINY,
+        "--config.importance_sampling=token",
+    ]
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    error = [x for x in proc.stderr.splitlines() if x.startswith("gspo_jax: error: ")]
+    assert len(error) == 1 and "importance_sampling: 'seq' -> 'token'" in error[0], proc.stderr
+    assert "--allow_config_change" in error[0] and "Traceback" not in proc.stderr
+    for name, content in kept.items():
+        assert (workdir / name).read_bytes() == content, name
+
+
 def test_exported_policy_loads_back(main_run):
     from gspo_jax import models
 
@@ -102,10 +127,15 @@ def test_killed_run_resumes_as_if_never_stopped(main_run, tmp_path):
     ref_dir, data_dir = main_run
     config = _tiny_config(data_dir)
     workdir = tmp_path / "resumed"
-    first = train.run(config, str(workdir), stop_after=1)
-    assert first["stopped_after"] == 1
+    first = train.run(config, str(workdir), stop_after=2)
+    assert first["stopped_after"] == 2
+    # Killed after RL step 2 but before its checkpoint committed: the restart resumes from
+    # checkpoint 1, and step 2's row, already written, must not appear twice.
+    shutil.rmtree(workdir / "checkpoints" / "2")
     second = train.run(config, str(workdir))
     assert second["start_step"] == 1 and second["origin"].startswith("checkpoint 1")
+    lines = (workdir / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [0, 1, 2, 3, 4]
     ref, got = metrics_by_step(ref_dir), metrics_by_step(workdir)
     for step in (2, 3, 4):
         for key, value in ref[step].items():

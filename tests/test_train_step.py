@@ -210,6 +210,19 @@ def test_non_finite_gradient_skips_the_update(model):
         assert np.all(np.isfinite(leaf))
 
 
+def test_non_finite_update_from_finite_gradients_skips_the_update(model):
+    """A NaN learning rate turns finite gradients into a NaN update: the guard looks at the
+    update too, so the params stay finite (they used to become NaN, and were exported)."""
+    cfg, params = model
+    sc = _sc(cfg, num_mini_batches=2, horizon=T)
+    tx = optax.sgd(float("nan"))
+    state, metrics = _step_fn(sc, tx)(_state(params, tx), _batch(cfg, params, sc))
+    assert np.isfinite(metrics["grad_norm"])
+    assert metrics["skipped_updates"] == 2 and int(state.step) == 0
+    for new, old in zip(jax.tree.leaves(state.params), jax.tree.leaves(params)):
+        np.testing.assert_array_equal(new, old)
+
+
 def test_kl_and_entropy_terms(model):
     cfg, params = model
     base = _sc(cfg, num_mini_batches=1, horizon=T)

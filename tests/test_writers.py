@@ -56,3 +56,26 @@ def test_per_update_panels_expand_in_update_order_and_absent_panels_are_left_out
     writers.plot_curves(str(tmp_path / "metrics.jsonl"), str(tmp_path / "c.png"))
     # Reward and the ratio panel have data; the expert-change panel (no MoE) is left out.
     assert titles == ["reward", "ratio min / max, per update"]
+
+
+def test_resume_keeps_one_row_per_step(tmp_path):
+    """After a restart from checkpoint k, the rows an interrupted run wrote after k are
+    dropped (they are written again): they used to appear twice."""
+    w = writers.MetricsWriter(str(tmp_path), tensorboard=False)
+    for step in range(6):
+        w.write(step, {"reward/mean": float(step)})
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 6, "reward/me')  # torn by a kill mid-write
+    assert writers.MetricsWriter(str(tmp_path), tensorboard=False).resume(3) == 3
+    assert [r["step"] for r in writers.read_metrics(str(tmp_path / "metrics.jsonl"))] == [
+        0,
+        1,
+        2,
+        3,
+    ]
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 4 and all(json.loads(x) for x in lines)
+    w = writers.MetricsWriter(str(tmp_path))
+    assert w.resume(0) == 4  # step 0 (its evaluation) is redone too
+    assert (tmp_path / "metrics.jsonl").read_text() == ""
+    w.close()

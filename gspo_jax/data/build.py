@@ -8,11 +8,19 @@ batches. A second call with the same ``data_dir`` reuses the files.
 Multi-host note: with a ``data_dir`` shared by all hosts, let process 0 call with
 ``prepare=True`` first, barrier, then the others call with ``prepare=False``; with per-host
 local directories every host may prepare (generation is deterministic).
+
+A dataset prepared from local files (GSM8K) records the SHA-256 of each file it read
+(``MANUAL_RECORD`` beside the prepared files). Reusing the ``data_dir`` with a ``manual_dir``
+whose files differ is an error naming both: the files would otherwise be ignored without a
+word, and the run would train on the first run's data.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+import logging
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -20,7 +28,12 @@ from typing import Any
 import tensorflow_datasets as tfds
 
 from gspo_jax.data.arithmetic import ArithmeticConfig, SyntheticArithmetic
-from gspo_jax.data.gsm8k import Gsm8kLocal, check_gsm8k_manual_dir
+from gspo_jax.data.gsm8k import GSM8K_SPLIT_FILES, Gsm8kLocal, check_gsm8k_manual_dir
+
+log = logging.getLogger(__name__)
+
+# Beside a dataset prepared from manual files: {"manual_dir": ..., "sha256": {file: digest}}.
+MANUAL_RECORD = "gspo_manual_files.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +47,8 @@ class DatasetSpec:
       target_template: supervised target text, formatted with ``answer=record[answer_key]``.
       check_manual_dir: for datasets prepared from local files, raises naming any missing
         file of ``manual_dir``; None when the data are generated.
+      manual_files: the files of ``manual_dir`` the builder reads (their digests are
+        recorded with the prepared data).
     """
 
     builder: type[tfds.core.GeneratorBasedBuilder]
@@ -41,6 +56,7 @@ class DatasetSpec:
     answer_key: str
     target_template: str
     check_manual_dir: Callable[[str | os.PathLike | None], None] | None
+    manual_files: tuple[str, ...] = ()
 
 
 DATASETS = {
@@ -57,6 +73,7 @@ DATASETS = {
         answer_key="answer",  # The worked solution already ends in "#### <number>".
         target_template="{answer}",
         check_manual_dir=check_gsm8k_manual_dir,
+        manual_files=tuple(GSM8K_SPLIT_FILES.values()),
     ),
 }
 
@@ -123,8 +140,56 @@ def build_dataset(
             manual_dir=os.fspath(manual_dir) if manual_dir is not None else None
         )
         builder.download_and_prepare(download_config=download_config)
+        if spec.manual_files:
+            _write_manual_record(builder.data_path, manual_dir, spec.manual_files)
+    elif prepare and spec.manual_files and manual_dir is not None:
+        _check_manual_record(name, builder.data_path, manual_dir, spec.manual_files)
     sources = builder.as_data_source()
     missing = [s for s in splits if s not in sources]
     if missing:
         raise ValueError(f"Dataset {name!r} has no split(s) {missing}; it has {sorted(sources)}.")
     return {split: sources[split] for split in splits}
+
+
+def _manual_digests(manual_dir, files: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for name in files:
+        digest = hashlib.sha256()
+        with open(os.path.join(os.fspath(manual_dir), name), "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        out[name] = digest.hexdigest()
+    return out
+
+
+def _write_manual_record(data_path, manual_dir, files: Sequence[str]) -> None:
+    record = {
+        "manual_dir": os.path.abspath(os.fspath(manual_dir)),
+        "sha256": _manual_digests(manual_dir, files),
+    }
+    with open(os.path.join(os.fspath(data_path), MANUAL_RECORD), "w") as f:
+        json.dump(record, f, indent=2)
+
+
+def _check_manual_record(name: str, data_path, manual_dir, files: Sequence[str]) -> None:
+    """Raise if the prepared data were built from other files than `manual_dir`'s."""
+    path = os.path.join(os.fspath(data_path), MANUAL_RECORD)
+    if not os.path.exists(path):
+        log.warning(
+            "%s was prepared without a record of its source files: cannot check that it "
+            "was built from %s",
+            data_path,
+            manual_dir,
+        )
+        return
+    with open(path) as f:
+        record = json.load(f)
+    now = _manual_digests(manual_dir, files)
+    differ = [f for f in files if record["sha256"].get(f) != now[f]]
+    if differ:
+        raise ValueError(
+            f"the {name!r} data already prepared in {data_path} were built from "
+            f"{record['manual_dir']}, whose {', '.join(differ)} differ(s) from "
+            f"data.manual_dir={os.fspath(manual_dir)!r}: use another data.data_dir, or "
+            f"delete {data_path} to prepare the new files"
+        )

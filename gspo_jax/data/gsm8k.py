@@ -9,7 +9,8 @@ builder (registered as ``gsm8k_local``) reads the official files from a manual d
 Records: ``id`` ("train-00042", the 0-based line index among non-blank lines), ``question``,
 ``answer`` (the full solution) and ``final_answer`` (the text after the last ``####``, stripped,
 commas removed: "#### 1,200" -> "1200"). ``final_answer`` is the reference the reward compares
-with.
+with; it must be a number (``rewards.answers.parse_number``), or no completion could ever
+match it: "#### forty two" is an error naming the file and line, as is a file with no example.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import os
 from typing import ClassVar
 
 import tensorflow_datasets as tfds
+
+from gspo_jax.rewards.answers import parse_number
 
 GSM8K_SPLIT_FILES = {"train": "train.jsonl", "test": "test.jsonl"}
 
@@ -40,6 +43,13 @@ def check_gsm8k_manual_dir(manual_dir: str | os.PathLike | None) -> None:
     ]
     if missing:
         raise FileNotFoundError(f"GSM8K manual file(s) missing: {', '.join(missing)}. {_LAYOUT}")
+    empty = [
+        os.path.join(os.fspath(manual_dir), name)
+        for name in GSM8K_SPLIT_FILES.values()
+        if os.path.getsize(os.path.join(os.fspath(manual_dir), name)) == 0
+    ]
+    if empty:
+        raise FileNotFoundError(f"GSM8K manual file(s) empty: {', '.join(empty)}. {_LAYOUT}")
 
 
 def final_answer_of(solution: str, *, where: str) -> str:
@@ -49,6 +59,11 @@ def final_answer_of(solution: str, *, where: str) -> str:
     final = solution.rsplit("####", 1)[1].strip().replace(",", "")
     if not final:
         raise ValueError(f"{where}: GSM8K answer has nothing after '####': {solution!r}")
+    if parse_number(final) is None:
+        raise ValueError(
+            f"{where}: GSM8K final answer {final!r} is not a number, so no completion could "
+            "ever match it"
+        )
     return final
 
 
@@ -76,6 +91,8 @@ def read_gsm8k_jsonl(path: str | os.PathLike, split: str) -> list[dict[str, str]
                     "final_answer": final_answer_of(obj["answer"], where=where),
                 }
             )
+    if not records:
+        raise ValueError(f"{os.fspath(path)}: no GSM8K example (only blank lines)")
     return records
 
 

@@ -174,8 +174,9 @@ def _apply_overlong_policy(
         worst = int(np.argmax(np.where(too_long, lengths, -1)))
         raise ValueError(
             f"{count} of {len(too_long)} examples in {where} exceed {limit} (longest: "
-            f"{int(lengths[worst])} tokens, example id {ids[worst]!r}). Raise the length or "
-            "pass overlong='drop' to skip them (counted as num_dropped)."
+            f"{int(lengths[worst])} tokens, example id {ids[worst]!r}). Raise the length "
+            "(config.prompt_length / response_length) or skip them with "
+            "config.data.overlong='drop' (overlong='drop'; counted as num_dropped)."
         )
     if count:
         logging.warning(

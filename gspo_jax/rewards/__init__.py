@@ -33,7 +33,7 @@ from gspo_jax.rewards.registry import (
     list_rewards,
     register_reward,
 )
-from gspo_jax.rewards.scoring import score_batch, summarize
+from gspo_jax.rewards.scoring import RewardError, score_batch, summarize
 
 __all__ = [
     "STATUS_ERROR",
@@ -43,6 +43,7 @@ __all__ = [
     "STATUS_OK",
     "STATUS_TIMEOUT",
     "Reward",
+    "RewardError",
     "RewardFn",
     "RewardPool",
     "answer_value",

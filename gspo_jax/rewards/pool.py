@@ -82,9 +82,12 @@ def _worker_main(fd: int, parent_pid: int) -> None:
     file descriptor `fd`. The first message is the parent's sys.path, so modules that
     register rewards import as they do in the parent.
     """
-    # Ctrl-C goes to the whole process group; the parent decides what to do, and a
-    # worker printing a KeyboardInterrupt traceback mid-item would only add noise.
+    # Ctrl-C, and SIGTERM from a preemption or `kill -- -PGID`, go to the whole process
+    # group; the parent decides what to do. A worker that died of it mid-item would score
+    # that item as an error in the step the parent is finishing and checkpointing
+    # (preemption.py); the parent stops its workers when it exits (or they notice it gone).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     conn = multiprocessing.connection.Connection(fd)
     try:

@@ -25,6 +25,7 @@ Two modes:
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Sequence
@@ -44,6 +45,49 @@ from gspo_jax.rewards.items import (
 )
 from gspo_jax.rewards.pool import RewardPool, get_default_pool
 from gspo_jax.rewards.registry import Reward, RewardFn
+
+log = logging.getLogger(__name__)
+
+# Failures that are the verifier's own every time (a raise, a non-number, NaN): a batch of
+# nothing but these is a broken verifier, not bad luck. Timeouts depend on the machine.
+HARD_FAILURES = ("num_errors", "num_nonnumeric", "num_nonfinite")
+
+
+class RewardError(RuntimeError):
+    """Every reward of a batch failed: the verifier cannot score this task at all."""
+
+
+class FailureLog:
+    """Logs each distinct verifier failure message once (up to `limit` of them), so a
+    verifier that raises is visible in the log, not only as a count in the metrics."""
+
+    def __init__(self, what: str, limit: int = 10):
+        self.what = what
+        self.limit = limit
+        self.seen: set[str] = set()
+
+    def __call__(self, stats: dict) -> None:
+        for text in stats.get("messages", {}).values():
+            key = text.split("\n")[0][:160]
+            if key in self.seen or len(self.seen) >= self.limit:
+                continue
+            self.seen.add(key)
+            more = " (the last new one logged)" if len(self.seen) == self.limit else ""
+            log.warning("reward %s failed on an item%s: %s", self.what, more, text)
+
+
+def raise_all_failed(num_items: int, batches: int, stats: dict, *, what: str) -> None:
+    """RewardError: every call of the last `batches` batches (`num_items` in the last, over
+    all processes) failed in a hard way; quotes one of this process's messages."""
+    example = next(iter(stats.get("messages", {}).values()), "see the other processes' logs")
+    counts = ", ".join(f"{k[4:]}={stats.get(k, 0)}" for k in HARD_FAILURES)
+    raise RewardError(
+        f"reward {what} failed on every response of {batches} batch(es) in a row ({num_items} "
+        f"in the last; {counts} on this process): {example}. Such batches carry no reward "
+        "signal, so nothing is learned; fix the verifier (try it with "
+        "gspo_jax.rewards.score_batch on a few completions), or raise "
+        "config.reward.max_failed_rollouts"
+    )
 
 
 def score_batch(

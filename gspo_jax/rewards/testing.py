@@ -15,6 +15,7 @@ in a spawned or forkserver child whatever its working directory and sys.path.
 | "str"            | returns the string "1.0" (non-numeric)                     |
 | "none"           | returns None (non-numeric)                                 |
 | "sleep"          | time.sleep(1000)                                           |
+| "nap"            | time.sleep(1), then returns 1.0 (a slow verifier)          |
 | "spin"           | `while True: pass`                                         |
 | "regex"          | catastrophic backtracking inside `re` (C code, holds GIL)  |
 | "exit"           | os._exit(3): the worker process dies                       |
@@ -53,6 +54,9 @@ def chaos_reward(prompt: str, completion: str, reference: str) -> object:
         return None
     if completion == "sleep":
         time.sleep(1000)
+    if completion == "nap":
+        time.sleep(1.0)
+        return 1.0
     if completion == "spin":
         while True:
             pass

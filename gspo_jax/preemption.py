@@ -1,0 +1,73 @@
+"""SIGTERM and SIGINT stop the run at the next RL step boundary, with a checkpoint.
+
+A TPU preemption (a maintenance event, a Spot VM reclaimed, `launch/tpu_pod.sh stop`)
+sends SIGTERM to every host; Ctrl-C sends SIGINT. Without a handler the process dies at
+once and the steps since the last periodic checkpoint are lost. With `StopOnSignal` around
+the loop the first signal only sets a flag: the step in flight finishes, the loop asks
+`requested()` at the boundary, saves a checkpoint of that step and returns; the entry point
+then exits with status 128 + the signal number, as if the signal had killed it (a
+supervisor that restarts killed jobs still restarts this one, and the restart resumes from
+that checkpoint). A second signal stops at once, without a checkpoint.
+
+Multi-host: `requested()` is the largest signal number received by any process
+(`sharding.host_max`, one tiny all-gather per step), so every process stops after the same
+step and takes part in the same (collective) save, even if only one was signalled.
+Handlers can only be installed from the main thread; elsewhere (a notebook's worker
+thread) nothing is installed and `requested()` stays 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from typing import Self
+
+from gspo_jax import sharding as sharding_lib
+
+log = logging.getLogger(__name__)
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopOnSignal:
+    """Context manager: catches SIGTERM / SIGINT while the loop runs (module docstring)."""
+
+    def __init__(self):
+        self.received = 0  # the first signal's number, 0 before any
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> Self:
+        if threading.current_thread() is threading.main_thread():
+            for sig in SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.received:
+            log.warning("%s received again: stopping now, without a checkpoint", name)
+            self.__exit__()
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise SystemExit(128 + signum)
+        self.received = signum
+        log.warning(
+            "%s received: stopping after the current RL step, with a checkpoint (send it "
+            "again to stop at once)",
+            name,
+        )
+
+    def requested(self) -> int:
+        """The signal that asks the run to stop (0: none), the same on every process."""
+        return sharding_lib.host_max(self.received)
+
+
+def exit_status(signum: int) -> int:
+    """The exit status of a run stopped by `signum` (what the signal's default would give)."""
+    return 128 + int(signum)

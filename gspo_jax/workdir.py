@@ -1,0 +1,188 @@
+"""The workdir: checked once at start-up, and the record of the config a run was started with.
+
+  prepare(workdir, checkpoint_dir)       a directory (made if missing) whose checkpoint
+                                         directory every process can write
+  record_config(config, workdir, ...)    config.json on a fresh run; on a resumed one, the
+                                         new config compared with the run's (below)
+
+A run is its workdir: restarting the same command resumes it from its latest checkpoint.
+Restarting it with a different config must not quietly continue (or finish) the old run
+under a record that now describes another one, so a resumed run's config is compared with
+the config the run was started with (config.json, plus the changes accepted since,
+config_changes.jsonl):
+
+- fields in FREE_ON_RESUME may change: they do not change what is computed (logging,
+  evaluation, checkpoint cadence, paths whose content is checked elsewhere, the mesh, the
+  remat / MoE / attention kernels, and num_steps unless the learning-rate schedule depends
+  on it); the change is logged and recorded. So are fields that gspo_jax added or removed
+  since the run started (absent from one of the two configs);
+- any other difference stops the run before anything is loaded, with a message listing
+  every difference; `allow_change=True` (main's --allow_config_change) resumes anyway and
+  records the differences with the step they took effect at.
+
+config.json is written once, when the run starts (no checkpoint yet), and never rewritten.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+
+import jax
+
+from gspo_jax import config as config_lib
+from gspo_jax import sharding as sharding_lib
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.json"
+CHANGES_FILE = "config_changes.jsonl"
+
+# Dotted fields (or prefixes ending in ".") that may differ between a run and its restart.
+FREE_ON_RESUME = (
+    "num_steps",  # an extension; not free with optim.schedule="cosine" (see `_is_free`)
+    "log.",
+    "eval.",
+    "checkpoint.every_steps",
+    "checkpoint.max_to_keep",
+    "checkpoint.async_save",
+    "checkpoint.export_hf",
+    "reward.num_workers",
+    "reward.timeout_s",
+    "reward.max_failed_rollouts",
+    "data.data_dir",  # the prepared data's content is checked by the iterator's fingerprint
+    "data.manual_dir",  # and by the manual files' digests (data/build.py)
+    "mesh.",  # same math; float sums may round differently on another mesh
+    "model.remat",  # kernels and memory only: the same math (float rounding aside)
+    "model.moe_impl",
+    "model.attention_impl",
+)
+
+
+class WorkdirError(RuntimeError):
+    """The workdir cannot hold this run (not a directory, not writable, another config)."""
+
+
+def prepare(workdir: str, checkpoint_dir: str) -> None:
+    """Make `workdir` and `checkpoint_dir` if missing; raise WorkdirError naming the path if
+    either is not a directory or the checkpoint directory cannot be written. Every process
+    probes (each writes its own checkpoint files) and all agree on the outcome."""
+    problem = None
+    for flag, path in (("--workdir", workdir), ("the checkpoint directory", checkpoint_dir)):
+        if os.path.exists(path) and not os.path.isdir(path):
+            problem = f"{flag} {path} is a file, not a directory"
+            break
+    if problem is None:
+        probe = os.path.join(checkpoint_dir, f".write_probe.{jax.process_index()}.{os.getpid()}")
+        try:
+            os.makedirs(checkpoint_dir, exist_ok=True)
+            with open(probe, "w") as f:
+                f.write("ok")
+            os.remove(probe)
+        except OSError as e:
+            problem = f"cannot write the checkpoint directory {checkpoint_dir}: {e.strerror or e}"
+    if sharding_lib.host_max(problem is not None):
+        raise WorkdirError(problem or "another process cannot write the workdir (see its log)")
+
+
+def record_config(config, workdir: str, *, resuming: bool, allow_change: bool) -> dict:
+    """Write config.json for a fresh run; compare a resumed run's config with its record.
+
+    Returns {field: (recorded, new)} of the differences accepted (empty for a fresh run or
+    an unchanged one). Raises WorkdirError listing the differences that change the run,
+    unless `allow_change`.
+    """
+    new = _flatten(json.loads(config.to_json_best_effort()))
+    path = os.path.join(workdir, CONFIG_FILE)
+    if not resuming or not os.path.exists(path):
+        if resuming:
+            log.warning("%s is missing: the resumed run's config cannot be checked", path)
+        _write_lead(path, config.to_json_best_effort(indent=2) + "\n")
+        return {}
+    recorded = _recorded(workdir)
+    diffs = {
+        k: (recorded.get(k, "<absent>"), new.get(k, "<absent>"))
+        for k in sorted(set(recorded) | set(new))
+        if _norm(k, recorded.get(k)) != _norm(k, new.get(k))
+    }
+    if not diffs:
+        return {}
+    changing = {k: v for k, v in diffs.items() if not _is_free(k, v, recorded, new)}
+    if changing and not allow_change:
+        listing = "; ".join(f"{k}: {old!r} -> {now!r}" for k, (old, now) in changing.items())
+        raise WorkdirError(
+            f"{workdir} holds a run started with another config, and {len(changing)} "
+            f"field(s) that change the run differ: {listing}. Resume with the recorded values "
+            f"({path}), start a new --workdir, or pass --allow_config_change "
+            "(train.run(..., allow_config_change=True)) to continue this run's checkpoint "
+            "under the new config"
+        )
+    for k, (old, now) in diffs.items():
+        kind = "changes the run (allowed by --allow_config_change)" if k in changing else "free"
+        log.warning("config.%s: %r -> %r on resume (%s)", k, old, now, kind)
+    row = {
+        "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "changes": {k: list(v) for k, v in diffs.items()},
+        "run_changing": sorted(changing),
+        "config": json.loads(config.to_json_best_effort()),
+    }
+    changes = os.path.join(workdir, CHANGES_FILE)
+    previous = ""
+    if os.path.exists(changes):
+        with open(changes) as f:
+            previous = f.read()
+    _write_lead(changes, previous + json.dumps(row) + "\n")
+    return diffs
+
+
+def _recorded(workdir: str) -> dict:
+    """The run's current config: config.json, or the last accepted change's full config."""
+    with open(os.path.join(workdir, CONFIG_FILE)) as f:
+        config = json.load(f)
+    changes = os.path.join(workdir, CHANGES_FILE)
+    if os.path.exists(changes):
+        with open(changes) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        if rows:
+            config = rows[-1]["config"]
+    return _flatten(config)
+
+
+def _is_free(key: str, diff, recorded: dict, new: dict) -> bool:
+    if "<absent>" in diff:
+        # A field gspo_jax added (or removed) since the run started: config files cannot add
+        # fields, so this is an upgrade of the code, not a change the user asked for. Logged
+        # and recorded like a free change; refusing it would strand every run in progress.
+        return True
+    if key == "num_steps":
+        # The cosine schedule decays over num_steps: changing it changes every later rate.
+        return "cosine" not in (recorded.get("optim.schedule"), new.get("optim.schedule"))
+    return any(key == f or (f.endswith(".") and key.startswith(f)) for f in FREE_ON_RESUME)
+
+
+def _norm(key: str, value):
+    if key == "reward_norm":
+        return config_lib.normalize_reward_norm(value)
+    return value
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _write_lead(path: str, text: str) -> None:
+    """Process 0 writes `path` atomically (a reader sees the old file or the new one)."""
+    if jax.process_index() != 0:
+        return
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)

@@ -1,0 +1,256 @@
+"""Checkpoints that fail loudly: a damaged checkpoint falls back to the previous good one, a
+model change is named, a save that cannot be written raises at once and leaves no thread
+behind (the hang), and the digests behind the integrity check."""
+
+import glob
+import logging
+import os
+import shutil
+import sys
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from gspo_jax import checkpoint, models
+from gspo_jax import sharding as sharding_lib
+from gspo_jax import state as state_lib
+
+TINY = models.ModelConfig(
+    arch="qwen3",
+    vocab_size=32,
+    hidden_size=16,
+    intermediate_size=32,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=8,
+    qk_norm=True,
+)
+
+
+def _state_and_abstract(model_config=TINY, seed=0):
+    """A RunState sharded over the 8 fake devices (params over fsdp), and its abstract."""
+    mesh = sharding_lib.make_mesh({"data": 2, "fsdp": 4, "tensor": 1, "expert": 1})
+    abstract_params = models.abstract_params(model_config)
+    params_sh = sharding_lib.tree_shardings(
+        abstract_params, models.logical_axes(model_config), mesh
+    )
+    tx = optax.adam(1e-3)
+    shardings = state_lib.state_shardings(abstract_params, params_sh, tx, mesh, with_ref=False)
+    init = jax.jit(models.init_params, static_argnums=0, out_shardings=params_sh)
+    params = init(model_config, jax.random.PRNGKey(seed))
+    state = state_lib.init_state(params, tx, seed, shardings, origin="test")
+    return state, state_lib.abstract_state(abstract_params, tx, shardings)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return _state_and_abstract()
+
+
+def _saved(tmp_path, state, steps):
+    """A checkpoint directory with `steps` of `state` (params scaled by the step)."""
+    manager = checkpoint.make_manager(str(tmp_path / "ckpt"), async_save=False)
+    for step in steps:
+        params = jax.tree.map(lambda p, s=step: p * s, state.train.params)
+        scaled = state.train.replace(params=params)
+        checkpoint.save(manager, state.replace(step=step, train=scaled, data=f"d{step}"))
+    checkpoint.finish(manager)
+    manager.close()
+    return str(tmp_path / "ckpt")
+
+
+def _restore(directory, abstract):
+    manager = checkpoint.make_manager(directory, async_save=False)
+    try:
+        return checkpoint.restore_latest(manager, abstract)
+    finally:
+        manager.close()
+
+
+def _data_files(directory, step):
+    """The array data files of a step (ocdbt keeps the process's copy and the merged one)."""
+    return glob.glob(os.path.join(directory, str(step), "state", "**", "d", "*"), recursive=True)
+
+
+def _write(path, text, mode="w"):
+    with open(path, mode) as f:
+        f.write(text)
+
+
+def _flip_bytes(directory, step):
+    for path in _data_files(directory, step):
+        with open(path, "rb") as f:
+            data = bytearray(f.read())
+        for i in range(0, len(data), 97):  # damage the whole file, not one spare byte
+            data[i] ^= 0xFF
+        _write(path, bytes(data), "wb")
+
+
+def _swap_arrays(directory, step, other):
+    """Step `step`'s array files replaced by step `other`'s: valid files, a readable index,
+    other values. Orbax restores them without a word; only the digests see it."""
+    shutil.rmtree(os.path.join(directory, str(step), "state"))
+    shutil.copytree(
+        os.path.join(directory, str(other), "state"), os.path.join(directory, str(step), "state")
+    )
+
+
+@pytest.mark.parametrize(
+    "damage", ["swapped", "flip", "truncate", "garbage_meta", "garbage_metadata"]
+)
+def test_a_damaged_checkpoint_falls_back_to_the_previous_one(tiny, tmp_path, damage, caplog, capfd):
+    """Flipped bytes used to restore silently (orbax checksums only the shard index);
+    truncated files and garbage metadata failed without a fallback, under hundreds of
+    lines of asyncio noise."""
+    state, abstract = tiny
+    directory = _saved(tmp_path, state, (1, 2, 3))
+    if damage == "swapped":  # restored silently before: only the digests see it
+        _swap_arrays(directory, 2, 3)
+    shutil.rmtree(os.path.join(directory, "3"))  # step 2 is the latest
+    if damage == "flip":
+        _flip_bytes(directory, 2)
+    elif damage == "truncate":
+        for path in _data_files(directory, 2):
+            os.truncate(path, os.path.getsize(path) // 2)
+    elif damage == "garbage_meta":
+        _write(os.path.join(directory, "2", "meta", "metadata"), "garbage{")
+    elif damage == "garbage_metadata":
+        _write(os.path.join(directory, "2", "state", "_METADATA"), "garbage{")
+    with caplog.at_level(logging.WARNING, logger="gspo_jax.checkpoint"):
+        restored = _restore(directory, abstract)
+    noise = capfd.readouterr().err
+    assert "Event loop is closed" not in noise and "Traceback" not in noise, noise[-2000:]
+    assert restored.step == 1 and restored.data == "d1"
+    assert restored.origin.startswith("checkpoint 1 in ")
+    for got, want in zip(
+        jax.tree.leaves(restored.train.params), jax.tree.leaves(state.train.params)
+    ):
+        np.testing.assert_array_equal(got, want)
+    bad = os.path.join(directory, "2")
+    warned = [r.getMessage() for r in caplog.records if bad in r.getMessage()]
+    assert any("unusable" in m for m in warned), warned
+    if damage == "swapped":
+        assert any("differ from the digests saved with them" in m for m in warned), warned
+    # Moved aside, kept for inspection: the next save or restart does not trip over it.
+    assert not os.path.exists(bad) and os.path.isdir(bad + checkpoint.CORRUPT_SUFFIX)
+    again = _restore(directory, abstract)
+    assert again.step == 1
+
+
+def test_reading_a_damaged_steps_metadata_is_quiet_too(tiny, tmp_path, capfd):
+    """The shape check reads a step's metadata before restoring it; on a damaged step that
+    read fails as noisily as the restore (tensorstore's late "Event loop is closed"
+    tracebacks, seen in a run resuming past a truncated checkpoint). It is held back as well,
+    and unreadable metadata alone is not a model change: the restore decides."""
+    state, abstract = tiny
+    directory = _saved(tmp_path, state, (1, 2))
+    manager = checkpoint.make_manager(directory, async_save=False)
+    read = manager.item_metadata
+
+    def noisy(step):
+        if step == 2:
+            print("Traceback (most recent call last):", file=sys.stderr)
+            print("RuntimeError: Event loop is closed", file=sys.stderr)
+            raise ValueError("OUT_OF_RANGE: Error reading _METADATA")
+        return read(step)
+
+    manager.item_metadata = noisy
+    try:
+        restored = checkpoint.restore_latest(manager, abstract)
+    finally:
+        manager.close()
+    noise = capfd.readouterr().err
+    assert "Event loop is closed" not in noise and "Traceback" not in noise, noise[-2000:]
+    assert restored.step == 2 and restored.data == "d2"
+
+
+def test_no_usable_checkpoint_is_an_error_listing_each(tiny, tmp_path):
+    state, abstract = tiny
+    directory = _saved(tmp_path, state, (1, 2))
+    for step in (1, 2):
+        _flip_bytes(directory, step)
+    with pytest.raises(checkpoint.CheckpointError, match=r"no usable checkpoint.*step 2: .*step 1"):
+        _restore(directory, abstract)
+
+
+def test_a_checkpoint_of_another_model_is_named_not_skipped(tiny, tmp_path):
+    """Resuming with a changed model shape failed with its cause 500 lines up."""
+    state, _ = tiny
+    directory = _saved(tmp_path, state, (1,))
+    wider = TINY.__class__(**{**TINY.__dict__, "intermediate_size": 48})
+    _, abstract = _state_and_abstract(wider)
+    with pytest.raises(
+        checkpoint.CheckpointError,
+        match=r"does not fit this run's state: .*down_proj/kernel saved \(32, 16\) vs now \(48, 16\)",
+    ):
+        _restore(directory, abstract)
+    assert os.path.isdir(os.path.join(directory, "1"))  # not moved aside: it is not damaged
+
+
+def test_a_save_that_cannot_be_written_raises_at_once_and_leaves_no_thread(tiny, tmp_path):
+    """The hang: orbax created step directories asynchronously; when that failed, its
+    commit threads waited five minutes for a signal that never came, and the interpreter
+    waited for them at exit. Now the save raises, naming the directory, and nothing waits."""
+    state, _ = tiny
+    directory = tmp_path / "ckpt"
+    before = {t.ident for t in threading.enumerate()}
+    manager = checkpoint.make_manager(str(directory), async_save=True)
+    checkpoint.save(manager, state.replace(step=1))
+    checkpoint.finish(manager)
+    shutil.rmtree(directory)
+    directory.write_text("a file where the checkpoint directory was")
+    start = time.monotonic()
+    with pytest.raises(checkpoint.CheckpointError, match=rf"checkpoint 2 in {directory} failed"):
+        checkpoint.save(manager, state.replace(step=2))
+    manager.close()
+    assert time.monotonic() - start < 30
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        left = [
+            t.name
+            for t in threading.enumerate()
+            if t.ident not in before and t.is_alive() and not t.daemon
+        ]
+        if not left:
+            break
+        time.sleep(0.2)
+    assert not left, left
+
+
+def test_digests_see_one_flipped_bit_and_not_the_sharding(tiny):
+    state, _ = tiny
+    params = state.train.params
+    sharded = checkpoint.digests(params)
+    whole = checkpoint.digests(jax.device_get(params))  # numpy, one device
+    assert sharded == whole
+    embedding = np.asarray(params["embed"]["embedding"]).copy()
+    bits = embedding.view(np.uint32)
+    bits[3, 5] ^= np.uint32(1 << 17)
+    flipped = checkpoint.digests({"x": jnp.asarray(embedding)})["x"]
+    original = checkpoint.digests({"x": params["embed"]["embedding"]})["x"]
+    assert flipped[0] != original[0] and flipped[1] != original[1]
+    bf16 = params["embed"]["embedding"].astype(jnp.bfloat16)
+    assert checkpoint.digests({"x": bf16})["x"] != checkpoint.digests({"x": bf16 * 2})["x"]
+    with pytest.raises(ValueError, match=r"the weights holds? NaN or inf in embed/embedding"):
+        checkpoint.require_finite(
+            {"embed": {"embedding": params["embed"]["embedding"].at[0, 0].set(jnp.nan)}},
+            "the weights",
+        )
+
+
+def test_a_policy_holding_nan_is_never_exported(tiny, tmp_path):
+    """A run must not leave a NaN model behind: `export_hf` names the tensor and writes
+    nothing (it used to write an all-NaN model.safetensors, exit 0)."""
+    state, _ = tiny
+    params = state.train.params
+    bad = {**params, "embed": {"embedding": params["embed"]["embedding"].at[1, 2].set(jnp.inf)}}
+    path = tmp_path / "hf"
+    with pytest.raises(ValueError, match=r"the final policy \(not exported to .*hf\) holds NaN "):
+        checkpoint.export_hf(TINY, None, bad, str(path))
+    assert not path.exists()

@@ -1,0 +1,281 @@
+"""What happens when... (docs/failures.md): signals, verifiers that always fail, bad weights,
+and the entry point's one-line errors. The end-to-end ones run `python -m gspo_jax.main`
+on the tiny model of tests/tiny_flags.py."""
+
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from test_train import TINY, _tiny_config
+from tiny_flags import metrics_by_step
+
+from gspo_jax import rollout, train
+from gspo_jax.config import ConfigError
+from gspo_jax.rewards import build_reward
+
+# ----------------------------------------------------------------------------- signals
+
+
+def test_first_signal_asks_to_stop_the_second_stops_at_once():
+    from gspo_jax import preemption
+
+    previous = signal.getsignal(signal.SIGTERM)
+    with preemption.StopOnSignal() as stop:
+        assert stop.requested() == 0
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)  # the handler runs between bytecodes of the main thread
+        assert stop.requested() == signal.SIGTERM  # noted, nothing raised
+        with pytest.raises(SystemExit) as exit_:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)
+        assert exit_.value.code == 143
+    assert signal.getsignal(signal.SIGTERM) == previous
+    with preemption.StopOnSignal() as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)
+        assert stop.requested() == signal.SIGINT
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+# ---------------------------------------------------------------------------- verifiers
+
+
+def test_a_verifier_that_always_raises_stops_the_run_with_its_error(caplog):
+    """It used to score 0 everywhere, train nothing and exit 0, the exception logged nowhere.
+    Now each distinct message is logged once, and `max_failed_batches` batches in a row with
+    every call failed stop the run quoting it (batches with a success reset the count)."""
+    import gspo_jax.rewards.testing  # noqa: F401  (registers test_raise / test_chaos)
+    from gspo_jax.rewards import RewardError
+
+    scorer = rollout.Scorer(build_reward("test_chaos"), "mask", max_failed_batches=2)
+    args = ([""] * 3, [""] * 3)
+    with caplog.at_level(logging.WARNING, logger="gspo_jax.rewards.scoring"):
+        scorer.score(args[0], ["raise", "nan", "str"], args[1])  # all failed: 1 in a row
+        _, valid, _ = scorer.score(args[0], ["ok:1", "raise", "nan"], args[1])  # resets
+        np.testing.assert_array_equal(valid, [True, False, False])
+        scorer.score(args[0], ["raise", "raise", "nan"], args[1])  # 1 in a row
+        with pytest.raises(
+            RewardError, match=r"every response of 2 batch\(es\) in a row.*deliberate failure"
+        ):
+            scorer.score(args[0], ["raise", "raise", "raise"], args[1])
+    logged = [r.getMessage() for r in caplog.records if "test_chaos" in r.getMessage()]
+    assert sum("RuntimeError: deliberate failure" in m for m in logged) == 1, logged
+    assert sum("non-finite" in m for m in logged) == 1, logged
+    assert sum("non-numeric" in m for m in logged) == 1, logged
+    never = rollout.Scorer(build_reward("test_raise"), "zero")  # the accuracy scorer's setting
+    for _ in range(3):
+        never.score(args[0], ["a", "b", "c"], args[1])
+
+
+# ------------------------------------------------------------------ weights and tokens
+
+
+def test_nan_weights_in_a_hugging_face_checkpoint_are_named(tmp_path):
+    """NaN weights: NaN losses, every update skipped, exit 0 (before)."""
+    from safetensors.numpy import load_file, save_file
+
+    src = "tests/fixtures/models/qwen3"
+    ckpt = tmp_path / "qwen3_nan"
+    shutil.copytree(src, ckpt)
+    shard = min(ckpt.glob("model-*.safetensors"))
+    tensors = load_file(shard)
+    name = min(tensors)
+    tensors[name] = tensors[name].copy()
+    tensors[name].flat[0] = np.nan
+    save_file(tensors, shard)
+    manual = tmp_path / "gsm8k"
+    manual.mkdir()
+    for split in ("train", "test"):
+        (manual / f"{split}.jsonl").write_text(
+            json.dumps({"question": "1 + 1?", "answer": "#### 2"}) + "\n"
+        )
+    from configs import gspo_paper
+
+    c = gspo_paper.get_config(f"hf_path={ckpt},manual_dir={manual}")
+    c.model.tokenizer_path = "tests/fixtures/models/tokenizer"
+    c.model.dtype, c.model.remat = "float32", "none"
+    c.data.data_dir = str(tmp_path / "data")
+    c.rollout_batch_size, c.num_return_sequences_in_group = 4, 2
+    c.num_mini_batches, c.micro_batch_size = 1, None
+    c.prompt_length, c.response_length = 192, 6
+    c.sampling.prompt_buckets = (192,)
+    c.reward.num_workers = 0
+    c.log.progress_bar = c.log.plot = c.log.tensorboard = False
+    with pytest.raises(ValueError, match=r"Hugging Face checkpoint .*qwen3_nan holds NaN or inf"):
+        train.run(c, str(tmp_path / "run"))
+
+
+def test_a_tokenizer_larger_than_the_model_stops_before_the_data(tmp_path):
+    from gspo_jax import data
+
+    tokenizer = data.make_char_tokenizer(tmp_path / "tok")
+    tokenizer.add_tokens([f"<extra_{i}>" for i in range(200)])
+    tokenizer.save_pretrained(tmp_path / "tok")
+    c = _tiny_config(tmp_path / "data")
+    c.model.hf_path = "tests/fixtures/models/qwen3"
+    c.model.tokenizer_path = str(tmp_path / "tok")
+    c.warm_start.steps = 0
+    with pytest.raises(ConfigError, match=r"token ids up to 299.*vocab_size=256"):
+        train.run(c, str(tmp_path / "run"))
+    assert not (tmp_path / "data").exists()  # stopped before the dataset was built
+
+
+# ------------------------------------------------------------------ the entry point
+
+
+def _main(workdir, *flags, config="configs/default.py", timeout=300):
+    cmd = [sys.executable, "-m", "gspo_jax.main", f"--config={config}", f"--workdir={workdir}"]
+    return subprocess.run(
+        [*cmd, *flags], check=False, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _error_line(proc) -> str:
+    lines = [x for x in proc.stderr.splitlines() if x.startswith("gspo_jax: error: ")]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return lines[0]
+
+
+CONFIG_WITH_A_REWARD = """
+from configs import default
+from gspo_jax.rewards import register_reward
+
+
+@register_reward("reward_in_a_config_file")
+def reward(prompt, completion, reference):
+    return 1.0
+
+
+def get_config(arg=None):
+    c = default.get_config()
+    c.reward.spec = "reward_in_a_config_file"
+    return c
+"""
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "nan_lr",
+        "missing_config",
+        "config_argument",
+        "workdir_is_a_file",
+        "checkpoints_is_a_file",
+        "cfg_reward",
+    ],
+)
+def test_start_up_errors_are_one_line_and_early(tmp_path, case):
+    """Each used to print a 26-55 line traceback, a misleading message, fail late, or (the
+    checkpoint directory) hang after the error. Now: one line naming the field / file, the
+    exit status, before any data, model or compile work."""
+    workdir, flags, config, status = tmp_path / "run", [], "configs/default.py", 2
+    if case == "nan_lr":
+        flags, want = ["--config.optim.learning_rate=nan"], r"config.optim.learning_rate=nan must"
+    elif case == "missing_config":  # with an override, which used to fail at the override
+        config, flags = "configs/no_such_config.py", ["--config.num_steps=3"]
+        want = r"--config=configs/no_such_config.py: no such file"
+    elif case == "config_argument":
+        config = "configs/gspo_paper.py:hf_path=/ckpt"
+        want = r"--config=configs/gspo_paper.py:hf_path=/ckpt: .*ValueError: .*needs manual_dir"
+    elif case == "workdir_is_a_file":
+        workdir.write_text("")
+        status, want = 1, rf"--workdir {workdir} is a file, not a directory"
+    elif case == "checkpoints_is_a_file":
+        workdir.mkdir()
+        (workdir / "checkpoints").write_text("")
+        status, want = 1, rf"checkpoint directory {workdir}/checkpoints is a file"
+    else:
+        config = tmp_path / "cfg.py"
+        config.write_text(CONFIG_WITH_A_REWARD)
+        want = r"reward 'reward_in_a_config_file' is registered in module 'config_config'"
+    start = time.monotonic()
+    proc = _main(workdir, *flags, config=str(config), timeout=120)
+    assert proc.returncode == status, proc.stderr[-3000:]
+    assert re.search(want, _error_line(proc)), proc.stderr[-2000:]
+    assert time.monotonic() - start < 60
+    if workdir.is_dir():  # nothing was prepared
+        assert not (workdir / "data").exists() and not (workdir / "tokenizer").exists()
+
+
+def test_a_thread_left_running_cannot_keep_the_process_alive():
+    """The entry point's last resort against hangs at exit (the orbax hang was one)."""
+    code = (
+        "import threading, time\n"
+        "from gspo_jax import main\n"
+        "main.SHUTDOWN_GRACE_S = 1.0\n"
+        "threading.Thread(target=time.sleep, args=(600,)).start()  # not a daemon\n"
+        "main._exit(3)\n"
+    )
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 3 and time.monotonic() - start < 30
+    assert "still shutting down after 1 s" in proc.stderr
+
+
+SIGNAL_RUN = [
+    *TINY,
+    "--config.num_steps=200",  # far more than it will run
+    "--config.checkpoint.every_steps=0",
+    "--config.eval.every_steps=0",
+    "--config.reward.num_workers=0",
+    "--config.log.tensorboard=false",
+    "--config.log.plot=false",
+]
+
+
+def test_sigterm_checkpoints_the_current_step_and_the_same_command_resumes(tmp_path):
+    """SIGTERM (a TPU preemption) used to kill the run at once: every step since the last
+    periodic checkpoint was lost (here: all of them, checkpoint.every_steps=0)."""
+    workdir, data_dir = tmp_path / "run", tmp_path / "data"
+    cmd = [
+        sys.executable,
+        "-m",
+        "gspo_jax.main",
+        "--config=configs/default.py",
+        f"--workdir={workdir}",
+        f"--config.data.data_dir={data_dir}",
+        *SIGNAL_RUN,
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:  # wait for RL step 3
+            if os.path.exists(workdir / "metrics.jsonl") and max(metrics_by_step(workdir)) >= 2:
+                break
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=120)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, out[-3000:]
+    steps = sorted(int(d) for d in os.listdir(workdir / "checkpoints") if d.isdigit())
+    stopped = steps[-1]
+    assert stopped >= 3 and f"SIGTERM: stopped after RL step {stopped}" in out
+    assert sorted(metrics_by_step(workdir)) == list(range(stopped + 1))
+    assert not (workdir / "hf").exists()  # not finished: no export
+    resumed = subprocess.run(
+        [*cmd, f"--config.num_steps={stopped + 2}"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"starting at RL step {stopped} from checkpoint {stopped}" in resumed.stderr
+    lines = (workdir / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == list(range(stopped + 3))  # one row each
+    assert (workdir / "hf" / "model.safetensors").exists()
