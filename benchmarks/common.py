@@ -18,7 +18,12 @@ Run as scripts (`python benchmarks/<name>.py`): this module is imported as `comm
 
 from __future__ import annotations
 
+import collections
+import glob
+import os
+import re
 import statistics
+import tempfile
 import time
 
 import jax
@@ -106,6 +111,53 @@ def train_flops(cfg: models.ModelConfig, batch: int, prompt_len: int, response_l
 def decode_step_flops(cfg: models.ModelConfig, batch: int, keys: float) -> float:
     """FLOPs of one decode step: `batch` new tokens, each attending to `keys` cached keys."""
     return batch * (2.0 * matmul_params(cfg) + unembed_flops(cfg) + attention_flops(cfg, keys))
+
+
+# --------------------------------------------------------------------------------- profiling
+
+
+def hlo_op_sources(compiled_text: str) -> dict[str, str]:
+    """XLA op name -> the jax operation it came from (the HLO's op_name metadata), from a
+    compiled function's `.as_text()`, with the jit / transpose wrappers shortened."""
+    names = {}
+    for line in compiled_text.splitlines():
+        match = re.match(r'\s+(?:ROOT )?%?(\S+) = .*?op_name="([^"]+)"', line)
+        if match:
+            op = re.sub(r"jit\((\w+)\)/", "", match.group(2))
+            names[match.group(1)] = re.sub(r"\w+\.<locals>\.", "", op)
+    return names
+
+
+def profile_ops(fn, *args, compiled_text: str = "", trace_dir: str | None = None):
+    """(Counter op -> ns, trace directory) of one call of fn(*args) under jax.profiler.
+
+    XLA:CPU's per-op events (thunks on the XLA Eigen threads) are summed by op, and named
+    by the jax operation they came from when `compiled_text` (the compiled HLO of fn) is
+    given. The trace stays in `trace_dir` (TensorBoard / Perfetto can open it).
+    """
+    names = hlo_op_sources(compiled_text)
+    directory = trace_dir or tempfile.mkdtemp(prefix="trace_")
+    with jax.profiler.trace(directory):
+        jax.block_until_ready(fn(*args))
+    path = max(glob.glob(os.path.join(directory, "**", "*.xplane.pb"), recursive=True))
+    data = jax.profiler.ProfileData.from_file(path)
+    total = collections.Counter()
+    for plane in data.planes:
+        for line in plane.lines:
+            if not line.name.startswith("tf_XLA"):
+                continue
+            for ev in line.events:
+                if "ThunkExecutor" not in ev.name:
+                    total[names.get(ev.name, ev.name)] += ev.duration_ns
+    return total, directory
+
+
+def print_top_ops(total: collections.Counter, top: int = 20, title: str = "") -> None:
+    """The `top` ops of a `profile_ops` count, in ms and as a share of the sum."""
+    whole = sum(total.values()) or 1
+    print(f"\n{title} ({whole / 1e6:.1f} ms of op time in all, summed over threads)")
+    for name, ns in total.most_common(top):
+        print(f"  {ns / 1e6:8.2f} ms  {100 * ns / whole:5.1f}%  {name[:150]}")
 
 
 # --------------------------------------------------------------------------------- baselines

@@ -21,7 +21,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import statistics
+import time
 
+import anchor_spec
 import common
 import jax
 import jax.numpy as jnp
@@ -29,8 +32,8 @@ import numpy as np
 import optax
 
 from configs import base
-from gspo_jax import models, sampling
-from gspo_jax.config import step_config
+from gspo_jax import advantages, data, models, optim, rollout, sampling
+from gspo_jax.config import sampler_kwargs, step_config
 from gspo_jax.train_step import TrainState, make_train_step
 
 PRESETS = {
@@ -54,6 +57,23 @@ PRESETS = {
         "dtype": "float32",
         "remat": "none",
         "micro": None,
+    },
+    # TRL's GSPO example geometry (benchmarks/anchor_spec.py; TRL's side: trl_anchor.py):
+    # one whole RL step, by phase.
+    "trl_anchor": {
+        "model": {
+            "arch": "qwen2",
+            "qkv_bias": True,
+            **{k: v for k, v in anchor_spec.MODEL.items()},
+        },
+        "prompts": anchor_spec.NUM_PROMPTS,
+        "group": anchor_spec.GROUP,
+        "prompt_len": anchor_spec.PROMPT_LEN,
+        "response_len": anchor_spec.RESPONSE_LEN,
+        "dtype": "float32",
+        "remat": "none",
+        "micro": None,
+        "whole_step": True,
     },
     # Qwen3-0.6B's published config.json (28 layers, GQA 16/8, head_dim 128, tied).
     "qwen3_0p6b": {
@@ -124,6 +144,170 @@ def bench_train(preset, cfg, rate):
     }
 
 
+def anchor_config(preset):
+    """The experiment config of the whole-step preset (benchmarks/anchor_spec.py)."""
+    config = base.get_config()
+    config.rollout_batch_size = preset["prompts"]
+    config.num_return_sequences_in_group = preset["group"]
+    config.response_length = preset["response_len"]
+    config.importance_sampling = "seq"
+    config.clip_low, config.clip_high = anchor_spec.CLIP_LOW, anchor_spec.CLIP_HIGH
+    config.loss_agg_mode = "seq-mean-token-mean"
+    config.adv_estimator = "grpo"  # group z-score
+    config.ppo_epochs, config.num_mini_batches, config.micro_batch_size = 1, 1, None
+    config.use_kl_loss, config.entropy_coef = False, 0.0
+    config.old_logprobs_source = "sampler"  # one update per rollout: pi_old = the sampler's
+    config.sampling.temperature = anchor_spec.TEMPERATURE
+    config.optim.learning_rate = anchor_spec.LEARNING_RATE
+    config.optim.max_grad_norm = anchor_spec.MAX_GRAD_NORM
+    config.optim.weight_decay = 0.0
+    return config
+
+
+class WholeStep:
+    """One RL step of the anchor workload, phase by phase, as the loop runs it:
+
+      sample      `sampling.sample` (one prefill per prompt, G samples, the log-probs)
+      score       device -> host, decode to text, the reward on each text (in-process)
+      advantages  the jitted group z-score (`rollout.make_advantage_fn`)
+      train       the jitted train step (one AdamW update), state donated
+
+    Each phase waits for its outputs, so the phase times add up to the step.
+    """
+
+    def __init__(self, preset, cfg):
+        self.preset, self.cfg = preset, cfg
+        self.config = config = anchor_config(preset)
+        self.tokenizer = anchor_spec.make_tokenizer()
+        enc = self.tokenizer(
+            anchor_spec.prompts(),
+            padding="max_length",
+            max_length=preset["prompt_len"],
+            return_tensors="np",
+        )
+        self.prompt_tokens = enc["input_ids"].astype(np.int32)
+        self.prompt_mask = enc["attention_mask"].astype(np.int32)
+        self.step_config = step_config(config, cfg)
+        tx = optim.make_optimizer(config.optim, 1000)
+        self.train_step = make_train_step(self.step_config, tx, donate=True)
+        self.advantage_fn = rollout.make_advantage_fn(config)
+        self.eos_ids = tuple(data.stop_token_ids(self.tokenizer))
+        params = jax.jit(models.init_params, static_argnums=0)(cfg, jax.random.PRNGKey(0))
+        self.state = TrainState(
+            step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params)
+        )
+        self.running = advantages.init_running_moments()
+        self.step_index = 0
+
+    def sample(self):
+        c = self.config
+        key = jax.random.fold_in(jax.random.PRNGKey(1), self.step_index)
+        out = sampling.sample(
+            self.cfg,
+            self.state.params,
+            self.prompt_tokens,
+            self.prompt_mask,
+            key,
+            eos_ids=self.eos_ids,
+            pad_id=int(self.tokenizer.pad_token_id),
+            **sampler_kwargs(c),
+        )
+        return jax.block_until_ready(out)
+
+    def score(self, out):
+        tokens_BT, mask_BT = jax.device_get((out.tokens, out.mask))
+        texts = rollout.decode_responses(self.tokenizer, tokens_BT, mask_BT)
+        return np.asarray([anchor_spec.reward(text) for text in texts], np.float32)
+
+    def advantages(self, rewards_B):
+        valid_B = np.ones(rewards_B.shape, bool)
+        adv, self.running = self.advantage_fn(rewards_B, valid_B, self.running)
+        return jax.block_until_ready(adv)
+
+    def batch(self, out, adv):
+        tokens_BL, mask_BL = out.sequences()
+        return {
+            "tokens": tokens_BL,
+            "attention_mask": mask_BL,
+            "response_mask": out.mask.astype(jnp.float32),
+            "old_logprobs": out.logprobs,
+            "advantages": adv,
+        }
+
+    def train(self, batch):
+        self.state, metrics = self.train_step(self.state, batch)
+        jax.block_until_ready(self.state.step)
+        return metrics
+
+    def run(self) -> dict[str, float]:
+        """One whole RL step; returns its phase times (seconds) and generated tokens."""
+        t0 = time.perf_counter()
+        out = self.sample()
+        t1 = time.perf_counter()
+        rewards = self.score(out)
+        t2 = time.perf_counter()
+        adv = self.advantages(rewards)
+        t3 = time.perf_counter()
+        self.train(self.batch(out, adv))
+        t4 = time.perf_counter()
+        self.step_index += 1
+        return {
+            "sample": t1 - t0,
+            "score": t2 - t1,
+            "advantages": t3 - t2,
+            "train": t4 - t3,
+            "step": t4 - t0,
+            "generated": float(np.asarray(out.mask).sum()),
+        }
+
+
+def bench_whole_step(preset, cfg, reps: int, profile: bool):
+    """Medians over `reps` rounds (after one compile step) of: this machine's matmul rate,
+    then one whole RL step. Ratios are per round (the rate measured just before its step),
+    then the median over rounds: the machine is shared, and a ratio within a round holds."""
+    runner = WholeStep(preset, cfg)
+    first = runner.run()  # compiles every phase
+    flops = anchor_spec.model_flops_per_step(common.matmul_params(cfg))
+    b, p, t = preset["prompts"] * preset["group"], preset["prompt_len"], preset["response_len"]
+    assert abs(flops["train"] / common.train_flops(cfg, b, p, t) - 1) < 1e-9  # one FLOP model
+    rounds = []
+    for _ in range(reps):
+        rate = common.matmul_rate()
+        times = runner.run()
+        times["rate"] = rate
+        times["train_over_matmul"] = flops["train"] / times["train"] / rate
+        times["sample_over_matmul"] = flops["generation"] / times["sample"] / rate
+        times["step_over_matmul"] = flops["step"] / times["step"] / rate
+        rounds.append(times)
+    med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+    result = {
+        "matmul_tflops_measured": med["rate"] / 1e12,
+        "step/first_call_s": first["step"],
+        "step/generated_tokens": med["generated"],
+        **{f"step/{k}_s": med[k] for k in ("step", "sample", "score", "advantages", "train")},
+        "step/train_flops_over_matmul": med["train_over_matmul"],
+        "step/sample_flops_over_matmul": med["sample_over_matmul"],
+        "step/step_flops_over_matmul": med["step_over_matmul"],
+        "step/rounds": [
+            {k: round(v, 4) for k, v in r.items() if k in ("step", "train", "rate")} for r in rounds
+        ],
+    }
+    if profile:
+        out = runner.sample()
+        batch = runner.batch(out, runner.advantages(runner.score(out)))
+        text = runner.train_step.lower(runner.state, batch).compile().as_text()
+        holder = {"state": runner.state}
+
+        def one():
+            holder["state"], metrics = runner.train_step(holder["state"], batch)
+            return metrics
+
+        total, directory = common.profile_ops(one, compiled_text=text)
+        runner.state = holder["state"]
+        common.print_top_ops(total, title=f"Train step by XLA op (trace in {directory})")
+    return result
+
+
 def bench_sampler(preset, cfg, rate, baseline: bool):
     n, g = preset["prompts"], preset["group"]
     p, t = preset["prompt_len"], preset["response_len"]
@@ -164,6 +348,10 @@ def main():
     ap.add_argument("--baseline", action="store_true", help="also time a per-token Python loop")
     ap.add_argument("--skip_train", action="store_true")
     ap.add_argument("--skip_sampler", action="store_true")
+    ap.add_argument("--reps", type=int, default=3, help="whole-step preset: timed RL steps")
+    ap.add_argument(
+        "--profile", action="store_true", help="whole-step preset: top XLA ops of a train step"
+    )
     args = ap.parse_args()
     preset = PRESETS[args.preset]
     cfg = models.ModelConfig(
@@ -181,9 +369,11 @@ def main():
         "matmul_tflops_measured": rate / 1e12,
         "config": {k: v for k, v in dataclasses.asdict(cfg).items() if k in preset["model"]},
     }
-    if not args.skip_train:
+    if preset.get("whole_step"):
+        results.update(bench_whole_step(preset, cfg, args.reps, args.profile))
+    if not args.skip_train and not preset.get("whole_step"):
         results.update(bench_train(preset, cfg, rate))
-    if not args.skip_sampler:
+    if not args.skip_sampler and not preset.get("whole_step"):
         results.update(bench_sampler(preset, cfg, rate, args.baseline))
     width = max(len(k) for k in results)
     for key, value in results.items():
