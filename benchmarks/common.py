@@ -177,7 +177,7 @@ def python_loop_sampler(cfg: models.ModelConfig, params, tokens_NP, mask_NP, g: 
         return jax.random.categorical(jax.random.fold_in(key, s), logits).astype(jnp.int32)
 
     def run():
-        prompt, logits = models.prefill_shared(cfg, params, tokens_NP, mask_NP)
+        prompt, logits, _ = models.prefill_shared(cfg, params, tokens_NP, mask_NP)
         response = models.init_response_cache(cfg, num_rows, t)
         logits = jnp.repeat(logits, g, axis=0)
         key, out = jax.random.key(2), []
@@ -185,7 +185,7 @@ def python_loop_sampler(cfg: models.ModelConfig, params, tokens_NP, mask_NP, g: 
             token = draw(logits, key, s)
             out.append(token)
             if s + 1 < t:  # response token s goes into response slot s
-                logits, response = models.decode_step_shared(
+                logits, response, _ = models.decode_step_shared(
                     cfg, params, prompt, response, token, jnp.int32(s)
                 )
         return jax.block_until_ready(jnp.stack(out, axis=1))

@@ -74,6 +74,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.model.dtype = "float32"  # compute dtype ("bfloat16" for bf16 compute, f32 master weights)
     c.model.remat = "none"  # rematerialisation of each decoder layer: "none" | "full" | "dots"
     c.model.moe_impl = "ragged"  # MoE dispatch: "ragged" (sorted, lax.ragged_dot) | "dense"
+    c.model.attention_impl = "auto"  # "auto" (splash on TPU, cudnn on GPU, xla on CPU) | "xla" |
+    # "splash" | "cudnn": kernel of the full-sequence attention (gspo_jax/models/attention.py)
     c.model.routing_replay = False  # MoE only: replay the rollout policy's expert choices in
     # the train step (paper §5.3; GRPO needs it on MoE, GSPO should not)
     # Architecture of a model trained from scratch (used when hf_path is None):

@@ -24,7 +24,7 @@ import warnings
 from gspo_jax import advantages, models, objectives, optim
 from gspo_jax import sharding as sharding_lib
 from gspo_jax.data.build import DATASETS
-from gspo_jax.models.config import ARCHS, DTYPES, MOE_IMPLS, REMAT_POLICIES
+from gspo_jax.models.config import ARCHS, ATTENTION_IMPLS, DTYPES, MOE_IMPLS, REMAT_POLICIES
 from gspo_jax.train_step import StepConfig
 
 
@@ -101,6 +101,7 @@ def validate(config, *, num_devices: int | None = None, num_processes: int = 1) 
     _choice("model.dtype", config.model.dtype, DTYPES)
     _choice("model.remat", config.model.remat, REMAT_POLICIES)
     _choice("model.moe_impl", config.model.moe_impl, MOE_IMPLS)
+    _choice("model.attention_impl", config.model.attention_impl, ATTENTION_IMPLS)
     _choice("data.name", config.data.name, sorted(DATASETS))
 
     # -- sizes -----------------------------------------------------------------------------
@@ -259,7 +260,7 @@ def model_config(config, tokenizer) -> models.ModelConfig:
     """The policy's architecture and numerics.
 
     With `model.hf_path`: the checkpoint's config.json, with the run's numerics
-    (param_dtype, dtype, remat, moe_impl). Otherwise the scratch model of `model.*`, its
+    (param_dtype, dtype, remat, moe_impl, attention_impl). Otherwise the scratch model of `model.*`, its
     vocabulary and special tokens taken from the tokenizer.
     """
     m = config.model
@@ -268,6 +269,7 @@ def model_config(config, tokenizer) -> models.ModelConfig:
         "dtype": m.dtype,
         "remat": m.remat,
         "moe_impl": m.moe_impl,
+        "attention_impl": m.attention_impl,
     }
     if m.hf_path:
         hf = models.ModelConfig.from_hf_config(models.read_hf_config(m.hf_path))

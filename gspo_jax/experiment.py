@@ -57,7 +57,7 @@ class Run:
     train_step: Any  # (TrainState, batch) -> (TrainState, metrics)
     batch_shardings: dict  # the train batch's layout, as the train step declares it
     logprobs_fn: Any  # (params, tokens, mask, T) -> (logprobs, entropy, routing)
-    advantage_fn: Any  # rollout.make_advantage_fn / make_token_advantage_fn
+    advantage_fn: Any  # rollout.make_advantage_fn
     # Rewards and I/O.
     reward: rollout.Scorer
     accuracy: rollout.Scorer
@@ -182,7 +182,7 @@ def setup(config, workdir: str, *, devices: Sequence[jax.Device] | None = None) 
             step_config, tx, state_shardings=state_shardings.train, mesh=mesh
         ),
         batch_shardings=batch_shardings(step_config, mesh),
-        logprobs_fn=make_logprobs_fn(step_config, return_routing=True),
+        logprobs_fn=make_logprobs_fn(step_config),
         advantage_fn=rollout.make_advantage_fn(c, mesh),
         reward=rollout.Scorer(
             build_reward(c.reward.spec), c.invalid_reward, timeout_s=timeout, pool=pool

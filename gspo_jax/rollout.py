@@ -172,6 +172,8 @@ def make_advantage_fn(config, mesh=None):
             return call(token_level, in_tok, args)
         return call(sequence_level, in_seq, (rewards_B, valid_B, running))
 
+    # The jitted function the config uses, positional arguments only (gspo_jax.aot lowers it).
+    fn.jitted = token_level if config.add_token_level_kl else sequence_level
     return fn
 
 

@@ -189,7 +189,7 @@ def _prefill(
     tokens_BP = jnp.repeat(tokens_NP, G, axis=0)
     mask_BP = jnp.repeat(mask_NP, G, axis=0)
     tokens_QP, mask_QP = (tokens_NP, mask_NP) if share_prefix else (tokens_BP, mask_BP)
-    prompt, logits_QV = models.prefill_shared(cfg, params, tokens_QP, mask_QP)
+    prompt, logits_QV, _ = models.prefill_shared(cfg, params, tokens_QP, mask_QP)
     state = SamplerState(
         step=jnp.zeros((), jnp.int32),
         tokens=jnp.zeros((B, T), jnp.int32),
@@ -248,6 +248,7 @@ def _decode(
 
     first_BV = jnp.repeat(first_logits_QV, B // first_logits_QV.shape[0], axis=0)
     state = emit(state, first_BV)
+    layers = models.split_layers(cfg, params)  # once: slicing inside the loop copies weights
 
     def run_segment(state, seg: int, start: int, width: int):
         """Decode steps writing response slots [start, start + width) (slot = step − 1)."""
@@ -256,8 +257,15 @@ def _decode(
             return (state.step < T) & (state.step <= start + width) & ~jnp.all(state.done)
 
         def body(state):
-            logits_BV, cache = models.decode_step_shared(
-                cfg, params, prompt, state.cache, state.last, state.step - 1, segment=seg
+            logits_BV, cache, _ = models.decode_step_shared(
+                cfg,
+                params,
+                prompt,
+                state.cache,
+                state.last,
+                state.step - 1,
+                segment=seg,
+                layer_params=layers,
             )
             return emit(state.replace(cache=cache), logits_BV)
 

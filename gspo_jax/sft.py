@@ -26,7 +26,7 @@ def sft_loss(model_config, params, tokens_NL, attention_mask_NL, loss_mask_NL, c
 
     Returns (loss, number of supervised tokens).
     """
-    hidden_NLD = models.hidden_states(model_config, params, tokens_NL, attention_mask_NL)
+    hidden_NLD, _ = models.hidden_states(model_config, params, tokens_NL, attention_mask_NL)
     logp_NT = logprobs_lib.token_logprobs(
         hidden_NLD[:, :-1],
         models.unembedding(model_config, params),

@@ -33,6 +33,7 @@ BATCH_AXES = ("data", "fsdp", "expert")
 # (a misspelt axis must not silently replicate a weight on every device).
 LOGICAL_RULES: dict[str, str | tuple[str, ...] | None] = {
     "batch": BATCH_AXES,
+    "layers": None,  # the stacked-layer axis the decoder scans over: never sharded
     "vocab": "tensor",
     "embed": "fsdp",
     "heads": "tensor",

@@ -51,7 +51,10 @@ def run(config, workdir: str, *, stop_after: int | None = None) -> dict[str, Any
     """
     pieces = experiment.setup(config, workdir)
     try:
-        summary = train(pieces, init_or_restore(pieces), stop_after=stop_after)
+        # The model's shard_map regions (splash attention, per-device MoE) read the mesh in
+        # context when the jitted functions are traced.
+        with jax.set_mesh(pieces.mesh):
+            summary = train(pieces, init_or_restore(pieces), stop_after=stop_after)
     finally:
         pieces.close()
     if pieces.is_lead:

@@ -117,22 +117,16 @@ def response_logprobs(
     response_len: int,
     *,
     routing=None,
-    return_routing: bool = False,
 ):
-    """log π(response token) [B, T] (+ entropy [B, T]) without materialising [B, L, V] logits.
+    """(log π(response token) [B, T], entropy [B, T], routing [M, B, L, X] used) without
+    materialising [B, L, V] logits; routing is empty ([0, B, L, 0]) for dense models.
 
     The hidden state at position j predicts token j+1, so the T response tokens (the last T
     of the row) are predicted by hidden states L−T−1 … L−2.
     """
-    out = models.hidden_states(
-        step_config.model,
-        params,
-        tokens_BL,
-        attention_mask_BL,
-        routing=routing,
-        return_routing=return_routing,
+    hidden_BLD, routing_out = models.hidden_states(
+        step_config.model, params, tokens_BL, attention_mask_BL, routing=routing
     )
-    hidden_BLD, new_routing = out if return_routing else (out, None)
     length = tokens_BL.shape[1]
     prompt_len = length - response_len
     hidden_BTD = hidden_BLD[:, prompt_len - 1 : length - 1]
@@ -145,9 +139,7 @@ def response_logprobs(
         chunk_size=step_config.logprob_chunk_size,
         return_entropy=True,
     )
-    if return_routing:
-        return logp_BT, entropy_BT, new_routing
-    return logp_BT, entropy_BT
+    return logp_BT, entropy_BT, routing_out
 
 
 def _micro_loss(step_config: StepConfig, params, mb, num_valid_tokens, num_valid_seqs):
@@ -156,7 +148,7 @@ def _micro_loss(step_config: StepConfig, params, mb, num_valid_tokens, num_valid
     routing = None
     if step_config.routing_replay:
         routing = jnp.moveaxis(mb["routing"], 0, 1)  # [B, layers, ...] -> [layers, B, ...]
-    logp_BT, entropy_BT = response_logprobs(
+    logp_BT, entropy_BT, _ = response_logprobs(
         step_config, params, mb["tokens"], mb["attention_mask"], response_len, routing=routing
     )
     mask_BT = mb["response_mask"]
@@ -376,24 +368,16 @@ def make_train_step(
     return jax.jit(fn, donate_argnums=(0,) if donate else (), **kwargs)
 
 
-def make_logprobs_fn(step_config: StepConfig, *, return_routing: bool = False):
-    """Jitted log π(response tokens) [B, T] of any params (π_old recompute, reference policy).
-
-    Returns (logprobs, entropy) or, with return_routing, (logprobs, entropy, routing [B, ...]).
-    """
+def make_logprobs_fn(step_config: StepConfig):
+    """Jitted log π(response tokens) of any params (π_old recompute, reference policy):
+    fn(params, tokens_BL, attention_mask_BL, response_len) -> (logprobs [B, T],
+    entropy [B, T], routing [B, M, L, X]: batch-major, as the train batch carries it for
+    Routing Replay; [B, 0, L, 0] for dense models)."""
 
     def fn(params, tokens_BL, attention_mask_BL, response_len):
-        out = response_logprobs(
-            step_config,
-            params,
-            tokens_BL,
-            attention_mask_BL,
-            response_len,
-            return_routing=return_routing,
+        logp, ent, routing = response_logprobs(
+            step_config, params, tokens_BL, attention_mask_BL, response_len
         )
-        if return_routing:
-            logp, ent, routing = out
-            return logp, ent, jnp.moveaxis(routing, 1, 0)
-        return out
+        return logp, ent, jnp.moveaxis(routing, 1, 0)
 
     return jax.jit(fn, static_argnums=(3,))

@@ -4,6 +4,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source launch/setup_env.sh
+# libtpu, for the test that compiles the tiny config's RL step for a TPU slice
+# (tests/test_aot.py): installed beside .venv, not into it, so that plain CPU runs never
+# load a TPU plugin; the test puts .libtpu/ on its subprocess's PYTHONPATH.
+stamp=.libtpu/.gspo_jax_requirements
+want=$(sha256sum requirements-tpu.txt | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "[setup] installing libtpu into .libtpu/ (about 700 MB)"
+  rm -rf .libtpu
+  python -m pip install -q --no-deps --target .libtpu -r requirements-tpu.txt
+  echo "$want" >"$stamp"
+fi
+export GSPO_REQUIRE_LIBTPU=1
 export JAX_PLATFORMS=cpu
 ruff format --check .
 ruff check .

@@ -4,7 +4,9 @@
 - forcing the model's own routing reproduces the unforced logits exactly; forcing other
   experts changes them; the router still receives gradient under forced routing;
 - routing_disagreement is 0 for identical params and > 0 after perturbing a router;
-- moe_impl "dense" and "ragged" agree in value and gradient.
+- moe_impl "dense" and "ragged" agree in value and gradient;
+- under a mesh the ragged experts run per device (each sorts its own tokens) and agree
+  with one device.
 """
 
 import dataclasses
@@ -49,22 +51,20 @@ def test_route_matches_numpy_reference():
 
 def test_routing_output_format(moe):
     cfg, params, tokens, mask = moe
-    _logits, routing = models.forward(cfg, params, tokens, mask, return_routing=True)
+    _logits, routing = models.forward_with_routing(cfg, params, tokens, mask)
     assert routing.shape == (cfg.num_moe_layers, *tokens.shape, cfg.num_experts_per_tok)
     assert routing.dtype == jnp.int32
     r = np.asarray(routing)
     assert r.min() >= 0 and r.max() < cfg.num_experts
     assert np.all(r[..., 0] != r[..., 1])  # k distinct experts per token
-    _hidden, routing_h = models.hidden_states(cfg, params, tokens, mask, return_routing=True)
+    _hidden, routing_h = models.hidden_states(cfg, params, tokens, mask)
     np.testing.assert_array_equal(routing, routing_h)
 
 
 def test_forced_own_routing_reproduces_output_and_other_routing_changes_it(moe):
     cfg, params, tokens, mask = moe
-    logits, routing = models.forward(cfg, params, tokens, mask, return_routing=True)
-    replay, replay_routing = models.forward(
-        cfg, params, tokens, mask, routing=routing, return_routing=True
-    )
+    logits, routing = models.forward_with_routing(cfg, params, tokens, mask)
+    replay, replay_routing = models.forward_with_routing(cfg, params, tokens, mask, routing=routing)
     np.testing.assert_array_equal(replay, logits)
     np.testing.assert_array_equal(replay_routing, routing)
     # Shift every choice to another expert (keeps the k choices distinct).
@@ -79,31 +79,29 @@ def test_forced_own_routing_reproduces_output_and_other_routing_changes_it(moe):
 def test_forced_routing_in_prefill_and_decode(moe):
     """prefill/decode return and accept routing in the same format as forward."""
     cfg, params, tokens, mask = moe
-    _, routing = models.forward(cfg, params, tokens, mask, return_routing=True)
-    cache = models.init_cache(cfg, 3, 10)
-    _, cache, r_pre = models.prefill(
-        cfg, params, tokens[:, :9], mask[:, :9], cache, return_routing=True
-    )
+    _, routing = models.forward_with_routing(cfg, params, tokens, mask)
+    cache, _, r_pre = models.prefill_shared(cfg, params, tokens[:, :9], mask[:, :9])
     # Padding tokens route arbitrarily (their attention has no real key); compare real ones.
     real = np.asarray(mask[:, :9]).astype(bool)
     np.testing.assert_array_equal(
         np.asarray(r_pre)[:, real], np.asarray(routing)[:, :, :9][:, real]
     )
-    _, _, r_dec = models.decode_step(
-        cfg, params, tokens[:, 9], cache, routing=routing[:, :, 9:], return_routing=True
+    response = models.init_response_cache(cfg, tokens.shape[0], 1)
+    _, _, r_dec = models.decode_step_shared(
+        cfg, params, cache, response, tokens[:, 9], 0, routing=routing[:, :, 9:]
     )
     np.testing.assert_array_equal(r_dec, routing[:, :, 9:])
 
 
 def test_router_gets_gradient_under_forced_routing(moe):
     cfg, params, tokens, mask = moe
-    _, routing = models.forward(cfg, params, tokens, mask, return_routing=True)
+    _, routing = models.forward_with_routing(cfg, params, tokens, mask)
 
     def loss(p):
         return jnp.mean(models.forward(cfg, p, tokens, mask, routing=routing) ** 2)
 
     grads = jax.grad(loss)(params)
-    router_grad = grads["layers"][0]["mlp"]["router"]["kernel"]
+    router_grad = grads["layers"]["moe"]["router"]["kernel"][0]  # MoE layer 0 = layer 0
     assert np.abs(np.asarray(router_grad)).max() > 0
 
 
@@ -112,15 +110,15 @@ def test_routing_disagreement(moe):
     same = float(models.routing_disagreement(cfg, params, params, tokens, mask))
     assert same == 0.0
     perturbed = jax.tree.map(lambda x: x, params)
-    router = perturbed["layers"][2]["mlp"]["router"]["kernel"]
-    noise = jax.random.normal(jax.random.key(0), router.shape)
-    perturbed["layers"][2]["mlp"]["router"] = {"kernel": router + 0.5 * noise}
+    routers = perturbed["layers"]["moe"]["router"]["kernel"]  # [M, D, E]; MoE 1 = layer 2
+    noise = jax.random.normal(jax.random.key(0), routers.shape[1:])
+    perturbed["layers"]["moe"]["router"] = {"kernel": routers.at[1].add(0.5 * noise)}
     frac = float(models.routing_disagreement(cfg, params, perturbed, tokens, mask))
     # Only the last MoE layer (one of two) changed: at most half of all decisions differ.
     assert 0 < frac <= 0.5
     # Matches a direct count from the two routings.
-    _, ra = models.forward(cfg, params, tokens, mask, return_routing=True)
-    _, rb = models.forward(cfg, perturbed, tokens, mask, return_routing=True)
+    _, ra = models.forward_with_routing(cfg, params, tokens, mask)
+    _, rb = models.forward_with_routing(cfg, perturbed, tokens, mask)
     ra, rb, m = np.asarray(ra), np.asarray(rb), np.asarray(mask).astype(bool)
     differ = sum(
         len(set(ra[l, b, t]) - set(rb[l, b, t]))
@@ -146,5 +144,37 @@ def test_dense_and_ragged_experts_agree_in_value_and_gradient(moe):
     np.testing.assert_allclose(lr, ld, rtol=1e-5)
     for a, b in zip(jax.tree.leaves(gr), jax.tree.leaves(gd)):
         np.testing.assert_allclose(a, b, atol=1e-5 * max(1.0, float(np.abs(b).max())))
-    expert_grad = gr["layers"][0]["mlp"]["gate_proj"]
+    expert_grad = gr["layers"]["moe"]["gate_proj"][0]
     assert np.abs(np.asarray(expert_grad)).max() > 0
+
+
+def test_ragged_experts_per_device_under_a_mesh(moe):
+    """Under a mesh (8 devices, rows over data x fsdp, experts over the expert axis) each
+    device sorts its own tokens (shard_map): same logits, routing and gradients as on one
+    device."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from gspo_jax import sharding as sharding_lib
+
+    cfg, params, tokens, mask = moe
+    tokens, mask = jnp.tile(tokens, (8, 1)), jnp.tile(mask, (8, 1))  # 8 x 3 = 24 rows
+
+    def loss(p, t, m):
+        logits, routing = models.forward_with_routing(cfg, p, t, m)
+        return jnp.sum(jax.nn.log_softmax(logits)[..., 0] * m), routing
+
+    grad_fn = jax.value_and_grad(loss, has_aux=True)
+    (want, want_routing), want_grads = grad_fn(params, tokens, mask)
+    mesh = sharding_lib.make_mesh({"data": 2, "fsdp": 2, "tensor": 1, "expert": 2})
+    shardings = sharding_lib.tree_shardings(params, models.logical_axes(cfg), mesh)
+    rows = NamedSharding(mesh, PartitionSpec(sharding_lib.BATCH_AXES))
+    sharded = jax.device_put(params, shardings)
+    assert sharded["layers"]["moe"]["gate_proj"].sharding.spec[1] == "expert"
+    with jax.set_mesh(mesh):
+        t, m = jax.device_put(tokens, rows), jax.device_put(mask, rows)
+        (got, got_routing), got_grads = jax.jit(grad_fn)(sharded, t, m)
+        assert "manual" in jax.jit(grad_fn).lower(sharded, t, m).as_text().lower()
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    np.testing.assert_array_equal(got_routing, want_routing)
+    for a, b in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
+        np.testing.assert_allclose(a, b, atol=1e-5 * max(1.0, float(np.abs(b).max())))

@@ -1,14 +1,18 @@
-"""Parameter-tree specification: logical axes, abstract shapes, sharded creation, remat.
+"""Parameter-tree specification: logical axes, abstract shapes, sharded creation, remat,
+the stacked layers and the scan over them.
 
 - logical_axes has the params' tree structure, one name (or None) per dimension, and the
-  expected names on each kind of tensor;
+  expected names on each kind of tensor (per-layer tensors lead with "layers");
 - abstract_params matches init_params without allocating;
 - params can be created sharded on an 8-device mesh from the logical names alone, and
   the sharded forward equals the single-device one (no model-code change);
-- remat "none" / "full" / "dots" give the same loss and gradients.
+- remat "none" / "full" / "dots" give the same loss and gradients;
+- the scanned decoder equals a plain Python loop over its layers (one Block per layer),
+  for mixed dense/MoE orders too, and `layer_runs` cuts them as documented.
 """
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -50,21 +54,22 @@ QWEN2 = models.ModelConfig(
 EXPECTED_AXES = {
     "embedding": ("vocab", "embed"),
     "lm_head/kernel": ("embed", "vocab"),
-    "q_proj/kernel": ("embed", "heads", None),
-    "q_proj/bias": ("heads", None),
-    "k_proj/kernel": ("embed", "kv_heads", None),
-    "k_proj/bias": ("kv_heads", None),
-    "v_proj/kernel": ("embed", "kv_heads", None),
-    "v_proj/bias": ("kv_heads", None),
-    "o_proj/kernel": ("heads", None, "embed"),
-    "scale": (None,),
-    "gate_proj/kernel": ("embed", "mlp"),
-    "up_proj/kernel": ("embed", "mlp"),
-    "down_proj/kernel": ("mlp", "embed"),
-    "router/kernel": ("embed", None),
-    "mlp/gate_proj": ("expert", "embed", "mlp"),
-    "mlp/up_proj": ("expert", "embed", "mlp"),
-    "mlp/down_proj": ("expert", "mlp", "embed"),
+    "final_norm/scale": (None,),
+    "q_proj/kernel": ("layers", "embed", "heads", None),
+    "q_proj/bias": ("layers", "heads", None),
+    "k_proj/kernel": ("layers", "embed", "kv_heads", None),
+    "k_proj/bias": ("layers", "kv_heads", None),
+    "v_proj/kernel": ("layers", "embed", "kv_heads", None),
+    "v_proj/bias": ("layers", "kv_heads", None),
+    "o_proj/kernel": ("layers", "heads", None, "embed"),
+    "scale": ("layers", None),
+    "gate_proj/kernel": ("layers", "embed", "mlp"),
+    "up_proj/kernel": ("layers", "embed", "mlp"),
+    "down_proj/kernel": ("layers", "mlp", "embed"),
+    "router/kernel": ("layers", "embed", None),
+    "moe/gate_proj": ("layers", "expert", "embed", "mlp"),
+    "moe/up_proj": ("layers", "expert", "embed", "mlp"),
+    "moe/down_proj": ("layers", "expert", "mlp", "embed"),
 }
 
 
@@ -111,6 +116,10 @@ def test_abstract_params_match_init_and_dtypes():
     embedding = real["embed"]["embedding"].astype(jnp.float32)
     assert float(jnp.std(embedding)) == pytest.approx(0.02, rel=0.2)
     np.testing.assert_array_equal(real["final_norm"]["scale"].astype(jnp.float32), 1.0)
+    # Stacked layers are initialised independently, with the same distribution.
+    q = real["layers"]["attn"]["q_proj"]["kernel"].astype(jnp.float32)
+    assert q.shape[0] == MOE.num_layers and not np.array_equal(q[0], q[1])
+    assert float(jnp.std(q)) == pytest.approx(0.02, rel=0.2)
     # 2 layers; layer 0 MoE (4 experts, 2 active), layer 1 dense.
     expert = 3 * 16 * 8
     assert models.param_count(MOE) - models.param_count(MOE, active=True) == 2 * expert
@@ -134,11 +143,12 @@ def test_sharded_creation_and_forward_need_no_model_change():
     )
     init = jax.jit(models.init_params, static_argnums=0, out_shardings=shardings)
     params = init(MOE, jax.random.key(3))
-    q = params["layers"][0]["attn"]["q_proj"]["kernel"]
-    assert q.sharding.spec == PartitionSpec(None, "model", None)
-    experts = params["layers"][0]["mlp"]["gate_proj"]
-    assert experts.sharding.spec == PartitionSpec("data", None, "model")
+    q = params["layers"]["attn"]["q_proj"]["kernel"]
+    assert q.sharding.spec == PartitionSpec(None, None, "model", None)
+    experts = params["layers"]["moe"]["gate_proj"]
+    assert experts.sharding.spec == PartitionSpec(None, "data", None, "model")
     assert len(experts.addressable_shards) == 8 and experts.addressable_shards[0].data.shape == (
+        1,
         2,
         16,
         2,
@@ -182,16 +192,88 @@ def test_params_that_do_not_fit_the_config_are_named():
     params = _random_params(QWEN2)
     tokens = jnp.zeros((1, 4), jnp.int32)
     mask = jnp.ones((1, 4), jnp.int32)
-    # Layer keys as strings (what a generic checkpoint restore may give) are accepted.
-    str_keys = dict(params, layers={str(k): v for k, v in params["layers"].items()})
-    np.testing.assert_array_equal(
-        models.forward(QWEN2, str_keys, tokens, mask), models.forward(QWEN2, params, tokens, mask)
-    )
     bad = jax.tree.map(lambda x: x, params)
-    del bad["layers"][0]["attn"]["q_proj"]["bias"]
-    with pytest.raises(ValueError, match="missing.*layers/0/attn/q_proj/bias"):
+    del bad["layers"]["attn"]["q_proj"]["bias"]
+    with pytest.raises(ValueError, match="missing.*layers/attn/q_proj/bias"):
         models.forward(QWEN2, bad, tokens, mask)
     bad = jax.tree.map(lambda x: x, params)
-    bad["layers"][1]["mlp"]["up_proj"]["kernel"] = jnp.zeros((16, 31))
-    with pytest.raises(ValueError, match=r"layers/1/mlp/up_proj/kernel has shape \(16, 31\)"):
+    bad["layers"]["mlp"]["up_proj"]["kernel"] = jnp.zeros((2, 16, 31))
+    with pytest.raises(ValueError, match=r"layers/mlp/up_proj/kernel has shape \(2, 16, 31\)"):
         models.forward(QWEN2, bad, tokens, mask)
+
+
+# ------------------------------------------------------------------- scanned layers
+
+
+def _unrolled_forward(cfg, params, tokens, mask, routing=None):
+    """Reference: a Python loop over the layers, one `Block` per layer merged from its
+    slices of the stacks (no scan), then the final norm and the unembedding."""
+    from gspo_jax.models import transformer
+
+    x = jnp.take(params["embed"]["embedding"], tokens, axis=0).astype(cfg.dtype)
+    cos, sin = transformer.rope_cos_sin(cfg, models.positions_from_mask(mask))
+    context = transformer.full_context(cfg, mask)
+    stacks, dense, moe, routes = params["layers"], 0, 0, []
+
+    def at(tree, index):
+        return jax.tree.map(lambda a: a[index], tree)
+
+    for i in range(cfg.num_layers):
+        layer = {k: at(stacks[k], i) for k in ("input_norm", "attn", "post_attn_norm")}
+        is_moe = cfg.is_moe_layer(i)
+        layer["mlp"] = at(stacks["moe"], moe) if is_moe else at(stacks["mlp"], dense)
+        block = transformer._merge_block(cfg, is_moe, layer)
+        forced = routing[moe] if is_moe and routing is not None else None
+        x, _, idx = block(x, cos, sin, lambda q, k, v: context(None, q, k, v), forced)
+        if is_moe:
+            routes.append(idx)
+            moe += 1
+        else:
+            dense += 1
+    hidden = transformer.merge(cfg, params).final_norm(x)
+    logits = models.logits_from_hidden(cfg, params, hidden)
+    return logits, (jnp.stack(routes) if routes else None)
+
+
+SPARSE_STEP_2 = dataclasses.replace(
+    MOE, num_layers=6, decoder_sparse_step=2, mlp_only_layers=(), num_kv_heads=2
+)
+ODD = dataclasses.replace(MOE, num_layers=5, mlp_only_layers=(0, 3))
+
+
+@pytest.mark.parametrize(
+    "cfg, runs",
+    [
+        (QWEN2, [(0, (False,), 2)]),
+        (MOE, [(0, (True, False), 1)]),  # layer 1 dense via mlp_only_layers
+        (SPARSE_STEP_2, [(0, (False, True), 3)]),  # 3 x (dense, MoE)
+        (ODD, [(0, (False,), 1), (1, (True,), 2), (3, (False, True), 1)]),
+    ],
+    ids=["dense", "moe-2-layers", "sparse-step-2", "mlp-only-0-3"],
+)
+def test_scanned_layers_equal_an_unrolled_loop(cfg, runs):
+    """Same logits (and routing) as one Block per layer in a Python loop, value and
+    gradient, for every cut `layer_runs` makes: one run, a unit of two kinds, several runs."""
+    got = [(r.start, r.kinds, r.repeats) for r in models.layer_runs(cfg)]
+    assert got == runs
+    assert sum(r.num_layers for r in models.layer_runs(cfg)) == cfg.num_layers
+    params = jax.tree.map(lambda x: 0.5 * x, _random_params(cfg, seed=7))
+    tokens = jax.random.randint(jax.random.key(8), (2, 8), 0, cfg.vocab_size)
+    mask = jnp.ones((2, 8), jnp.int32).at[1, :3].set(0)
+    logits, routing = models.forward_with_routing(cfg, params, tokens, mask)
+    want, want_routing = jax.jit(_unrolled_forward, static_argnums=0)(cfg, params, tokens, mask)
+    np.testing.assert_allclose(logits, want, atol=2e-5)
+    if cfg.num_moe_layers:
+        np.testing.assert_array_equal(routing, want_routing)
+    else:
+        assert routing.shape == (0, 2, 8, 0)
+
+    def loss(fn, p):
+        out = fn(cfg, p, tokens, mask)
+        out = out[0] if isinstance(out, tuple) else out
+        return jnp.sum(jax.nn.log_softmax(out)[..., 1] * mask)
+
+    g_scan = jax.grad(functools.partial(loss, models.forward))(params)
+    g_loop = jax.grad(functools.partial(loss, _unrolled_forward))(params)
+    for a, b in zip(jax.tree.leaves(g_scan), jax.tree.leaves(g_loop)):
+        np.testing.assert_allclose(a, b, atol=1e-5 * max(1.0, float(np.abs(b).max())))

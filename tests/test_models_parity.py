@@ -1,7 +1,7 @@
 """Our Qwen2 / Qwen3 / Qwen3-MoE logits equal transformers' (fixtures from make_fixtures.py).
 
 Specification: f32 logits within 1e-4 of transformers at every real token, with and
-without left padding; greedy decoding through prefill + decode_step reproduces
+without left padding; greedy decoding through prefill_shared + decode_step_shared reproduces
 transformers' `generate` tokens on a left-padded batch; bf16 compute stays close to f32.
 """
 
@@ -81,24 +81,29 @@ def test_left_padding_does_not_change_real_tokens(family):
 
 
 def test_greedy_decode_matches_transformers_generate(family):
-    """prefill + 12 decode_steps with argmax == transformers' greedy generate (left padded)."""
+    """prefill + 12 decode steps with argmax == transformers' greedy generate (left padded),
+    token by token, through the sampler's shared-prefix cache (one row per prompt) with
+    the response cache split in two time segments."""
     _, cfg, params, ref = family
     prompt, prompt_mask = ref["gen_prompt_tokens"], ref["gen_prompt_mask"]
     new = ref["gen_tokens"].shape[1]
-    cache = models.init_cache(cfg, prompt.shape[0], prompt.shape[1] + new)
-    logits, cache = models.prefill(
-        cfg, params, jnp.asarray(prompt), jnp.asarray(prompt_mask), cache
+    cache, logits, _ = models.prefill_shared(
+        cfg, params, jnp.asarray(prompt), jnp.asarray(prompt_mask)
     )
+    response = models.init_response_cache(cfg, prompt.shape[0], new, segments=2)
+    bounds = response.segments
     tokens, logprobs = [], []
-    for _ in range(new):
+    for slot in range(new):
         token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
         logprobs.append(jnp.take_along_axis(jax.nn.log_softmax(logits), token[:, None], 1)[:, 0])
         tokens.append(token)
-        logits, cache = models.decode_step(cfg, params, token, cache)
+        segment = next(m for m, (start, width) in enumerate(bounds) if slot < start + width)
+        logits, response, _ = models.decode_step_shared(
+            cfg, params, cache, response, token, slot, segment=segment
+        )
     np.testing.assert_array_equal(np.stack(tokens, 1), ref["gen_tokens"])
     np.testing.assert_allclose(np.stack(logprobs, 1), ref["gen_logprobs"], atol=1e-4)
-    assert int(cache.index) == prompt.shape[1] + new
-    np.testing.assert_array_equal(cache.pos, prompt_mask.sum(1) + new)
+    np.testing.assert_array_equal(cache.length, prompt_mask.sum(1))
 
 
 def test_bf16_compute_close_to_f32():
@@ -109,7 +114,7 @@ def test_bf16_compute_close_to_f32():
     assert cfg16.dtype == cfg16.param_dtype == "bfloat16"
     assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(p16))
     tokens, mask = jnp.asarray(ref["tokens"]), jnp.asarray(ref["mask_left"])
-    hidden = models.hidden_states(cfg16, p16, tokens, mask)
+    hidden, _ = models.hidden_states(cfg16, p16, tokens, mask)
     assert hidden.dtype == jnp.bfloat16
     l16 = np.asarray(models.forward(cfg16, p16, tokens, mask))
     l32 = np.asarray(models.forward(cfg32, p32, tokens, mask))

@@ -40,7 +40,7 @@ def _batch(cfg, params, step_config, seed=0, *, advantages=None):
     resp_mask = (np.arange(T)[None] < lengths[:, None]).astype(np.float32)
     attn[:, P:] = resp_mask
     del step_config  # π_old depends only on the model (temperature 1, default chunking)
-    old, _ = _logprobs_fn(_sc(cfg))(params, tokens, attn, T)
+    old, _, _ = _logprobs_fn(_sc(cfg))(params, tokens, attn, T)
     if advantages is None:
         advantages = rng.normal(size=B).astype(np.float32)
     return {
@@ -87,8 +87,8 @@ def _step_fn(sc: StepConfig, tx):
 
 
 @functools.cache
-def _logprobs_fn(sc: StepConfig, return_routing=False):
-    return make_logprobs_fn(sc, return_routing=return_routing)
+def _logprobs_fn(sc: StepConfig):
+    return make_logprobs_fn(sc)
 
 
 @functools.cache
@@ -232,13 +232,22 @@ def test_kl_and_entropy_terms(model):
     np.testing.assert_allclose(m["loss"], m["pg_loss"] - 0.01 * m["entropy_loss"], rtol=1e-5)
 
 
+def test_logprobs_fn_returns_the_same_structure_for_dense_models(model):
+    """(logprobs, entropy, routing) always; a dense model's routing is empty [B, 0, L, 0]."""
+    cfg, params = model
+    batch = _batch(cfg, params, None)
+    logp, entropy, routing = _logprobs_fn(_sc(cfg))(
+        params, batch["tokens"], batch["attention_mask"], T
+    )
+    assert logp.shape == entropy.shape == (B, T)
+    assert routing.shape == (B, 0, P + T, 0) and routing.dtype == jnp.int32
+
+
 def test_routing_replay_on_moe(model):
     cfg, params = models.load_pretrained("tests/fixtures/models/qwen3_moe")
     sc = _sc(cfg, num_mini_batches=2, horizon=T, routing_replay=True)
     batch = _batch(cfg, params, dataclasses.replace(sc, routing_replay=False))
-    logp, _, routing = _logprobs_fn(sc, return_routing=True)(
-        params, batch["tokens"], batch["attention_mask"], T
-    )
+    logp, _, routing = _logprobs_fn(sc)(params, batch["tokens"], batch["attention_mask"], T)
     assert routing.shape[:2] == (B, cfg.num_moe_layers)
     np.testing.assert_allclose(logp, batch["old_logprobs"], atol=1e-6)
     tx = _tx()
@@ -256,7 +265,7 @@ def test_update_raises_positive_and_lowers_negative_advantage_responses(model, m
     adv = np.where(np.arange(B) % 2 == 0, 1.0, -1.0).astype(np.float32)
     batch = _batch(cfg, params, sc, advantages=adv)
     state, _ = _step_fn(sc, tx)(_state(params, tx), batch)
-    new, _ = _logprobs_fn(_sc(cfg))(state.params, batch["tokens"], batch["attention_mask"], T)
+    new, _, _ = _logprobs_fn(_sc(cfg))(state.params, batch["tokens"], batch["attention_mask"], T)
     mask = np.asarray(batch["response_mask"])
     change = np.sum((np.asarray(new) - np.asarray(batch["old_logprobs"])) * mask, 1) / mask.sum(1)
     assert np.all(change[adv > 0] > 0) and np.all(change[adv < 0] < 0)

@@ -1,100 +1,113 @@
 """Qwen2 / Qwen3 / Qwen3-MoE decoder in Flax NNX, driven through pure jittable functions.
 
     config.py       ModelConfig (hashable, static), HF config.json <-> ModelConfig
-    layers.py       NNX modules: RMSNorm, RoPE, GQA attention, SwiGLU, MoE (dense/ragged);
-                    the attention math (`attend` full-sequence, `attend_cached` cache layout)
-    transformer.py  Decoder (the one block composition, driven by an attention context),
-                    params (init/abstract/logical axes), forward, hidden_states,
-                    unembedding, routing_disagreement
-    kv_cache.py     cached decoding: shared-prefix PromptCache/ResponseCache (the sampler's)
-                    and the per-row KVCache, both through the same Decoder
+    layers.py       NNX modules of one layer: RMSNorm, RoPE, GQA attention, SwiGLU, MoE
+                    (dense/ragged)
+    attention.py    the attention math: `attend` (einsum reference), `attend_cached` (cache
+                    layout), the splash (TPU) and cuDNN (GPU) kernels, `resolve_impl`
+    transformer.py  Decoder (stacked layers applied with a scan, driven by an attention
+                    context), params (init/abstract/logical axes), forward,
+                    forward_with_routing, hidden_states, unembedding, routing_disagreement
+    kv_cache.py     cached decoding with a shared prefix: PromptCache / ResponseCache,
+                    prefill_shared / decode_step_shared (the sampler's), through the same
+                    Decoder
     hf_io.py        load_pretrained / save_pretrained (safetensors, no torch); tokenizers load
                     with gspo_jax.data.load_tokenizer
 
-Cached decoding API (kv_cache.py; all jitted with model_config static):
+Calls (all jitted with model_config static; every one returns the same structure for
+dense and MoE models, routing [M, B, L, X] with M = X = 0 when dense):
 
-    prefill_shared(cfg, params, tokens_QP, mask_QP, *, dtype=None, return_routing=False)
-        -> (PromptCache, last-token logits [Q, V] f32)         Q left-padded prompts, once
+    forward(cfg, params, tokens_BL, mask_BL, *, routing=None) -> logits [B, L, V] f32
+    forward_with_routing(cfg, params, tokens_BL, mask_BL, *, routing=None)
+        -> (logits [B, L, V] f32, routing [M, B, L, X])
+    hidden_states(cfg, params, tokens_BL, mask_BL, *, routing=None)
+        -> (hidden [B, L, D] compute dtype, routing [M, B, L, X])
+    prefill_shared(cfg, params, tokens_QP, mask_QP, *, dtype=None, routing=None)
+        -> (PromptCache, last-token logits [Q, V] f32, routing [M, Q, P, X])
     init_response_cache(cfg, B, T, *, segments=1, dtype=None) -> ResponseCache
         B decode rows (G = B/Q per prompt, contiguous), T slots in time segments
         (`response_segments(T, segments)`; `ResponseCache.segments` gives (start, width))
     decode_step_shared(cfg, params, prompt, response, tokens_B, slot, *, segment=None,
-                       return_routing=False) -> (logits [B, V] f32, ResponseCache)
+                       routing=None, layer_params=None)
+        -> (logits [B, V] f32, ResponseCache, routing [M, B, 1, X])
         row b feeds tokens_B[b] at position prompt.length[b // G] + slot, writes response
-        slot `slot` (in static segment `segment`), attends to prompt + response 0..slot
-    init_cache / prefill / decode_step / repeat_cache: per-row KVCache (chunked prefill)
+        slot `slot` (in static segment `segment`), attends to prompt + response 0..slot;
+        in a loop pass layer_params=split_layers(cfg, params), sliced once before it
+
+`routing=` forces the MoE expert choice (Routing Replay, paper §5.3).
 
 Params are a plain nested dict of arrays; every function takes
-`(model_config, params, arrays)` with model_config static. The tree (logical axes):
+`(model_config, params, arrays)` with model_config static. Per-layer parameters are
+stacked on a leading layer axis ("layers", never sharded) — over all layers for the
+attention half, over the dense layers for `mlp`, over the MoE layers for `moe`
+(transformer.py). The tree (shapes, logical axes):
 
-    embed/embedding                    [V, D]     (vocab, embed)
-    layers/{i}/input_norm/scale        [D]        (None,)          i: int keys 0..N-1
-    layers/{i}/attn/q_proj/kernel      [D, H, C]  (embed, heads, None)   (+ bias [H, C])
-    layers/{i}/attn/{k,v}_proj/kernel  [D, K, C]  (embed, kv_heads, None) (+ bias [K, C])
-    layers/{i}/attn/o_proj/kernel      [H, C, D]  (heads, None, embed)
-    layers/{i}/attn/{q,k}_norm/scale   [C]        (None,)          Qwen3 only
-    layers/{i}/post_attn_norm/scale    [D]        (None,)
-    layers/{i}/mlp/{gate,up}_proj/kernel [D, F]   (embed, mlp)     dense layers
-    layers/{i}/mlp/down_proj/kernel    [F, D]     (mlp, embed)
-    layers/{i}/mlp/router/kernel       [D, E]     (embed, None)    MoE layers
-    layers/{i}/mlp/{gate,up}_proj      [E, D, F]  (expert, embed, mlp)
-    layers/{i}/mlp/down_proj           [E, F, D]  (expert, mlp, embed)
-    final_norm/scale                   [D]        (None,)
-    lm_head/kernel                     [D, V]     (embed, vocab)   untied only
+    embed/embedding                        [V, D]          (vocab, embed)
+    layers/input_norm/scale                [n, D]          (layers, None)   n = num_layers
+    layers/attn/q_proj/kernel              [n, D, H, C]    (layers, embed, heads, None)
+                                                           (+ bias [n, H, C])
+    layers/attn/{k,v}_proj/kernel          [n, D, K, C]    (layers, embed, kv_heads, None)
+                                                           (+ bias [n, K, C])
+    layers/attn/o_proj/kernel              [n, H, C, D]    (layers, heads, None, embed)
+    layers/attn/{q,k}_norm/scale           [n, C]          (layers, None)   Qwen3 only
+    layers/post_attn_norm/scale            [n, D]          (layers, None)
+    layers/mlp/{gate,up}_proj/kernel       [n - M, D, F]   (layers, embed, mlp)   dense layers
+    layers/mlp/down_proj/kernel            [n - M, F, D]   (layers, mlp, embed)
+    layers/moe/router/kernel               [M, D, E]       (layers, embed, None)  MoE layers
+    layers/moe/{gate,up}_proj              [M, E, D, F]    (layers, expert, embed, mlp)
+    layers/moe/down_proj                   [M, E, F, D]    (layers, expert, mlp, embed)
+    final_norm/scale                       [D]             (None,)
+    lm_head/kernel                         [D, V]          (embed, vocab)   untied only
 """
 
 from gspo_jax.models.config import ModelConfig
 from gspo_jax.models.hf_io import load_pretrained, read_hf_config, save_pretrained
 from gspo_jax.models.kv_cache import (
-    KVCache,
     PromptCache,
     ResponseCache,
-    decode_step,
     decode_step_shared,
-    init_cache,
     init_response_cache,
-    prefill,
     prefill_shared,
-    repeat_cache,
     response_segments,
 )
 from gspo_jax.models.transformer import (
     abstract_params,
     forward,
+    forward_with_routing,
     hidden_states,
     init_params,
+    layer_runs,
     logical_axes,
     logits_from_hidden,
     param_count,
     positions_from_mask,
     routing_disagreement,
+    split_layers,
     unembedding,
 )
 
 __all__ = [
-    "KVCache",
     "ModelConfig",
     "PromptCache",
     "ResponseCache",
     "abstract_params",
-    "decode_step",
     "decode_step_shared",
     "forward",
+    "forward_with_routing",
     "hidden_states",
-    "init_cache",
     "init_params",
     "init_response_cache",
+    "layer_runs",
     "load_pretrained",
     "logical_axes",
     "logits_from_hidden",
     "param_count",
     "positions_from_mask",
-    "prefill",
     "prefill_shared",
     "read_hf_config",
-    "repeat_cache",
     "response_segments",
     "routing_disagreement",
     "save_pretrained",
+    "split_layers",
     "unembedding",
 ]

@@ -33,6 +33,7 @@ HF_ARCHITECTURES = {
 }
 REMAT_POLICIES = ("none", "full", "dots")
 MOE_IMPLS = ("dense", "ragged")
+ATTENTION_IMPLS = ("auto", "xla", "splash", "cudnn")  # see attention.py
 DTYPES = ("float32", "bfloat16", "float16")
 ROPE_TYPES = ("linear", "yarn")
 # Keys allowed inside a rope dict, per type (besides rope_type/type/rope_theta).
@@ -70,6 +71,10 @@ class ModelConfig:
     - `moe_impl`: "ragged" (tokens sorted by expert, `jax.lax.ragged_dot` per expert
       group: compute proportional to top-k) or "dense" (every expert on every token,
       weighted by the sparse gates: an exact reference for tests and tiny models).
+    - `attention_impl`: kernel of the full-sequence attention (train step, log-probs,
+      prefill): "auto" (splash on TPU, cuDNN on GPU with 16-bit compute, else "xla"),
+      "xla" (the einsum reference), "splash" (Pallas, TPU), "cudnn" (GPU). Decode steps
+      always use the cache-layout einsum. See attention.py.
     - `rope_scaling`: None for plain RoPE, else a sorted tuple of (key, value) pairs
       with "rope_type" in ("linear", "yarn") — hashable form of the HF dict.
     - `eos_token_ids`: tuple (HF allows an int or a list); empty when unknown.
@@ -103,6 +108,7 @@ class ModelConfig:
     dtype: str = "float32"
     remat: str = "none"
     moe_impl: str = "ragged"
+    attention_impl: str = "auto"
     # Special tokens, when the checkpoint's config names them.
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -125,6 +131,8 @@ class ModelConfig:
             bad("remat", f"expected one of {REMAT_POLICIES}")
         if self.moe_impl not in MOE_IMPLS:
             bad("moe_impl", f"expected one of {MOE_IMPLS}")
+        if self.attention_impl not in ATTENTION_IMPLS:
+            bad("attention_impl", f"expected one of {ATTENTION_IMPLS}")
         for f in ("param_dtype", "dtype"):
             if getattr(self, f) not in DTYPES:
                 bad(f, f"expected one of {DTYPES}")
@@ -233,7 +241,8 @@ class ModelConfig:
     def from_hf_config(cls, hf: dict[str, Any], **overrides) -> ModelConfig:
         """Reads a Hugging Face config.json dict (published-Qwen or transformers-5 spelling).
 
-        `overrides` set the non-checkpoint fields (param_dtype, dtype, remat, moe_impl) or
+        `overrides` set the non-checkpoint fields (param_dtype, dtype, remat, moe_impl,
+        attention_impl) or
         any other field. Raises ValueError naming the unsupported architecture / field.
         """
         model_type = hf.get("model_type")

@@ -10,15 +10,21 @@ On disk (transformers' layout): `config.json`; `model.safetensors` or shards
 with the router at `mlp.gate.weight`; tied models have no `lm_head.weight`.
 
 In memory the parameters are (in, out) kernels with heads split out ([D, H, C] for q_proj,
-[H, C, D] for o_proj) and experts stacked ([E, D, F]); `_tensor_specs` is the one table
-mapping both ways. Loading reads tensor by tensor (each file opened once, experts written
-into one preallocated stack) and fails — naming the file, tensor or field — on anything
-missing, misshapen, unexpected or unreadable; nothing is ever randomly initialised.
+[H, C, D] for o_proj), experts stacked ([E, D, F]) and every per-layer tensor stacked on a
+leading layer axis (HF layer i is index i of the attention stacks, and its rank among the
+dense / MoE layers in the `mlp` / `moe` stacks: see models/__init__.py); `_tensor_specs`
+is the one table mapping both ways. Loading reads tensor by tensor (each file opened
+once; one layer's experts gathered on the host, then written as one slice) and writes each
+layer into its stack where the stack lives (`shardings`: on its devices, sharded; never
+the whole model on one device, and the host holds one tensor or one layer's experts at a
+time). It fails — naming the file, tensor or field — on anything missing, misshapen,
+unexpected or unreadable; nothing is ever randomly initialised.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -27,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy before safetensors reads bf16)
 import numpy as np
 from safetensors import safe_open
@@ -44,15 +51,18 @@ _FLOAT_DTYPES = ("F32", "BF16", "F16", "F64")
 
 @dataclasses.dataclass(frozen=True)
 class TensorSpec:
-    """One parameter leaf and the HF tensor(s) holding it.
+    """One parameter leaf (or one layer of a stacked leaf) and the HF tensor(s) holding it.
 
-    kind "copy": same values (HF shape = flattened leaf for [H, C] biases, else the same).
-    kind "linear": HF [out, in] = leaf.reshape(in, out).T, where the leaf's first `n_in`
+    `index`: the layer's index in the leaf's leading layer axis, None for unstacked
+    leaves; `shape` is the shape of that layer's slice (of the whole leaf when None).
+    kind "copy": same values (HF shape = flattened slice for [H, C] biases, else the same).
+    kind "linear": HF [out, in] = slice.reshape(in, out).T, where the slice's first `n_in`
         dims are the input dims.
-    kind "experts": leaf [E, in, out]; HF tensor e = leaf[e].T (one name per expert).
+    kind "experts": slice [E, in, out]; HF tensor e = slice[e].T (one name per expert).
     """
 
     path: tuple
+    index: int | None
     hf_names: tuple[str, ...]
     hf_shape: tuple[int, ...]
     shape: tuple[int, ...]
@@ -64,52 +74,57 @@ def _tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
     abstract = abstract_params(cfg)
     specs: list[TensorSpec] = []
 
-    def leaf(path):
+    def leaf(path, index):
         node = abstract
         for key in path:
             node = node[key]
-        return tuple(node.shape)
+        return tuple(node.shape) if index is None else tuple(node.shape[1:])
 
-    def add(path, name, kind, n_in=1):
-        shape = leaf(path)
+    def add(path, name, kind, index=None, n_in=1):
+        shape = leaf(path, index)
         if kind == "copy":
             hf_shape = (math.prod(shape),) if path[-1] == "bias" else shape
         elif kind == "linear":
             hf_shape = (math.prod(shape[n_in:]), math.prod(shape[:n_in]))
         else:
             raise AssertionError(kind)
-        specs.append(TensorSpec(path, (name,), hf_shape, shape, kind))
+        specs.append(TensorSpec(path, index, (name,), hf_shape, shape, kind))
 
     add(("embed", "embedding"), "model.embed_tokens.weight", "copy")
+    dense = moe = 0  # rank of layer i among the dense / MoE layers: its stack index
     for i in range(cfg.num_layers):
         pre = f"model.layers.{i}."
-        attn = ("layers", i, "attn")
-        add(("layers", i, "input_norm", "scale"), pre + "input_layernorm.weight", "copy")
+        attn = ("layers", "attn")
+        add(("layers", "input_norm", "scale"), pre + "input_layernorm.weight", "copy", i)
         for n in "qkv":
-            add(attn + (f"{n}_proj", "kernel"), pre + f"self_attn.{n}_proj.weight", "linear")
+            add(attn + (f"{n}_proj", "kernel"), pre + f"self_attn.{n}_proj.weight", "linear", i)
             if cfg.qkv_bias:
-                add(attn + (f"{n}_proj", "bias"), pre + f"self_attn.{n}_proj.bias", "copy")
-        add(attn + ("o_proj", "kernel"), pre + "self_attn.o_proj.weight", "linear", n_in=2)
+                add(attn + (f"{n}_proj", "bias"), pre + f"self_attn.{n}_proj.bias", "copy", i)
+        add(attn + ("o_proj", "kernel"), pre + "self_attn.o_proj.weight", "linear", i, n_in=2)
         if cfg.o_bias:
-            add(attn + ("o_proj", "bias"), pre + "self_attn.o_proj.bias", "copy")
+            add(attn + ("o_proj", "bias"), pre + "self_attn.o_proj.bias", "copy", i)
         if cfg.qk_norm:
-            add(attn + ("q_norm", "scale"), pre + "self_attn.q_norm.weight", "copy")
-            add(attn + ("k_norm", "scale"), pre + "self_attn.k_norm.weight", "copy")
+            add(attn + ("q_norm", "scale"), pre + "self_attn.q_norm.weight", "copy", i)
+            add(attn + ("k_norm", "scale"), pre + "self_attn.k_norm.weight", "copy", i)
         add(
-            ("layers", i, "post_attn_norm", "scale"),
+            ("layers", "post_attn_norm", "scale"),
             pre + "post_attention_layernorm.weight",
             "copy",
+            i,
         )
-        mlp = ("layers", i, "mlp")
         if cfg.is_moe_layer(i):
-            add(mlp + ("router", "kernel"), pre + "mlp.gate.weight", "linear")
+            path = ("layers", "moe")
+            add(path + ("router", "kernel"), pre + "mlp.gate.weight", "linear", moe)
             for n in ("gate_proj", "up_proj", "down_proj"):
-                shape = leaf(mlp + (n,))
+                shape = leaf(path + (n,), moe)
                 names = tuple(pre + f"mlp.experts.{e}.{n}.weight" for e in range(cfg.num_experts))
-                specs.append(TensorSpec(mlp + (n,), names, (shape[2], shape[1]), shape, "experts"))
+                hf_shape = (shape[2], shape[1])
+                specs.append(TensorSpec(path + (n,), moe, names, hf_shape, shape, "experts"))
+            moe += 1
         else:
             for n in ("gate_proj", "up_proj", "down_proj"):
-                add(mlp + (n, "kernel"), pre + f"mlp.{n}.weight", "linear")
+                add(("layers", "mlp", n, "kernel"), pre + f"mlp.{n}.weight", "linear", dense)
+            dense += 1
     add(("final_norm", "scale"), "model.norm.weight", "copy")
     if not cfg.tie_word_embeddings:
         add(("lm_head", "kernel"), "lm_head.weight", "linear")
@@ -236,14 +251,24 @@ def load_pretrained(
     if shardings is not None:
         for kp, s in jax.tree_util.tree_flatten_with_path(shardings)[0]:
             flat_shardings[tuple(getattr(k, "key", getattr(k, "idx", None)) for k in kp)] = s
+    abstract = {
+        tuple(getattr(k, "key", None) for k in kp): leaf
+        for kp, leaf in jax.tree_util.tree_flatten_with_path(abstract_params(cfg))[0]
+    }
     params: dict = {}
-    expert_buffers: dict[tuple, list] = {}  # path -> [stack, experts filled]
+    stacks: dict[tuple, jax.Array] = {}  # path -> stacked leaf being filled, layer by layer
+    expert_buffers: dict[tuple, list] = {}  # (path, layer) -> [experts [E, ., .], filled]
 
     def place(spec: TensorSpec, value: np.ndarray):
         sharding = flat_shardings.get(spec.path)
-        array = (
-            jax.device_put(value, sharding) if sharding is not None else jax.numpy.asarray(value)
-        )
+        if spec.index is None:
+            array = jax.device_put(value, sharding) if sharding is not None else jnp.asarray(value)
+        else:
+            array = stacks.get(spec.path)
+            if array is None:
+                array = jnp.zeros(abstract[spec.path].shape, np_dtype, device=sharding)
+            array = _write_layer(array, value, spec.index)
+            stacks[spec.path] = array
         node = params
         for key in spec.path[:-1]:
             node = node.setdefault(key, {})
@@ -281,12 +306,32 @@ def load_pretrained(
                 if spec.kind != "experts":
                     place(spec, _to_ours(spec, hf_array).astype(np_dtype))
                     continue
-                buf = expert_buffers.setdefault(spec.path, [np.empty(spec.shape, np_dtype), 0])
+                key = (spec.path, spec.index)
+                buf = expert_buffers.setdefault(key, [np.empty(spec.shape, np_dtype), 0])
                 buf[0][e] = _to_ours(spec, hf_array)
                 buf[1] += 1
                 if buf[1] == len(spec.hf_names):
-                    place(spec, expert_buffers.pop(spec.path)[0])
+                    place(spec, expert_buffers.pop(key)[0])
     return cfg, params
+
+
+@functools.cache
+def _layer_writer(sharding):
+    """Jitted `stack[index] = value`, the stack donated (written in place) and kept in
+    `sharding`; the value arrives as numpy and is split by the same sharding."""
+
+    def write(stack, value, index):
+        return jax.lax.dynamic_update_index_in_dim(stack, value.astype(stack.dtype), index, 0)
+
+    return jax.jit(write, donate_argnums=0, out_shardings=sharding)
+
+
+def _write_layer(stack: jax.Array, value: np.ndarray, index: int) -> jax.Array:
+    sharding = stack.sharding
+    if isinstance(sharding, jax.sharding.NamedSharding):  # the layer axis is never sharded
+        spec = jax.sharding.PartitionSpec(*tuple(sharding.spec)[1:])
+        value = jax.device_put(value, jax.sharding.NamedSharding(sharding.mesh, spec))
+    return _layer_writer(sharding)(stack, value, np.int32(index))
 
 
 def _host_array(x) -> np.ndarray:
@@ -320,16 +365,17 @@ def save_pretrained(
     dtype = dtype or cfg.param_dtype
     np_dtype = np.dtype(jax.numpy.dtype(dtype))
     specs = _tensor_specs(cfg)
+    abstract = abstract_params(cfg)
     for spec in specs:
-        node = params
+        node, want = params, abstract
         for key in spec.path:
             if not isinstance(node, dict) or key not in node:
                 raise KeyError(f"params lack {'/'.join(map(str, spec.path))} needed for {cfg.arch}")
-            node = node[key]
-        if tuple(node.shape) != spec.shape:
+            node, want = node[key], want[key]
+        if tuple(node.shape) != tuple(want.shape):
             raise ValueError(
                 f"param {'/'.join(map(str, spec.path))} has shape {tuple(node.shape)}, "
-                f"expected {spec.shape}"
+                f"expected {tuple(want.shape)}"
             )
 
     # Shard plan from shapes alone, so tensors are converted one shard at a time.
@@ -363,7 +409,8 @@ def save_pretrained(
             node = params
             for key in spec.path:
                 node = node[key]
-            leaf = _host_array(node).astype(np_dtype)
+            # One layer at a time: a stacked leaf is sliced where it lives, then fetched.
+            leaf = _host_array(node if spec.index is None else node[spec.index]).astype(np_dtype)
             for name, array in _to_hf(spec, leaf):
                 tensors[name] = array
                 weight_map[name] = file_name

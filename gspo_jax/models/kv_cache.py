@@ -2,20 +2,22 @@
 
 Where it sits: `sampling.py` calls `prefill_shared` once per prompt, then
 `decode_step_shared` inside its `lax.while_loop` (the G samples of a prompt read one
-copy of its KV cache); `init_cache` / `prefill` / `decode_step` / `repeat_cache` are
-the plain per-row cache (chunked prefill, any batch) for other callers and tests. Both
-run the one `transformer.Decoder` composition with a cache attention context
-(`_CacheAttention`), and both attend with `layers.attend_cached`: nothing here re-states
-the block.
+copy of its KV cache). Both run the one `transformer.Decoder` composition: the prefill is
+the full-sequence pass (scanned over the stacked layers) keeping each layer's
+keys/values; the decode step runs it on one token, unrolled over the layers, with a cache
+attention context (`_CacheAttention`) that writes the token's key/value into its layer's
+buffer and attends with `attention.attend_cached`. Nothing here re-states the block.
 
-Layout (both caches): per layer a separate buffer (a tuple over layers, never one
-stacked [layers, …] array: writing one layer's token must not copy the others), keys
-[rows, K, C, slots] and values [rows, K, slots, C], so a decode step's q·kᵀ and p·v
-contract each cache in place, without the per-step transpose a [rows, slots, K, C]
-layout costs. Writes are `dynamic_update_slice`s into these buffers; donate the cache
-(or carry it through a while_loop) and they happen in place.
+Layout: per layer a separate buffer (a tuple over layers, never one stacked [layers, …]
+array: writing one layer's token must not copy the others, and the attention reads the
+layer's whole updated buffer), keys [rows, K, C, slots] and values [rows, K, slots, C],
+so a decode step's q·kᵀ and p·v contract each cache in place, without the per-step
+transpose a [rows, slots, K, C] layout costs. Writes are `dynamic_update_slice`s into
+these buffers; donate the cache (or carry it through a while_loop) and they happen in
+place. The decode step runs its layers unrolled (transformer.py): scanned over stacked
+weights and a stacked cache, the sampler's decode step was 1.6x slower on XLA:CPU, since
+every step sliced (copied) each layer's weights and cache out of the stacks.
 
-Shared-prefix decoding (`PromptCache` + `ResponseCache`):
     PromptCache    k [Q, K, C, P], v [Q, K, P, C] per layer; valid [Q, P]; length [Q]:
                    the prompts' keys, written once by `prefill_shared`, then read-only
     ResponseCache  k [B, K, C, W], v [B, K, W, C] per layer *and* per time segment
@@ -26,20 +28,12 @@ Shared-prefix decoding (`PromptCache` + `ResponseCache`):
     valid slots plus response slots 0..t; segments after t's are not read, which is why
     the response cache is split in time (a step reads only what can hold tokens).
 
-Per-row cache (`KVCache`):
-    k, v   per layer [B, K, C, S] / [B, K, S, C]
-    mask   [B, S] bool      slot holds a real token (left padding stays False)
-    pos    [B] int32        next position id per row = number of real tokens so far
-    index  [] int32         next slot to write; shared by all rows (prompts are
-                            left-padded to a common length, so rows advance together)
-    The query written at slot j sees slots s <= j with mask[s] True.
-
 Writing past a buffer's end is not checked inside jit (dynamic_update_slice clamps):
 size caches as prompt length + max new tokens.
 
 Shape letters: Q prompt rows, G = B/Q rows per prompt, B decode rows, P prompt slots,
-W slots of a response segment, S slots of a KVCache, L tokens of one call, K kv heads,
-C head dim, H query heads, V vocab, X rows of a cache part (Q or B).
+W slots of a response segment, L tokens of one call, K kv heads, C head dim, H query
+heads, V vocab, M MoE layers, X experts per token. The layer count is written out.
 """
 
 from __future__ import annotations
@@ -51,59 +45,10 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from gspo_jax.models import partition
+from gspo_jax.models.attention import attend_cached
 from gspo_jax.models.config import ModelConfig
-from gspo_jax.models.layers import attend_cached
 from gspo_jax.models.transformer import logits_from_hidden, merge, run_full
-
-# ------------------------------------------------------------------ attention context
-
-
-def _write(k_XKCW, v_XKWC, k_BLKC, v_BLKC, at):
-    """This call's L keys/values written at slots [at, at + L) of one cache buffer."""
-    k_new = k_BLKC.transpose(0, 2, 3, 1).astype(k_XKCW.dtype)  # [B, K, C, L]
-    v_new = v_BLKC.transpose(0, 2, 1, 3).astype(v_XKWC.dtype)  # [B, K, L, C]
-    return (
-        jax.lax.dynamic_update_slice(k_XKCW, k_new, (0, 0, 0, at)),
-        jax.lax.dynamic_update_slice(v_XKWC, v_new, (0, 0, at, 0)),
-    )
-
-
-@dataclasses.dataclass(frozen=True)
-class _CacheAttention:
-    """Attention context of a cached call (see transformer.Decoder): every layer writes
-    this call's k/v into time segment `segment` of its own buffers at offset `at`, then
-    attends to [shared prefix ‖ segments 0..segment] with `layers.attend_cached`.
-
-    prefix   PromptCache or None: keys read by groups of rows, never written
-    k, v     per layer, a tuple over segments of [B, K, C, W] / [B, K, W, C]
-    allowed  bool [B|1, L|1, W] over the written segment's slots (after the write);
-             earlier segments are full and wholly visible, later ones are not read
-    The cache entry a layer returns is its (k segments, v segments) tuples, updated.
-    """
-
-    prefix: PromptCache | None
-    k: tuple
-    v: tuple
-    segment: int
-    at: jax.Array
-    allowed: jax.Array
-
-    def __call__(self, layer: int, q_BLHC, k_BLKC, v_BLKC):
-        ks, vs = list(self.k[layer]), list(self.v[layer])
-        m = self.segment
-        # Only segment m changes, and attention reads the updated buffer whole (a slice
-        # of an updated loop carry made XLA copy the entire cache every step).
-        ks[m], vs[m] = _write(ks[m], vs[m], k_BLKC, v_BLKC, self.at)
-        parts = []
-        if self.prefix is not None:
-            valid = self.prefix.valid[:, None, :]
-            parts.append((self.prefix.k[layer], self.prefix.v[layer], valid))
-        parts += [(ks[j], vs[j], None) for j in range(m)]
-        parts.append((ks[m], vs[m], self.allowed))
-        return attend_cached(q_BLHC, parts), (tuple(ks), tuple(vs))
-
-
-# ------------------------------------------------------------- shared-prefix decoding
 
 
 @struct.dataclass
@@ -161,52 +106,106 @@ def init_response_cache(
     model_config: ModelConfig, batch_size: int, max_len: int, *, segments: int = 1, dtype=None
 ) -> ResponseCache:
     """Zeroed response cache of `max_len` slots in `response_segments(max_len, segments)`;
-    k/v in `dtype` (default: the compute dtype)."""
+    k/v in `dtype` (default: the compute dtype).
+
+    Under a mesh in context (`jax.set_mesh`) the buffers are constrained to rows over the
+    batch axes and kv heads over the tensor axis: zeros depend on no input, and left to
+    itself XLA replicated them (compiled for v5p-64, Qwen3-8B at 16k-token responses: a
+    1.1 TiB per-chip prefill instead of the cache's 1/64th).
+    """
     cfg = model_config
     dtype = jnp.dtype(dtype or cfg.dtype)
     B, K, C = batch_size, cfg.num_kv_heads, cfg.head_dim
     widths = [w for _, w in response_segments(max_len, segments)]
+    mesh = partition.context_mesh()
+
+    def zeros(shape, names):
+        x = jnp.zeros(shape, dtype)
+        if mesh is None:
+            return x
+        return jax.lax.with_sharding_constraint(x, partition.spec(mesh, names, shape))
+
+    k_names, v_names = ("batch", "kv_heads", None, None), ("batch", "kv_heads", None, None)
     return ResponseCache(
-        k=tuple(
-            tuple(jnp.zeros((B, K, C, w), dtype) for w in widths) for _ in range(cfg.num_layers)
-        ),
-        v=tuple(
-            tuple(jnp.zeros((B, K, w, C), dtype) for w in widths) for _ in range(cfg.num_layers)
-        ),
+        k=tuple(tuple(zeros((B, K, C, w), k_names) for w in widths) for _ in range(cfg.num_layers)),
+        v=tuple(tuple(zeros((B, K, w, C), v_names) for w in widths) for _ in range(cfg.num_layers)),
     )
 
 
-@functools.partial(jax.jit, static_argnums=0, static_argnames=("dtype", "return_routing"))
+def _write(k_QKCW, v_QKWC, k_BLKC, v_BLKC, at):
+    """This call's L keys/values written at slots [at, at + L) of one cache buffer."""
+    k_new = k_BLKC.transpose(0, 2, 3, 1).astype(k_QKCW.dtype)  # [B, K, C, L]
+    v_new = v_BLKC.transpose(0, 2, 1, 3).astype(v_QKWC.dtype)  # [B, K, L, C]
+    return (
+        jax.lax.dynamic_update_slice(k_QKCW, k_new, (0, 0, 0, at)),
+        jax.lax.dynamic_update_slice(v_QKWC, v_new, (0, 0, at, 0)),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _CacheAttention:
+    """Attention context of a decode step (see transformer.Decoder, called unrolled with
+    the layer index): every layer writes this call's k/v into time segment `segment` of
+    its own buffers at offset `at`, then attends to [prompt ‖ segments 0..segment] with
+    `attention.attend_cached`.
+
+    prompt   PromptCache: keys read by groups of rows, never written
+    k, v     per layer, a tuple over segments of [B, K, C, W] / [B, K, W, C]
+    allowed  bool [B|1, L|1, W] over the written segment's slots (after the write);
+             earlier segments are full and wholly visible, later ones are not read
+    The cache entry a layer returns is its (k segments, v segments) tuples, updated.
+    """
+
+    prompt: PromptCache
+    k: tuple
+    v: tuple
+    segment: int
+    at: jax.Array
+    allowed: jax.Array
+    layer_data = None  # per-layer buffers are indexed by layer (unrolled decoder)
+
+    def __call__(self, layer: int, q_BLHC, k_BLKC, v_BLKC):
+        ks, vs = list(self.k[layer]), list(self.v[layer])
+        m = self.segment
+        # Only segment m changes, and attention reads the updated buffer whole (a slice
+        # of an updated loop carry made XLA copy the entire cache every step).
+        ks[m], vs[m] = _write(ks[m], vs[m], k_BLKC, v_BLKC, self.at)
+        valid = self.prompt.valid[:, None, :]
+        parts = [(self.prompt.k[layer], self.prompt.v[layer], valid)]
+        parts += [(ks[j], vs[j], None) for j in range(m)]
+        parts.append((ks[m], vs[m], self.allowed))
+        return attend_cached(q_BLHC, parts), (tuple(ks), tuple(vs))
+
+
+@functools.partial(jax.jit, static_argnums=0, static_argnames=("dtype",))
 def prefill_shared(
-    model_config: ModelConfig,
-    params,
-    tokens_QP,
-    attention_mask_QP,
-    *,
-    dtype=None,
-    return_routing: bool = False,
+    model_config: ModelConfig, params, tokens_QP, attention_mask_QP, *, dtype=None, routing=None
 ):
     """Runs Q LEFT-padded prompts once (the full-sequence pass, `forward`'s arithmetic).
 
-    Returns (PromptCache, logits of every prompt's last token [Q, V] float32)
-    (+ routing [M, Q, P, X]). The cache's k/v are in `dtype` (default: compute dtype).
-    Any number of decode rows may then share one prompt row (`decode_step_shared`).
+    Returns (PromptCache, logits of every prompt's last token [Q, V] float32, routing
+    [M, Q, P, X] used: computed, or `routing` forced). The cache's k/v are in `dtype`
+    (default: compute dtype). Any number of decode rows may then share one prompt row
+    (`decode_step_shared`).
     """
     cfg = model_config
-    hidden_QPD, kv, routing = run_full(cfg, params, tokens_QP, attention_mask_QP)
+    hidden_QPD, (k, v), routing_out = run_full(
+        cfg, params, tokens_QP, attention_mask_QP, routing, keep_kv=True
+    )
     dtype = jnp.dtype(dtype or cfg.dtype)
     mask = attention_mask_QP.astype(bool)
+    layers = range(cfg.num_layers)
     cache = PromptCache(
-        k=tuple(k.transpose(0, 2, 3, 1).astype(dtype) for k, _ in kv),  # [Q, K, C, P]
-        v=tuple(v.transpose(0, 2, 1, 3).astype(dtype) for _, v in kv),  # [Q, K, P, C]
+        k=tuple(k[i].transpose(0, 2, 3, 1).astype(dtype) for i in layers),  # [Q, K, C, P]
+        v=tuple(v[i].transpose(0, 2, 1, 3).astype(dtype) for i in layers),  # [Q, K, P, C]
         valid=mask,
         length=jnp.sum(mask, axis=1, dtype=jnp.int32),
     )
     logits = logits_from_hidden(cfg, params, hidden_QPD[:, -1])
-    return (cache, logits, routing) if return_routing else (cache, logits)
+    return cache, logits, routing_out
 
 
-@functools.partial(jax.jit, static_argnums=0, static_argnames=("segment", "return_routing"))
+@functools.partial(jax.jit, static_argnums=0, static_argnames=("segment",))
 def decode_step_shared(
     model_config: ModelConfig,
     params,
@@ -216,10 +215,11 @@ def decode_step_shared(
     slot,
     *,
     segment: int | None = None,
-    return_routing: bool = False,
+    routing=None,
+    layer_params=None,
 ):
     """One token per row at response slot `slot`; returns (next-token logits [B, V]
-    float32, updated ResponseCache) (+ routing [M, B, 1, X]).
+    float32, updated ResponseCache, routing [M, B, 1, X] used: computed or forced).
 
     Row b continues prompt b // G (G = B / Q) from position prompt.length + slot; its
     token's keys/values go to response slot `slot` (int32 [], the same for all rows =
@@ -227,17 +227,20 @@ def decode_step_shared(
     and its own response slots 0..slot. `segment` (static) is the index of the time
     segment holding `slot` (`response.segments`); it may be None with one segment. A
     slot outside that segment is not checked inside jit. Donate `response` (or carry it
-    in a while_loop) so the writes happen in place.
+    in a while_loop) so the writes happen in place. Inside a loop, pass
+    `layer_params=models.split_layers(cfg, params)` computed once before it (the layers
+    run unrolled; slicing their weights out of the stacks at every step copies them).
     """
     cfg = model_config
     B = tokens_B.shape[0]
     Q = prompt.valid.shape[0]
     bounds = response.segments
-    if B % Q or response.k[0][0].shape[0] != B:
+    rows = response.k[0][0].shape[0]
+    if B % Q or rows != B:
         raise ValueError(
-            f"decode_step_shared: {B} token rows, response cache of "
-            f"{response.k[0][0].shape[0]} rows and {Q} prompt rows: need the same row "
-            "count for tokens and response cache, a multiple of the prompt rows"
+            f"decode_step_shared: {B} token rows, response cache of {rows} rows and {Q} "
+            "prompt rows: need the same row count for tokens and response cache, a "
+            "multiple of the prompt rows"
         )
     if segment is None:
         if len(bounds) != 1:
@@ -252,7 +255,7 @@ def decode_step_shared(
     offset = jnp.asarray(slot, jnp.int32) - start
     positions_B1 = (jnp.repeat(prompt.length, B // Q) + slot)[:, None]
     context = _CacheAttention(
-        prefix=prompt,
+        prompt=prompt,
         k=response.k,
         v=response.v,
         segment=segment,
@@ -260,126 +263,9 @@ def decode_step_shared(
         allowed=(jnp.arange(width) <= offset)[None, None, :],
     )
     model = merge(cfg, params)
-    hidden_B1D, entries, routing = model(tokens_B[:, None], positions_B1, context)
+    hidden_B1D, entries, routing_out = model(
+        tokens_B[:, None], positions_B1, context, routing, unroll=True, layer_params=layer_params
+    )
     new = ResponseCache(k=tuple(k for k, _ in entries), v=tuple(v for _, v in entries))
     logits = logits_from_hidden(cfg, params, hidden_B1D[:, 0])
-    return (logits, new, routing) if return_routing else (logits, new)
-
-
-# ------------------------------------------------------------------- per-row KVCache
-
-
-@struct.dataclass
-class KVCache:
-    """Per-row cache of S slots (see the module docstring for the fields' meaning)."""
-
-    k: tuple  # per layer [B, K, C, S]
-    v: tuple  # per layer [B, K, S, C]
-    mask: jax.Array  # [B, S] bool
-    pos: jax.Array  # [B] int32
-    index: jax.Array  # [] int32
-
-    @property
-    def max_len(self) -> int:
-        return self.k[0].shape[-1]
-
-
-def init_cache(model_config: ModelConfig, batch_size: int, max_len: int, dtype=None) -> KVCache:
-    """Empty cache with `max_len` slots; k/v in `dtype` (default: the compute dtype)."""
-    cfg = model_config
-    dtype = jnp.dtype(dtype or cfg.dtype)
-    B, K, C, S = batch_size, cfg.num_kv_heads, cfg.head_dim, max_len
-    return KVCache(
-        k=tuple(jnp.zeros((B, K, C, S), dtype) for _ in range(cfg.num_layers)),
-        v=tuple(jnp.zeros((B, K, S, C), dtype) for _ in range(cfg.num_layers)),
-        mask=jnp.zeros((batch_size, max_len), bool),
-        pos=jnp.zeros((batch_size,), jnp.int32),
-        index=jnp.zeros((), jnp.int32),
-    )
-
-
-def _extend(cfg: ModelConfig, params, tokens_BL, mask_BL, cache: KVCache, routing):
-    """Writes L tokens at slots [index, index + L) and returns (last hidden [B, D], cache,
-    routing [M, B, L, X]). Positions continue from cache.pos: pos + cumsum(mask) − 1."""
-    _B, L = tokens_BL.shape
-    mask = mask_BL.astype(bool)
-    step = jnp.cumsum(mask.astype(jnp.int32), axis=1)
-    positions_BL = jnp.maximum(cache.pos[:, None] + step - 1, 0)
-    new_mask_BS = jax.lax.dynamic_update_slice(cache.mask, mask, (0, cache.index))
-    slots_S = jnp.arange(cache.max_len)
-    query_slot_L = cache.index + jnp.arange(L)
-    allowed_BLS = new_mask_BS[:, None, :] & (slots_S[None, :] <= query_slot_L[:, None])[None]
-    # The per-row cache is the one-segment case of the shared-prefix context, no prefix.
-    context = _CacheAttention(
-        prefix=None,
-        k=tuple((k,) for k in cache.k),
-        v=tuple((v,) for v in cache.v),
-        segment=0,
-        at=cache.index,
-        allowed=allowed_BLS,
-    )
-    model = merge(cfg, params)
-    hidden, entries, routing_out = model(tokens_BL, positions_BL, context, routing)
-    new_cache = KVCache(
-        k=tuple(k[0] for k, _ in entries),
-        v=tuple(v[0] for _, v in entries),
-        mask=new_mask_BS,
-        pos=cache.pos + step[:, -1],
-        index=cache.index + L,
-    )
-    return hidden[:, -1], new_cache, routing_out
-
-
-@functools.partial(jax.jit, static_argnums=0, static_argnames=("return_routing",))
-def prefill(
-    model_config: ModelConfig,
-    params,
-    tokens_BL,
-    attention_mask_BL,
-    cache: KVCache,
-    *,
-    routing=None,
-    return_routing: bool = False,
-):
-    """Runs a (left-)padded prompt batch into the cache.
-
-    Returns (logits of the last position [B, V] float32, cache) (+ routing [M, B, L, X]).
-    With left padding the last position is every row's last real token.
-    """
-    hidden_BD, cache, routing_out = _extend(
-        model_config, params, tokens_BL, attention_mask_BL, cache, routing
-    )
-    logits = logits_from_hidden(model_config, params, hidden_BD)
-    return (logits, cache, routing_out) if return_routing else (logits, cache)
-
-
-@functools.partial(jax.jit, static_argnums=0, static_argnames=("return_routing",))
-def decode_step(
-    model_config: ModelConfig,
-    params,
-    tokens_B,
-    cache: KVCache,
-    *,
-    routing=None,
-    return_routing: bool = False,
-):
-    """Appends one token per row; returns (next-token logits [B, V] float32, cache)
-    (+ routing [M, B, 1, X])."""
-    tokens_B1 = tokens_B[:, None]
-    hidden_BD, cache, routing_out = _extend(
-        model_config, params, tokens_B1, jnp.ones_like(tokens_B1, bool), cache, routing
-    )
-    logits = logits_from_hidden(model_config, params, hidden_BD)
-    return (logits, cache, routing_out) if return_routing else (logits, cache)
-
-
-def repeat_cache(cache: KVCache, n: int) -> KVCache:
-    """Repeats every row n times contiguously (row i -> rows i·n … i·n+n−1). This copies
-    the prompt's keys n times; `prefill_shared` + `decode_step_shared` share them instead."""
-    return KVCache(
-        k=tuple(jnp.repeat(k, n, axis=0) for k in cache.k),
-        v=tuple(jnp.repeat(v, n, axis=0) for v in cache.v),
-        mask=jnp.repeat(cache.mask, n, axis=0),
-        pos=jnp.repeat(cache.pos, n, axis=0),
-        index=cache.index,
-    )
+    return logits, new, routing_out

@@ -7,18 +7,16 @@ them to mesh axes without touching this file. Parameters live in `param_dtype` a
 cast to the compute `dtype` where used; statistics (RMS), softmaxes, RoPE angles and the
 MoE router run in float32.
 
-Attention math lives here twice, for two key layouts, with one arithmetic (f32 scores
-scaled by 1/√C, disallowed slots set to the f32 minimum, f32 softmax, probabilities cast
-to the value dtype): `attend` for keys as projected ([B, S, K, C], the full-sequence
-pass) and `attend_cached` for keys as caches store them ([X, K, C, W], the decode step;
-see kv_cache.py). Which one runs, and what gets cached, is decided by the attention
-context the decoder passes to `Attention` (see transformer.py), not by this module.
+The attention math itself (which keys a query sees, the kernels) lives in attention.py;
+which of it runs, and what gets cached, is decided by the attention context the decoder
+passes to `Attention` (see transformer.py), not by this module.
 
-Shape letters: B batch, L query tokens, S key slots (= L without a cache), D model
-width, H query heads, K kv heads, R = H/K query heads per kv head, C head dim,
-F MLP width, E experts, X experts per token (top-k), T = B·L flattened tokens,
-A = T·X token-expert assignments. In `attend_cached`: W key slots of one cache part and
-X its rows (X = B, or fewer rows each shared by G = B/X consecutive query rows).
+Each module here is one layer's worth of parameters; the decoder stacks them on a leading
+layer axis (`nnx.vmap`) and scans over that axis (transformer.py).
+
+Shape letters: B batch, L query tokens, D model width, H query heads, K kv heads,
+C head dim, F MLP width, E experts, X experts per token (top-k), J = B·L tokens
+flattened, A = J·X token-expert assignments.
 """
 
 from __future__ import annotations
@@ -27,10 +25,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from gspo_jax.models import partition
 from gspo_jax.models.config import ModelConfig
 
 F32 = jnp.float32
-F32_MIN = float(jnp.finfo(F32).min)  # score of a disallowed key slot
 _INIT_STD = 0.02  # transformers' initializer_range default for Qwen
 
 
@@ -100,73 +98,6 @@ class Proj(nnx.Module):
         return y
 
 
-def attend(q_BLHC, k_BSKC, v_BSKC, allowed_BLS):
-    """Grouped-query softmax attention: softmax(q·kᵀ/√C + mask) · v, per kv-head group.
-
-    Query head h uses kv head h // R (transformers' repeat_kv order). Scores and softmax
-    are float32; disallowed pairs get the float32 minimum, so a row with no allowed key
-    (a padding query) gets a uniform, finite average instead of NaN.
-    """
-    B, L, H, C = q_BLHC.shape
-    K = k_BSKC.shape[2]
-    q_BLKRC = q_BLHC.reshape(B, L, K, H // K, C)
-    scores_BKRLS = jnp.einsum("blkrc,bskc->bkrls", q_BLKRC, k_BSKC, preferred_element_type=F32) * (
-        C**-0.5
-    )
-    scores_BKRLS = jnp.where(allowed_BLS[:, None, None], scores_BKRLS, F32_MIN)
-    probs_BKRLS = jax.nn.softmax(scores_BKRLS, axis=-1).astype(v_BSKC.dtype)
-    out_BLKRC = jnp.einsum("bkrls,bskc->blkrc", probs_BKRLS, v_BSKC)
-    return out_BLKRC.reshape(B, L, H, C)
-
-
-def attend_cached(q_BLHC, parts):
-    """`attend` over keys stored in cache layout, split into parts: one softmax over the
-    concatenated slots of all parts, softmax(q·kᵀ/√C + mask) · v.
-
-    parts: sequence of (k [X, K, C, W], v [X, K, W, C], allowed), X dividing B. A part
-    with X = B holds each query row's own keys; with X < B, key row x serves the
-    G = B/X consecutive query rows x·G … x·G+G−1 (the G samples of one prompt), so its
-    keys are read once per group as one [G·L·R, W] score block per (row, kv head) —
-    never copied G times. `allowed`: bool broadcastable to [X, L, W] (1 for X or L
-    broadcasts), or None when every slot is allowed.
-
-    Keys are [.., C, W] (slot last) and values [.., W, C], so both products contract the
-    cache in its stored layout: no per-step transpose of the cache. Arithmetic is
-    `attend`'s (f32 scores and softmax, f32-minimum masking, probabilities cast to the
-    value dtype); k/v are cast to the query dtype as `attend`'s callers do.
-    """
-    B, L, H, C = q_BLHC.shape
-    K = parts[0][0].shape[1]
-    R = H // K
-    dtype = q_BLHC.dtype
-    scores, shapes = [], []
-    for k_XKCW, _, allowed in parts:
-        X, _, _, W = k_XKCW.shape
-        if B % X:
-            raise ValueError(f"cache part has {X} rows, which do not divide the {B} query rows")
-        q_XGLKRC = q_BLHC.reshape(X, B // X, L, K, R, C)
-        # Output in dot_general's own order (batch x, k first): any other order makes
-        # jnp.einsum swap the operands, and XLA:CPU then multiplies by the transposed
-        # cache, several times slower than q·k.
-        s_XKGLRW = jnp.einsum(
-            "xglkrc,xkcw->xkglrw", q_XGLKRC, k_XKCW.astype(dtype), preferred_element_type=F32
-        ) * (C**-0.5)
-        if allowed is not None:
-            allowed_XLW = jnp.asarray(allowed, bool)
-            s_XKGLRW = jnp.where(allowed_XLW[:, None, None, :, None, :], s_XKGLRW, F32_MIN)
-        scores.append(s_XKGLRW.transpose(0, 2, 1, 3, 4, 5).reshape(B, K, L, R, W))
-        shapes.append((X, W))
-    probs_BKLRS = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1).astype(dtype)
-    out_BLHC, start = None, 0
-    for (_, v_XKWC, _), (X, W) in zip(parts, shapes):
-        p_XGKLRW = probs_BKLRS[..., start : start + W].reshape(X, B // X, K, L, R, W)
-        o_XKGLRC = jnp.einsum("xgklrw,xkwc->xkglrc", p_XGKLRW, v_XKWC.astype(dtype))
-        o_BLHC = o_XKGLRC.transpose(0, 2, 3, 1, 4, 5).reshape(B, L, H, C)
-        out_BLHC = o_BLHC if out_BLHC is None else out_BLHC + o_BLHC
-        start += W
-    return out_BLHC
-
-
 class Attention(nnx.Module):
     """GQA self-attention with RoPE, optional q/k/v(/o) bias (Qwen2) and per-head q/k
     RMSNorm before RoPE (Qwen3). Which keys a query sees (causal mask, cache) is the
@@ -214,29 +145,29 @@ class MLP(nnx.Module):
         return self.down_proj(jax.nn.silu(self.gate_proj(x_BLD)) * self.up_proj(x_BLD))
 
 
-def route(router_logits_TE, k: int, norm_topk_prob: bool, forced_TX=None):
+def route(router_logits_JE, k: int, norm_topk_prob: bool, forced_JX=None):
     """Top-k softmax routing (Qwen3-MoE), optionally replaying given expert indices.
 
     p = softmax(logits) (float32); chosen = top_k(p) or, for Routing Replay (paper §5.3),
     the forced indices; gates = p[chosen], divided by their sum when norm_topk_prob.
     Gates always come from the current router, so its gradient flows under replay.
-    Returns (gates_TX float32, indices_TX int32).
+    Returns (gates_JX float32, indices_JX int32).
     """
-    probs_TE = jax.nn.softmax(router_logits_TE.astype(F32), axis=-1)
-    if forced_TX is None:
-        gates_TX, idx_TX = jax.lax.top_k(probs_TE, k)
+    probs_JE = jax.nn.softmax(router_logits_JE.astype(F32), axis=-1)
+    if forced_JX is None:
+        gates_JX, idx_JX = jax.lax.top_k(probs_JE, k)
     else:
-        idx_TX = forced_TX.astype(jnp.int32)
-        gates_TX = jnp.take_along_axis(probs_TE, idx_TX, axis=-1)
+        idx_JX = forced_JX.astype(jnp.int32)
+        gates_JX = jnp.take_along_axis(probs_JE, idx_JX, axis=-1)
     if norm_topk_prob:
-        gates_TX = gates_TX / jnp.sum(gates_TX, axis=-1, keepdims=True)
-    return gates_TX, idx_TX.astype(jnp.int32)
+        gates_JX = gates_JX / jnp.sum(gates_JX, axis=-1, keepdims=True)
+    return gates_JX, idx_JX.astype(jnp.int32)
 
 
 class MoE(nnx.Module):
     """Sparse MoE block: router [D, E] and E SwiGLU experts of width moe_intermediate_size.
 
-    y_t = Σ_{e ∈ topk(t)} gate_{t,e} · down_e(silu(gate_e(x_t)) · up_e(x_t)).
+    y_j = Σ_{e ∈ topk(j)} gate_{j,e} · down_e(silu(gate_e(x_j)) · up_e(x_j)) for each token j.
     """
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
@@ -254,46 +185,78 @@ class MoE(nnx.Module):
     def __call__(self, x_BLD, forced_BLX=None):
         """Returns (y_BLD, expert indices int32 [B, L, X])."""
         B, L, D = x_BLD.shape
-        x_TD = x_BLD.reshape(B * L, D)
+        J = B * L
+        x_JD = x_BLD.reshape(J, D)
         # Router matmul in float32: routing decisions are discrete and bf16 noise would
         # flip them (the routing volatility the paper's §5.3 is about).
-        logits_TE = jnp.dot(x_TD.astype(F32), self.router.kernel[...].astype(F32))
-        forced_TX = None if forced_BLX is None else forced_BLX.reshape(B * L, self.k)
-        gates_TX, idx_TX = route(logits_TE, self.k, self.norm_topk_prob, forced_TX)
+        logits_JE = jnp.dot(x_JD.astype(F32), self.router.kernel[...].astype(F32))
+        forced_JX = None if forced_BLX is None else forced_BLX.reshape(J, self.k)
+        gates_JX, idx_JX = route(logits_JE, self.k, self.norm_topk_prob, forced_JX)
         wg, wu, wd = (
             w[...].astype(self.dtype) for w in (self.gate_proj, self.up_proj, self.down_proj)
         )
-        x_TD = x_TD.astype(self.dtype)
+        x_JD = x_JD.astype(self.dtype)
         if self.impl == "dense":
-            y_TD = _experts_dense(x_TD, gates_TX, idx_TX, wg, wu, wd)
+            y_JD = _experts_dense(x_JD, gates_JX, idx_JX, wg, wu, wd)
+        elif L > 1:  # full-sequence passes: many tokens per row
+            y_JD = _experts_ragged_per_device(B, x_JD, gates_JX, idx_JX, wg, wu, wd)
         else:
-            y_TD = _experts_ragged(x_TD, gates_TX, idx_TX, wg, wu, wd)
-        return y_TD.astype(self.dtype).reshape(B, L, D), idx_TX.reshape(B, L, self.k)
+            # The decode step: B tokens in all, and the per-device path's weight gathers,
+            # loop-invariant, were hoisted out of the sampler's loop for every layer at
+            # once (v5p-64, Qwen3-30B-A3B, 8k: 60.2 GiB of temporaries, 2.7 GiB this way).
+            y_JD = _experts_ragged(x_JD, gates_JX, idx_JX, wg, wu, wd)
+        return y_JD.astype(self.dtype).reshape(B, L, D), idx_JX.reshape(B, L, self.k)
 
 
-def _experts_dense(x_TD, gates_TX, idx_TX, wg_EDF, wu_EDF, wd_EFD):
+def _experts_dense(x_JD, gates_JX, idx_JX, wg_EDF, wu_EDF, wd_EFD):
     """Every expert on every token; combine with the sparse gate matrix (exact reference)."""
     E = wg_EDF.shape[0]
-    gate_TE = jnp.einsum("tx,txe->te", gates_TX, jax.nn.one_hot(idx_TX, E, dtype=F32))
-    h_TEF = jax.nn.silu(jnp.einsum("td,edf->tef", x_TD, wg_EDF)) * jnp.einsum(
-        "td,edf->tef", x_TD, wu_EDF
+    gate_JE = jnp.einsum("jx,jxe->je", gates_JX, jax.nn.one_hot(idx_JX, E, dtype=F32))
+    h_JEF = jax.nn.silu(jnp.einsum("jd,edf->jef", x_JD, wg_EDF)) * jnp.einsum(
+        "jd,edf->jef", x_JD, wu_EDF
     )
-    y_TED = jnp.einsum("tef,efd->ted", h_TEF, wd_EFD, preferred_element_type=F32)
-    return jnp.einsum("ted,te->td", y_TED, gate_TE)
+    y_JED = jnp.einsum("jef,efd->jed", h_JEF, wd_EFD, preferred_element_type=F32)
+    return jnp.einsum("jed,je->jd", y_JED, gate_JE)
 
 
-def _experts_ragged(x_TD, gates_TX, idx_TX, wg_EDF, wu_EDF, wd_EFD):
-    """Sort the T·X assignments by expert, run each expert on its contiguous group with
+def _experts_ragged_per_device(B, x_JD, gates_JX, idx_JX, wg_EDF, wu_EDF, wd_EFD):
+    """`_experts_ragged` with each device sorting and running only its own tokens.
+
+    Under a mesh, a sort over the batch-sharded tokens would be global: measured on
+    v5p-64, XLA then gave every chip the whole batch's J·X sorted assignments (34 GiB per
+    [J·X, D] buffer at 2k tokens). Here, in `jax.shard_map`, the tokens stay where they
+    are (rows over the batch axes) and each device gets this layer's expert weights whole
+    (gathered like FSDP gathers a dense layer, bf16 after the cast) for its own sort and
+    ragged matmuls: memory ∝ local tokens. Weight gradients are summed back by the
+    shard_map's transpose. Without a mesh in context it is `_experts_ragged`. Used for
+    the full-sequence passes; the decode step's few tokens keep XLA's own partitioning.
+    """
+    mesh = partition.context_mesh()
+    if mesh is None:
+        return _experts_ragged(x_JD, gates_JX, idx_JX, wg_EDF, wu_EDF, wd_EFD)
+    rows = partition.spec(mesh, ("batch",), (B,))  # J = B·L, rows major: B's split
+    tokens, whole = jax.sharding.PartitionSpec(rows[0], None), jax.sharding.PartitionSpec()
+    return jax.shard_map(
+        _experts_ragged,
+        mesh=mesh,
+        in_specs=(tokens, tokens, tokens, whole, whole, whole),
+        out_specs=tokens,
+        check_vma=False,
+    )(x_JD, gates_JX, idx_JX, wg_EDF, wu_EDF, wd_EFD)
+
+
+def _experts_ragged(x_JD, gates_JX, idx_JX, wg_EDF, wu_EDF, wd_EFD):
+    """Sort the J·X assignments by expert, run each expert on its contiguous group with
     `jax.lax.ragged_dot`, unsort, and combine with the gates: compute ∝ top-k, not E."""
-    T, X = idx_TX.shape
+    J, X = idx_JX.shape
     E = wg_EDF.shape[0]
-    expert_A = idx_TX.reshape(T * X)
+    expert_A = idx_JX.reshape(J * X)
     order_A = jnp.argsort(expert_A, stable=True)
     group_sizes_E = jnp.bincount(expert_A, length=E).astype(jnp.int32)
-    xs_AD = x_TD[order_A // X]
+    xs_AD = x_JD[order_A // X]
     h_AF = jax.nn.silu(jax.lax.ragged_dot(xs_AD, wg_EDF, group_sizes_E)) * jax.lax.ragged_dot(
         xs_AD, wu_EDF, group_sizes_E
     )
     ys_AD = jax.lax.ragged_dot(h_AF, wd_EFD, group_sizes_E, preferred_element_type=F32)
     y_AD = jnp.zeros_like(ys_AD).at[order_A].set(ys_AD, unique_indices=True)
-    return jnp.einsum("txd,tx->td", y_AD.reshape(T, X, -1), gates_TX)
+    return jnp.einsum("jxd,jx->jd", y_AD.reshape(J, X, -1), gates_JX)

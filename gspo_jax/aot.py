@@ -1,0 +1,569 @@
+"""Compile a run's every jitted function for a TPU slice, without the TPU: does it fit?
+
+    python -m gspo_jax.aot --config=configs/gspo_paper.py --preset=Qwen3-8B \\
+        --topology=v5p:4x4x4 --config.response_length=16384 --config.mesh.data=1 \\
+        --config.mesh.fsdp=-1 --config.micro_batch_size=64
+
+Run it before renting the slice. It needs libtpu importable (`pip install -r
+requirements-tpu.txt`, docs/tpu.md) but no TPU and no weights: the model comes from
+`--preset` (published Qwen3 shapes), else the config's `model.hf_path` (its config.json
+only), else the config's scratch model. For the topology's chips it builds the config's
+mesh (`config.mesh`), the parameter / optimizer / batch shardings the trainer uses, and
+lowers and compiles, as `jax.ShapeDtypeStruct`s carrying those shardings, the functions
+one RL step calls:
+
+    sampler prefill   sampling._prefill: one prefill per prompt, the response cache
+    sampler decode    sampling._decode: the while_loop over response_length tokens
+    logprobs          train_step.make_logprobs_fn: π_old (and π_ref) recompute
+    advantages        rollout.make_advantage_fn (or the token-level-KL variant)
+    train step        train_step.make_train_step: ppo_epochs × num_mini_batches updates
+
+It prints one table, per chip: arguments, XLA's temporaries, outputs (donated buffers
+counted once), what else stays resident while the function runs (the optimizer state
+during sampling and log-probs; the reference params with a KL term), their total against
+the chip's HBM, compile time, and the model FLOPs per chip of one call (analytic: XLA's
+cost analysis counts a loop body once, so it undercounts scans). It exits 1 naming the
+function and the shortfall when one does not fit (XLA:TPU itself refuses to compile a
+program larger than HBM; that error is reported the same way).
+
+The rollout batch is taken at its worst case: every prompt at `prompt_length` (the largest
+bucket the sampler can pick) and every response `response_length` long.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import sys
+import time
+from typing import Any
+
+# Compiling needs libtpu, never a TPU: keep jax's runtime on the CPU (a TPU VM's chips stay
+# free for a run), let several compile processes load libtpu at once (it otherwise holds a
+# lockfile), and quiet its probe of the host's TPU metadata.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+
+import jax
+import jax.numpy as jnp
+from absl import app, flags
+from ml_collections import config_flags
+
+from gspo_jax import advantages as advantages_lib
+from gspo_jax import config as config_lib
+from gspo_jax import models, optim, rollout, sampling
+from gspo_jax import sharding as sharding_lib
+from gspo_jax.models.attention import resolve_impl
+from gspo_jax.train_step import TrainState, batch_ndims, make_logprobs_fn, make_train_step
+
+GiB = 2**30
+
+# HBM per chip, GiB (Google Cloud TPU system-architecture pages, cloud.google.com/tpu/docs/
+# v4, /v5e, /v5p, /v6e): v4 32 GiB HBM2, v5e 16 GiB HBM2, v5p 95 GiB HBM2e, v6e 32 GiB.
+HBM_GIB = {"v4": 32, "v5e": 16, "v5p": 95, "v6e": 32}
+
+# Published shapes (the config.json of each Hugging Face repo, architecture fields only).
+# Qwen3-0.6B and Qwen3-30B-A3B as in tests/fixtures/models/published_configs.json;
+# Qwen3-8B per its model card (36 layers, 32 query / 8 kv heads, 8.2B parameters of which
+# 6.95B non-embedding, untied), which these widths reproduce exactly.
+_QWEN3 = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "attention_bias": False,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000,
+    "vocab_size": 151936,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+}
+PRESETS: dict[str, dict[str, Any]] = {
+    "Qwen3-0.6B": dict(
+        _QWEN3,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_attention_heads=16,
+        num_hidden_layers=28,
+        num_key_value_heads=8,
+        tie_word_embeddings=True,
+    ),
+    "Qwen3-8B": dict(
+        _QWEN3,
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_attention_heads=32,
+        num_hidden_layers=36,
+        num_key_value_heads=8,
+        tie_word_embeddings=False,
+    ),
+    "Qwen3-30B-A3B": dict(
+        _QWEN3,
+        architectures=["Qwen3MoeForCausalLM"],
+        model_type="qwen3_moe",
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_attention_heads=32,
+        num_hidden_layers=48,
+        num_key_value_heads=4,
+        tie_word_embeddings=False,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        moe_intermediate_size=768,
+        norm_topk_prob=True,
+        num_experts=128,
+        num_experts_per_tok=8,
+    ),
+}
+FUNCTIONS = ("prefill", "decode", "logprobs", "advantages", "train_step")
+
+
+# ------------------------------------------------------------------------------- set-up
+
+
+def topology_devices(name: str):
+    """The devices of a TPU topology such as "v5p:4x4x4" (libtpu, no TPU needed)."""
+    from jax.experimental import topologies
+
+    try:
+        return topologies.get_topology_desc(topology_name=name, platform="tpu").devices
+    except Exception as e:  # no libtpu, or a name libtpu does not know
+        raise ValueError(
+            f"cannot describe TPU topology {name!r}: {e}. Needs libtpu importable "
+            "(pip install -r requirements-tpu.txt) and a name like v5e:2x4 or v5p:4x4x4"
+        ) from e
+
+
+def hbm_bytes(topology: str) -> int:
+    generation = topology.split(":")[0]
+    if generation not in HBM_GIB:
+        raise ValueError(f"unknown TPU generation {generation!r}; known: {sorted(HBM_GIB)}")
+    return HBM_GIB[generation] * GiB
+
+
+def model_config_for(config, preset: str | None) -> models.ModelConfig:
+    """The run's ModelConfig: a published preset, else what the trainer builds
+    (`config.model_config`: the checkpoint's config.json, or the config's scratch model);
+    numerics (dtypes, remat, MoE and attention kernels) from config.model."""
+    m = config.model
+    if preset:
+        if preset not in PRESETS:
+            raise ValueError(f"--preset={preset!r}: known presets {sorted(PRESETS)}")
+        numerics = {
+            "param_dtype": m.param_dtype,
+            "dtype": m.dtype,
+            "remat": m.remat,
+            "moe_impl": m.moe_impl,
+            "attention_impl": m.attention_impl,
+        }
+        return models.ModelConfig.from_hf_config(PRESETS[preset], **numerics)
+    if m.hf_path:
+        return config_lib.model_config(config, tokenizer=None)
+    import tempfile
+
+    from gspo_jax import data
+
+    with tempfile.TemporaryDirectory() as tmp:  # the scratch model's vocabulary
+        return config_lib.model_config(config, data.make_char_tokenizer(tmp))
+
+
+@dataclasses.dataclass
+class Report:
+    """One compiled function, per chip (bytes), plus its compile seconds and model FLOPs."""
+
+    name: str
+    compile_s: float
+    args: int = 0
+    temp: int = 0
+    out: int = 0
+    alias: int = 0
+    resident: int = 0  # live state the function does not take (e.g. optimizer moments)
+    flops: float = 0.0  # model FLOPs of one call, per chip
+    error: str | None = None  # XLA's message when it refused to compile (e.g. out of HBM)
+    needed: int | None = None  # bytes XLA said it needed, when it refused for memory
+
+    @property
+    def total(self) -> int:
+        if self.needed is not None:
+            return self.needed + self.resident
+        return self.args + self.temp + self.out - self.alias + self.resident
+
+
+def _per_chip(tree) -> int:
+    """Bytes per chip of a tree of sharded ShapeDtypeStructs (the largest shard)."""
+    total = 0
+    for x in jax.tree.leaves(tree):
+        shape = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
+        total += math.prod(shape) * jnp.dtype(x.dtype).itemsize
+    return total
+
+
+def _sds(abstract, shardings):
+    return jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
+    )
+
+
+def _batch_sds(mesh, shape, dtype):
+    """A batch input as the trainer places it: rows over the batch axes when they divide,
+    else replicated (sharding.to_global's rule)."""
+    dp = sharding_lib.data_parallel_size(mesh)
+    if shape and shape[0] % dp == 0:
+        s = sharding_lib.batch_sharding(mesh, len(shape))
+    else:
+        s = sharding_lib.replicated(mesh)
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=s)
+
+
+def _train_batch(step_config, cfg, mesh, B: int, L: int, T: int) -> dict:
+    """The train batch as the trainer builds it: `train_step.batch_ndims`'s entries."""
+    shapes = {
+        "tokens": (B, L),
+        "attention_mask": (B, L),
+        "response_mask": (B, T),
+        "old_logprobs": (B, T),
+        "ref_logprobs": (B, T),
+        "advantages": (B, T),  # [B] unless token-level advantages
+        "routing": (B, cfg.num_moe_layers, L, cfg.num_experts_per_tok),
+    }
+    ints = ("tokens", "attention_mask", "routing")
+    return {
+        name: _batch_sds(mesh, shapes[name][:ndim], jnp.int32 if name in ints else jnp.float32)
+        for name, ndim in batch_ndims(step_config).items()
+    }
+
+
+def _hbm_needed(message: str) -> int | None:
+    """Bytes XLA:TPU said a program needs when it refused it for HBM (None otherwise):
+    "... HLO temporaries (548.20G) exceeds available HBM (15.75G)" or "Used 20.5G of
+    15.48G hbm" (a lower bound: the first counts temporaries only)."""
+    scale = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    for pattern in (
+        r"\(([\d.]+)([KMGT])\) exceeds available HBM",
+        r"Used ([\d.]+)([KMGT]) of [\d.]+[KMGT] hbm",
+    ):
+        found = re.search(pattern, message)
+        if found:
+            return int(float(found.group(1)) * scale[found.group(2)])
+    return None
+
+
+def _compile(name, fn, *args, resident=0, flops=0.0, **kwargs) -> tuple[Report, Any]:
+    t0 = time.perf_counter()
+    try:
+        compiled = fn.lower(*args, **kwargs).compile()
+    except jax.errors.JaxRuntimeError as e:  # XLA:TPU refuses programs larger than HBM
+        message = str(e).strip()
+        report = Report(name, time.perf_counter() - t0, resident=resident, flops=flops)
+        report.error = message.splitlines()[0][:300]
+        report.needed = _hbm_needed(message)
+        return report, None
+    seconds = time.perf_counter() - t0
+    mem = compiled.memory_analysis()
+    report = Report(
+        name,
+        seconds,
+        args=int(mem.argument_size_in_bytes),
+        temp=int(mem.temp_size_in_bytes),
+        out=int(mem.output_size_in_bytes),
+        alias=int(mem.alias_size_in_bytes),
+        resident=resident,
+        flops=flops,
+    )
+    return report, compiled
+
+
+# ---------------------------------------------------------------------------- FLOPs
+
+
+def _matmul_params(cfg: models.ModelConfig) -> int:
+    """Weights a token multiplies (active experts only), without the unembedding."""
+    total = 0
+    leaves = jax.tree_util.tree_flatten_with_path(models.abstract_params(cfg))[0]
+    for path, leaf in leaves:
+        names = [getattr(k, "key", None) for k in path]
+        if names[0] != "layers" or len(leaf.shape) < 3:  # norms, biases, embedding, head
+            continue
+        n = math.prod(leaf.shape)
+        if names[-2] == "moe" and names[-1] != "router":
+            n = n // cfg.num_experts * cfg.num_experts_per_tok
+        total += n
+    return total
+
+
+def _forward_flops(cfg, rows: int, length: int, logit_tokens: int) -> float:
+    """2·(weights)·tokens + causal attention (q·k and p·v over half the keys on average)
+    + the unembedding on `logit_tokens` tokens per row."""
+    dense = 2 * _matmul_params(cfg) * rows * length
+    attention = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * rows * length * length / 2
+    logits = 2 * cfg.hidden_size * cfg.vocab_size * rows * logit_tokens
+    return dense + attention + logits
+
+
+# ---------------------------------------------------------------------------- compile
+
+
+def compile_run(
+    config, model_config, devices, *, functions=FUNCTIONS, num_processes=None
+) -> list[Report]:
+    """Lowers and compiles the RL step's functions for `devices` (a topology's); returns a
+    Report per function (memory per chip, compile seconds, model FLOPs per chip).
+    `num_processes` (default: the topology's hosts) only enters the config validation."""
+    c = config
+    processes = num_processes or len({d.process_index for d in devices})
+    config_lib.validate(c, num_devices=len(devices), num_processes=processes)
+    mesh = sharding_lib.make_mesh(config_lib.mesh_shape(c, len(devices)), devices)
+    chips = len(devices)
+    cfg = dataclasses.replace(
+        model_config,
+        attention_impl=resolve_impl(
+            model_config.attention_impl, dtype=model_config.dtype, platform="tpu"
+        ),
+    )
+    N, G = c.rollout_batch_size, c.num_return_sequences_in_group
+    B, P, T = N * G, c.prompt_length, c.response_length
+    L = P + T
+    step_config = config_lib.step_config(c, cfg)
+    total_updates = c.num_steps * c.ppo_epochs * c.num_mini_batches
+    tx = optim.make_optimizer(c.optim, total_updates)
+    abstract = models.abstract_params(cfg)
+    param_sh = sharding_lib.tree_shardings(abstract, models.logical_axes(cfg), mesh)
+    opt_sh = sharding_lib.optimizer_state_shardings(tx, abstract, param_sh, mesh)
+    params = _sds(abstract, param_sh)
+    opt_state = _sds(jax.eval_shape(tx.init, abstract), opt_sh)
+    needs_ref = bool(c.use_kl_loss or c.add_token_level_kl)
+    # Between the functions the trainer keeps the optimizer state (and π_ref) in HBM.
+    idle = _per_chip(opt_state) + (_per_chip(params) if needs_ref else 0)
+    rep = sharding_lib.replicated(mesh)
+    reports: list[Report] = []
+
+    with jax.set_mesh(mesh):
+        tokens_NP = _batch_sds(mesh, (N, P), jnp.int32)
+        key = jax.eval_shape(lambda: jax.random.key(0))
+        key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=rep)
+        segments = len(sampling._segments(T, sampling._auto_segments(T)))
+        prefill_kwargs = {
+            "num_samples": G,
+            "share_prefix": True,
+            "max_new_tokens": T,
+            "segments": segments,
+        }
+        prefill_out = None
+        if "prefill" in functions or "decode" in functions:
+            report, compiled = _compile(
+                "sampler prefill",
+                sampling._prefill,
+                cfg,
+                params,
+                tokens_NP,
+                tokens_NP,
+                key,
+                resident=idle,
+                flops=_forward_flops(cfg, N, P, 1) / chips,
+                **prefill_kwargs,
+            )
+            if "prefill" in functions:
+                reports.append(report)
+            if compiled is not None:
+                shapes = jax.eval_shape(
+                    lambda p, t, k: sampling._prefill(cfg, p, t, t, k, **prefill_kwargs),
+                    abstract,
+                    jax.ShapeDtypeStruct((N, P), jnp.int32),
+                    jax.eval_shape(lambda: jax.random.key(0)),
+                )
+                prefill_out = _sds(shapes, compiled.output_shardings)
+        if "decode" in functions and prefill_out is not None:
+            prompt, state, first_logits = prefill_out[:3]
+            # T steps of B rows: the weights once per token, attention over P + t/2 keys.
+            per_token = 2 * _matmul_params(cfg) + 2 * cfg.hidden_size * cfg.vocab_size
+            per_token += 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * (P + T / 2)
+            eos = jax.ShapeDtypeStruct((1,), jnp.int32, sharding=rep)
+            pad = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)
+            temperature = float(c.sampling.temperature)
+            report, _ = _compile(
+                "sampler decode",
+                sampling._decode,
+                cfg,
+                params,
+                prompt,
+                state,
+                first_logits,
+                eos,
+                pad,
+                temperature=temperature,
+                top_k=c.sampling.top_k,
+                top_p=c.sampling.top_p,
+                resident=idle,
+                flops=per_token * B * T / chips,
+            )
+            reports.append(report)
+        tokens_BL = _batch_sds(mesh, (B, L), jnp.int32)
+        if "logprobs" in functions:
+            report, _ = _compile(
+                "logprobs",
+                make_logprobs_fn(step_config),
+                params,
+                tokens_BL,
+                tokens_BL,
+                T,
+                resident=idle,
+                flops=_forward_flops(cfg, B, L, T) / chips,
+            )
+            reports.append(report)
+        if "advantages" in functions:
+            rewards = _batch_sds(mesh, (B,), jnp.float32)
+            valid = _batch_sds(mesh, (B,), jnp.bool_)
+            running = jax.tree.map(
+                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep),
+                jax.eval_shape(advantages_lib.init_running_moments),
+            )
+            args = [rewards, valid, running]
+            if c.add_token_level_kl:
+                args += [_batch_sds(mesh, (B, T), jnp.float32)] * 3
+            fn = rollout.make_advantage_fn(c, mesh).jitted
+            report, _ = _compile("advantages", fn, *args, resident=idle)
+            reports.append(report)
+        if "train_step" in functions:
+            state_sh = TrainState(step=rep, params=param_sh, opt_state=opt_sh)
+            state = TrainState(
+                step=jax.ShapeDtypeStruct((), jnp.int32, sharding=rep),
+                params=params,
+                opt_state=opt_state,
+            )
+            batch = _train_batch(step_config, cfg, mesh, B, L, T)
+            flops = 3 * c.ppo_epochs * _forward_flops(cfg, B, L, T) / chips
+            report, _ = _compile(
+                "train step",
+                make_train_step(step_config, tx, state_shardings=state_sh, mesh=mesh),
+                state,
+                batch,
+                resident=_per_chip(params) if needs_ref else 0,
+                flops=flops,
+            )
+            reports.append(report)
+    return reports
+
+
+# ------------------------------------------------------------------------------ output
+
+
+def format_table(reports: list[Report], capacity: int) -> str:
+    def gib(x):
+        return f"{x / GiB:.2f}"
+
+    header = (
+        "| function | compile s | args GiB | temp GiB | out GiB | resident GiB | "
+        f"total GiB (of {capacity / GiB:.0f}) | model TFLOP |"
+    )
+    lines = [
+        header,
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in reports:
+        if r.error is not None and r.needed is None:
+            lines.append(f"| {r.name} | {r.compile_s:.1f} | compile failed: {r.error} |")
+            continue
+        out = gib(r.out - r.alias) + (" (donated)" if r.alias else "")
+        if r.needed is not None:  # XLA refused: only (a lower bound of) its total is known
+            cells = ["-", "-", "-", gib(r.resident), ">= " + gib(r.total) + " (XLA: no fit)"]
+        else:
+            cells = [gib(r.args), gib(r.temp), out, gib(r.resident), gib(r.total)]
+        flops = f"{r.flops / 1e12:.2f}" if r.flops else "-"
+        lines.append(f"| {r.name} | {r.compile_s:.1f} | " + " | ".join(cells) + f" | {flops} |")
+    return "\n".join(lines)
+
+
+def shortfalls(reports: list[Report], capacity: int) -> list[str]:
+    """One message per function that does not fit (or did not compile)."""
+    out = []
+    for r in reports:
+        if r.error is not None and r.needed is None:
+            out.append(f"{r.name} did not compile: {r.error}")
+        elif r.total > capacity:
+            least = "at least " if r.needed is not None else ""
+            out.append(
+                f"{r.name} needs {least}{r.total / GiB:.2f} GiB per chip, "
+                f"{capacity / GiB:.0f} GiB HBM: {(r.total - capacity) / GiB:.2f} GiB short"
+            )
+    return out
+
+
+def describe(config, cfg, topology: str, devices) -> str:
+    c = config
+    mesh = config_lib.mesh_shape(c, len(devices))
+    impl = resolve_impl(cfg.attention_impl, dtype=cfg.dtype, platform="tpu")
+    sizes = config_lib.batch_sizes(c)
+    n = models.param_count(cfg)
+    size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+    return (
+        f"{cfg.arch} {size} params ({cfg.num_layers} layers) "
+        f"on {topology}: {len(devices)} chips, mesh "
+        + " ".join(f"{k}={v}" for k, v in mesh.items())
+        + f"\n{c.rollout_batch_size} prompts x {c.num_return_sequences_in_group} = "
+        f"{sizes['responses']} responses of {c.prompt_length} + {c.response_length} tokens, "
+        f"{c.num_mini_batches} mini-batches of {sizes['mini_batch']}, micro-batch "
+        f"{sizes['micro_batch']}, {cfg.param_dtype} params, {cfg.dtype} compute, remat "
+        f"{cfg.remat}, attention {impl}, MoE {cfg.moe_impl if cfg.num_experts else '-'}; "
+        f"jax {jax.__version__}"
+    )
+
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", "configs/default.py", "Experiment config file.", lock_config=True
+)
+_TOPOLOGY = flags.DEFINE_string("topology", None, "TPU topology, e.g. v5e:2x4 or v5p:4x4x4.")
+_PRESET = flags.DEFINE_enum(
+    "preset", None, list(PRESETS), "Published model shapes (no checkpoint needed)."
+)
+_FUNCTIONS = flags.DEFINE_list("functions", list(FUNCTIONS), f"Subset of {FUNCTIONS}.")
+_JSON = flags.DEFINE_string("json", None, "Also write the reports to this JSON file.")
+_PROCESSES = flags.DEFINE_integer(
+    "num_processes",
+    None,
+    "JAX processes of the run, for the config's batch checks (default: the topology's "
+    "hosts as libtpu describes them, e.g. 2 for v5e:2x4; a single-host v5litepod-8 runs 1).",
+)
+
+
+def main(argv) -> int:
+    del argv
+    if not _TOPOLOGY.value:
+        raise app.UsageError("--topology is required (e.g. --topology=v5p:4x4x4)")
+    unknown = sorted(set(_FUNCTIONS.value) - set(FUNCTIONS))
+    if unknown:
+        raise app.UsageError(f"--functions: unknown {unknown}; known {list(FUNCTIONS)}")
+    config = _CONFIG.value
+    devices = topology_devices(_TOPOLOGY.value)
+    capacity = hbm_bytes(_TOPOLOGY.value)
+    cfg = model_config_for(config, _PRESET.value)
+    print(describe(config, cfg, _TOPOLOGY.value, devices), flush=True)
+    reports = compile_run(
+        config,
+        cfg,
+        devices,
+        functions=tuple(_FUNCTIONS.value),
+        num_processes=_PROCESSES.value,
+    )
+    print(format_table(reports, capacity))
+    if _JSON.value:
+        with open(_JSON.value, "w") as f:
+            json.dump([dataclasses.asdict(r) | {"total": r.total} for r in reports], f, indent=2)
+    problems = shortfalls(reports, capacity)
+    for p in problems:
+        print(f"DOES NOT FIT: {p}", file=sys.stderr)
+    if not problems:
+        peak = max(reports, key=lambda r: r.total)
+        print(
+            f"fits: peak {peak.total / GiB:.2f} GiB per chip ({peak.name}) of {capacity / GiB:.0f}"
+        )
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    app.run(lambda argv: sys.exit(main(argv)))

@@ -1,0 +1,34 @@
+"""Partition specs for the model's own `jax.shard_map` regions (splash attention, MoE).
+
+A few model functions run per device inside `jax.shard_map` over the mesh in context
+(`jax.set_mesh`). They name their arrays' dimensions with the same logical axes as the
+parameters ("batch", "heads", "kv_heads", ...), and this maps them with
+`sharding.LOGICAL_RULES`, keeping only the mesh axes the context mesh has and, as
+`sharding.logical_to_spec` does, only those that divide the dimension (the rest is
+replicated). Model code therefore still names logical axes only (sharding is data).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+from jax.sharding import PartitionSpec
+
+
+def context_mesh():
+    """The mesh in context, or None (no `jax.set_mesh`, or a single device)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return None if mesh.empty or mesh.size == 1 else mesh
+
+
+def spec(mesh, names: Sequence[str | None], shape: Sequence[int]) -> PartitionSpec:
+    """PartitionSpec of an array of `shape` with logical dimension `names` on `mesh`."""
+    from gspo_jax import sharding
+
+    def present(target):
+        axes = (target,) if isinstance(target, str) else tuple(target or ())
+        return tuple(a for a in axes if a in mesh.shape)
+
+    rules = {n: present(sharding.LOGICAL_RULES.get(n)) for n in names if n is not None}
+    return sharding.logical_to_spec(names, shape, mesh, rules)

@@ -1,0 +1,83 @@
+"""The TPU path, compiled without a TPU: `python -m gspo_jax.aot` on the tiny config.
+
+- the whole RL step of configs/default.py (sampler prefill and decode, log-probs,
+  advantages, train step) compiles for v5e:2x2 (4 chips) with the splash kernel, fits,
+  and the command prints its table and exits 0;
+- a configuration that does not fit (the einsum attention at a 32k-token response) exits
+  1 with a message naming the function and the shortfall.
+
+The command runs in a subprocess with libtpu importable (launch/test.sh installs it into
+.libtpu/; any environment with `pip install -r requirements-tpu.txt` works too). Without
+libtpu these tests skip, unless GSPO_REQUIRE_LIBTPU=1 (set by launch/test.sh, so CI fails
+rather than skips).
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LIBTPU_DIR = ROOT / ".libtpu"
+GiB = 2**30
+TINY = ["--config=configs/default.py", "--topology=v5e:2x2", "--config.warm_start.steps=0"]
+
+
+@pytest.fixture(scope="module")
+def env():
+    env = dict(os.environ)
+    paths = [str(ROOT)] + ([str(LIBTPU_DIR)] if LIBTPU_DIR.is_dir() else [])
+    env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [env.get("PYTHONPATH")] if p])
+    env.pop("XLA_FLAGS", None)  # conftest's fake CPU devices are not needed here
+    found = subprocess.run([sys.executable, "-c", "import libtpu"], env=env, check=False)
+    if found.returncode:
+        message = "libtpu is not importable (pip install -r requirements-tpu.txt)"
+        if os.environ.get("GSPO_REQUIRE_LIBTPU") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return env
+
+
+def _aot(env, tmp_path, *args):
+    out = tmp_path / "reports.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "gspo_jax.aot", *args, f"--json={out}"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
+    reports = json.loads(out.read_text()) if out.exists() else None
+    return proc, reports
+
+
+def test_tiny_rl_step_compiles_for_a_tpu_slice(env, tmp_path):
+    proc, reports = _aot(env, tmp_path, *TINY)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    names = [r["name"] for r in reports]
+    assert names == ["sampler prefill", "sampler decode", "logprobs", "advantages", "train step"]
+    for r in reports:
+        assert r["error"] is None and r["compile_s"] > 0, r
+        assert 0 < r["total"] < 16 * GiB, r  # a v5e chip
+    train = reports[-1]
+    assert train["alias"] > 0 and train["flops"] > 0  # the train state is donated
+    assert "attention splash" in proc.stdout and "| train step |" in proc.stdout
+    assert "fits: peak" in proc.stdout
+
+
+def test_a_config_that_does_not_fit_names_function_and_shortfall(env, tmp_path):
+    proc, _ = _aot(
+        env,
+        tmp_path,
+        *TINY,
+        "--functions=logprobs",
+        "--config.model.attention_impl=xla",
+        "--config.response_length=32768",
+    )
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "DOES NOT FIT: logprobs needs" in proc.stderr and "GiB short" in proc.stderr
