@@ -59,6 +59,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.reward_scale = False  # with reward_norm: divide by the std only (both/neither: z-score)
     c.old_logprobs_source = "recompute"  # pi_old: "recompute" (a forward pass of the rollout
     # policy) or "sampler" (the sampler's own log-probs, paper §5.4: saves that pass)
+    c.shared_prompt = True  # train step and log-prob pass: each prompt's tokens through the
+    # model once per group, its G responses attending to them (dense models; the same numbers)
     c.logprob_chunk_size = 256  # tokens per chunk of the chunked log-softmax: [B, T, V] f32
     # logits never exist (docs/architecture.md); larger chunks are faster, smaller use less memory
     c.invalid_reward = "mask"  # NaN / non-numeric / failed-verifier rewards: "mask" (excluded

@@ -325,6 +325,8 @@ def step_config(config, model_config: models.ModelConfig) -> StepConfig:
         logprob_chunk_size=int(config.logprob_chunk_size),
         routing_replay=bool(config.model.routing_replay),
         token_advantages=bool(config.add_token_level_kl),
+        group_size=int(config.num_return_sequences_in_group),
+        shared_prompt=bool(config.shared_prompt),
     )
 
 

@@ -21,8 +21,10 @@ B = N * G
 
 
 def _sc(cfg, **overrides) -> StepConfig:
-    """The train step's config at configs/base.py's defaults, with `overrides`."""
-    return dataclasses.replace(step_config(base_config.get_config(), cfg), **overrides)
+    """The train step's config at configs/base.py's defaults, with `overrides`. Every row
+    of `_batch` has its own prompt, so the prompt is not shared (test_shared_prompt.py)."""
+    sc = step_config(base_config.get_config(), cfg)
+    return dataclasses.replace(sc, shared_prompt=False, **overrides)
 
 
 @pytest.fixture(scope="module")
