@@ -377,9 +377,12 @@ def train_step(step_config: StepConfig, tx: optax.GradientTransformation, state:
         )
         return (step + finite.astype(step.dtype), params, opt_state), metrics
 
-    (step, params, opt_state), per_update = jax.lax.scan(
-        update, (state.step, state.params, state.opt_state), jnp.arange(num_updates)
-    )
+    carry = (state.step, state.params, state.opt_state)
+    if num_updates == 1:  # one update per rollout: no loop (its carry copied the state)
+        (step, params, opt_state), metrics = update(carry, 0)
+        per_update = jax.tree.map(lambda x: x[None], metrics)
+    else:
+        (step, params, opt_state), per_update = jax.lax.scan(update, carry, jnp.arange(num_updates))
     metrics = {}
     for key, values in per_update.items():
         if key in _MIN_KEYS:
