@@ -108,6 +108,19 @@ def train_flops(cfg: models.ModelConfig, batch: int, prompt_len: int, response_l
     return 3.0 * forward_flops(cfg, batch, prompt_len + response_len, response_len)
 
 
+def train_flops_shared_prompt(
+    cfg: models.ModelConfig, prompts: int, group: int, prompt_len: int, response_len: int
+):
+    """`train_flops` of N prompts x G responses when each prompt goes through the model once
+    (`shared_prompt`): N·P prompt tokens (causal among themselves) and N·G·T response
+    tokens, each response attending to its prompt and to itself (causal)."""
+    n, g, p, t = prompts, group, prompt_len, response_len
+    per_token = 2.0 * matmul_params(cfg)
+    prompt = n * p * (per_token + attention_flops(cfg, p / 2))
+    response = n * g * t * (per_token + attention_flops(cfg, p + t / 2) + unembed_flops(cfg))
+    return 3.0 * (prompt + response)
+
+
 def decode_step_flops(cfg: models.ModelConfig, batch: int, keys: float) -> float:
     """FLOPs of one decode step: `batch` new tokens, each attending to `keys` cached keys."""
     return batch * (2.0 * matmul_params(cfg) + unembed_flops(cfg) + attention_flops(cfg, keys))

@@ -2,6 +2,13 @@
 
   python benchmarks/rl_step.py                         # tiny preset (CPU, ~1 minute)
   python benchmarks/rl_step.py --preset=qwen3_0p6b     # Qwen3-0.6B shapes (GPU/TPU)
+  python benchmarks/rl_step.py --preset=trl_anchor [--profile] [--shared_prompt=16:64,256:256]
+      one whole RL step of TRL's GSPO example geometry (benchmarks/anchor_spec.py; TRL's
+      side: benchmarks/trl_anchor.py), by phase: sample, score (decode + reward on text),
+      advantages, train step; FLOP ratios per round against the matmul rate measured just
+      before. --profile: a train step's top XLA ops (jax.profiler trace, kept on disk).
+      --shared_prompt: the train step with each prompt once per group vs G times, at
+      prompt:response lengths (alternating rounds, median speedup).
 
 Everything is a ratio measured in the same run, because shared machines drift:
   train MFU     model FLOPs of one jitted train step (benchmarks/common.py: 6·N per token
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import statistics
 import time
@@ -32,7 +40,7 @@ import numpy as np
 import optax
 
 from configs import base
-from gspo_jax import advantages, data, models, optim, rollout, sampling
+from gspo_jax import advantages, data, models, optim, rollout, sampling, train_step
 from gspo_jax.config import sampler_kwargs, step_config
 from gspo_jax.train_step import TrainState, make_train_step
 
@@ -270,12 +278,18 @@ def bench_whole_step(preset, cfg, reps: int, profile: bool):
     flops = anchor_spec.model_flops_per_step(common.matmul_params(cfg))
     b, p, t = preset["prompts"] * preset["group"], preset["prompt_len"], preset["response_len"]
     assert abs(flops["train"] / common.train_flops(cfg, b, p, t) - 1) < 1e-9  # one FLOP model
+    # FLOPs the train step computes: with the prompt once per group, fewer than the
+    # repeated-prompt count of the FLOP model (flops["train"], the issue's yardstick).
+    computed = flops["train"]
+    if train_step.shared_group(runner.step_config, 1) > 1:
+        computed = common.train_flops_shared_prompt(cfg, preset["prompts"], preset["group"], p, t)
     rounds = []
     for _ in range(reps):
         rate = common.matmul_rate()
         times = runner.run()
         times["rate"] = rate
-        times["train_over_matmul"] = flops["train"] / times["train"] / rate
+        times["train_over_matmul"] = computed / times["train"] / rate
+        times["train_repeated_over_matmul"] = flops["train"] / times["train"] / rate
         times["sample_over_matmul"] = flops["generation"] / times["sample"] / rate
         times["step_over_matmul"] = flops["step"] / times["step"] / rate
         rounds.append(times)
@@ -286,6 +300,7 @@ def bench_whole_step(preset, cfg, reps: int, profile: bool):
         "step/generated_tokens": med["generated"],
         **{f"step/{k}_s": med[k] for k in ("step", "sample", "score", "advantages", "train")},
         "step/train_flops_over_matmul": med["train_over_matmul"],
+        "step/train_repeated_prompt_flops_over_matmul": med["train_repeated_over_matmul"],
         "step/sample_flops_over_matmul": med["sample_over_matmul"],
         "step/step_flops_over_matmul": med["step_over_matmul"],
         "step/rounds": [
@@ -306,6 +321,43 @@ def bench_whole_step(preset, cfg, reps: int, profile: bool):
         runner.state = holder["state"]
         common.print_top_ops(total, title=f"Train step by XLA op (trace in {directory})")
     return result
+
+
+def bench_shared_prompt(preset, cfg, reps: int, prompt_len: int, response_len: int):
+    """The train step with each prompt once per group (`shared_prompt`, the default) and with
+    the prompt repeated G times, alternating in rounds (median per-round speedup), on a
+    rollout-shaped batch: N prompts of `prompt_len` tokens, G responses of `response_len`."""
+    n, g = preset["prompts"], preset["group"]
+    b, p, t = n * g, prompt_len, response_len
+    config = anchor_config(preset)
+    config.response_length = t
+    rng = np.random.default_rng(0)
+    prompt = np.repeat(rng.integers(0, cfg.vocab_size, (n, p)), g, axis=0)
+    tokens = np.concatenate([prompt, rng.integers(0, cfg.vocab_size, (b, t))], axis=1)
+    batch = {
+        "tokens": jnp.asarray(tokens, jnp.int32),
+        "attention_mask": jnp.ones((b, p + t), jnp.int32),
+        "response_mask": jnp.ones((b, t), jnp.float32),
+        "old_logprobs": jnp.asarray(-rng.random((b, t)) * 5, jnp.float32),
+        "advantages": jnp.asarray(rng.normal(size=b), jnp.float32),
+    }
+    tx = optim.make_optimizer(config.optim, 1000)
+    params = jax.jit(models.init_params, static_argnums=0)(cfg, jax.random.PRNGKey(0))
+    steps = {}
+    for shared in (True, False):
+        config.shared_prompt = shared
+        sc = step_config(config, cfg)
+        fn = make_train_step(sc, tx, donate=False)
+        state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+        jax.block_until_ready(fn(state, batch))  # compile
+        steps[shared] = functools.partial(fn, state, batch)
+    rounds = [(common.seconds(steps[True]), common.seconds(steps[False])) for _ in range(reps)]
+    key = f"shared_prompt/P{p}_T{t}_G{g}"
+    return {
+        f"{key}/shared_s": statistics.median(r[0] for r in rounds),
+        f"{key}/repeated_s": statistics.median(r[1] for r in rounds),
+        f"{key}/speedup": statistics.median(r[1] / r[0] for r in rounds),
+    }
 
 
 def bench_sampler(preset, cfg, rate, baseline: bool):
@@ -352,6 +404,12 @@ def main():
     ap.add_argument(
         "--profile", action="store_true", help="whole-step preset: top XLA ops of a train step"
     )
+    ap.add_argument(
+        "--shared_prompt",
+        default="",
+        help="whole-step preset: P:T pairs (e.g. 16:64,256:256) at which to time the train "
+        "step with the prompt once per group against G times",
+    )
     args = ap.parse_args()
     preset = PRESETS[args.preset]
     cfg = models.ModelConfig(
@@ -371,6 +429,9 @@ def main():
     }
     if preset.get("whole_step"):
         results.update(bench_whole_step(preset, cfg, args.reps, args.profile))
+        for pair in filter(None, args.shared_prompt.split(",")):
+            p, t = (int(x) for x in pair.split(":"))
+            results.update(bench_shared_prompt(preset, cfg, args.reps, p, t))
     if not args.skip_train and not preset.get("whole_step"):
         results.update(bench_train(preset, cfg, rate))
     if not args.skip_sampler and not preset.get("whole_step"):
