@@ -165,12 +165,40 @@ def profile_ops(fn, *args, compiled_text: str = "", trace_dir: str | None = None
     return total, directory
 
 
+# Op categories of a train-step profile, by the jax operation an XLA op came from (first
+# match wins): einsum specs name the attention and the log-prob (unembedding) products.
+OP_CATEGORIES = (
+    ("attention einsums", ("rc,", "rs,", "rp,", "rw,", "ls,")),
+    ("unembedding / log-probs", ("d,dv", "v,dv", "d,btv", "logprob")),
+    ("weight matmuls", ("dot_general",)),
+    ("layer-scan bookkeeping", ("dynamic_update_slice", "dynamic_slice", "broadcast_in_dim")),
+)
+
+
+def op_categories(total: collections.Counter) -> dict[str, float]:
+    """Share of a `profile_ops` count in each of OP_CATEGORIES (the rest: "elementwise and
+    other": norms, RoPE, softmax, SiLU, the optimizer, layout copies)."""
+    whole = sum(total.values()) or 1
+    shares = {name: 0.0 for name, _ in OP_CATEGORIES}
+    shares["elementwise and other"] = 0.0
+    for op, ns in total.items():
+        name = next(
+            (n for n, keys in OP_CATEGORIES if any(k in op for k in keys)),
+            "elementwise and other",
+        )
+        shares[name] += ns / whole
+    return shares
+
+
 def print_top_ops(total: collections.Counter, top: int = 20, title: str = "") -> None:
     """The `top` ops of a `profile_ops` count, in ms and as a share of the sum."""
     whole = sum(total.values()) or 1
     print(f"\n{title} ({whole / 1e6:.1f} ms of op time in all, summed over threads)")
     for name, ns in total.most_common(top):
         print(f"  {ns / 1e6:8.2f} ms  {100 * ns / whole:5.1f}%  {name[:150]}")
+    print("by category:")
+    for name, share in op_categories(total).items():
+        print(f"  {100 * share:5.1f}%  {name}")
 
 
 # --------------------------------------------------------------------------------- baselines
