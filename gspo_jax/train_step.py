@@ -29,6 +29,10 @@ Batch (a dict of arrays, leading axis B):
   advantages      f32   [B] or [B, T]
   ref_logprobs    f32   [B, T]   only with use_kl_loss
   routing         int32 [B, layers, L, k]  only with routing replay (MoE, paper §5.3)
+
+Rows n·G … n·G+G−1 are the G responses to prompt n (as `rollout.collect` lays them out):
+with `shared_prompt` the model reads each prompt once, from the first row of its group
+(`shared_group`), and the numbers equal the repeated-prompt computation.
 """
 
 from __future__ import annotations
