@@ -18,7 +18,12 @@ Run as scripts (`python benchmarks/<name>.py`): this module is imported as `comm
 
 from __future__ import annotations
 
+import collections
+import glob
+import os
+import re
 import statistics
+import tempfile
 import time
 
 import jax
@@ -103,9 +108,97 @@ def train_flops(cfg: models.ModelConfig, batch: int, prompt_len: int, response_l
     return 3.0 * forward_flops(cfg, batch, prompt_len + response_len, response_len)
 
 
+def train_flops_shared_prompt(
+    cfg: models.ModelConfig, prompts: int, group: int, prompt_len: int, response_len: int
+):
+    """`train_flops` of N prompts x G responses when each prompt goes through the model once
+    (`shared_prompt`): N·P prompt tokens (causal among themselves) and N·G·T response
+    tokens, each response attending to its prompt and to itself (causal)."""
+    n, g, p, t = prompts, group, prompt_len, response_len
+    per_token = 2.0 * matmul_params(cfg)
+    prompt = n * p * (per_token + attention_flops(cfg, p / 2))
+    response = n * g * t * (per_token + attention_flops(cfg, p + t / 2) + unembed_flops(cfg))
+    return 3.0 * (prompt + response)
+
+
 def decode_step_flops(cfg: models.ModelConfig, batch: int, keys: float) -> float:
     """FLOPs of one decode step: `batch` new tokens, each attending to `keys` cached keys."""
     return batch * (2.0 * matmul_params(cfg) + unembed_flops(cfg) + attention_flops(cfg, keys))
+
+
+# --------------------------------------------------------------------------------- profiling
+
+
+def hlo_op_sources(compiled_text: str) -> dict[str, str]:
+    """XLA op name -> the jax operation it came from (the HLO's op_name metadata), from a
+    compiled function's `.as_text()`, with the jit / transpose wrappers shortened."""
+    names = {}
+    for line in compiled_text.splitlines():
+        match = re.match(r'\s+(?:ROOT )?%?(\S+) = .*?op_name="([^"]+)"', line)
+        if match:
+            op = re.sub(r"jit\((\w+)\)/", "", match.group(2))
+            names[match.group(1)] = re.sub(r"\w+\.<locals>\.", "", op)
+    return names
+
+
+def profile_ops(fn, *args, compiled_text: str = "", trace_dir: str | None = None):
+    """(Counter op -> ns, trace directory) of one call of fn(*args) under jax.profiler.
+
+    XLA:CPU's per-op events (thunks on the XLA Eigen threads) are summed by op, and named
+    by the jax operation they came from when `compiled_text` (the compiled HLO of fn) is
+    given. The trace stays in `trace_dir` (TensorBoard / Perfetto can open it).
+    """
+    names = hlo_op_sources(compiled_text)
+    directory = trace_dir or tempfile.mkdtemp(prefix="trace_")
+    with jax.profiler.trace(directory):
+        jax.block_until_ready(fn(*args))
+    path = max(glob.glob(os.path.join(directory, "**", "*.xplane.pb"), recursive=True))
+    data = jax.profiler.ProfileData.from_file(path)
+    total = collections.Counter()
+    for plane in data.planes:
+        for line in plane.lines:
+            if not line.name.startswith("tf_XLA"):
+                continue
+            for ev in line.events:
+                if "ThunkExecutor" not in ev.name:
+                    total[names.get(ev.name, ev.name)] += ev.duration_ns
+    return total, directory
+
+
+# Op categories of a train-step profile, by the jax operation an XLA op came from (first
+# match wins): einsum specs name the attention and the log-prob (unembedding) products.
+OP_CATEGORIES = (
+    ("attention einsums", ("rc,", "rs,", "rp,", "rw,", "ls,")),
+    ("unembedding / log-probs", ("d,dv", "v,dv", "d,btv", "logprob")),
+    ("weight matmuls", ("dot_general",)),
+    ("layer-scan bookkeeping", ("dynamic_update_slice", "dynamic_slice", "broadcast_in_dim")),
+)
+
+
+def op_categories(total: collections.Counter) -> dict[str, float]:
+    """Share of a `profile_ops` count in each of OP_CATEGORIES (the rest: "elementwise and
+    other": norms, RoPE, softmax, SiLU, the optimizer, layout copies)."""
+    whole = sum(total.values()) or 1
+    shares = {name: 0.0 for name, _ in OP_CATEGORIES}
+    shares["elementwise and other"] = 0.0
+    for op, ns in total.items():
+        name = next(
+            (n for n, keys in OP_CATEGORIES if any(k in op for k in keys)),
+            "elementwise and other",
+        )
+        shares[name] += ns / whole
+    return shares
+
+
+def print_top_ops(total: collections.Counter, top: int = 20, title: str = "") -> None:
+    """The `top` ops of a `profile_ops` count, in ms and as a share of the sum."""
+    whole = sum(total.values()) or 1
+    print(f"\n{title} ({whole / 1e6:.1f} ms of op time in all, summed over threads)")
+    for name, ns in total.most_common(top):
+        print(f"  {ns / 1e6:8.2f} ms  {100 * ns / whole:5.1f}%  {name[:150]}")
+    print("by category:")
+    for name, share in op_categories(total).items():
+        print(f"  {100 * share:5.1f}%  {name}")
 
 
 # --------------------------------------------------------------------------------- baselines

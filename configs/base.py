@@ -62,6 +62,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # update's ratios are exactly 1, also in bf16) or "sampler" (the sampler's log-probs,
     # paper §5.4: saves that pass; the first update's ratios then carry the train/inference
     # mismatch, logged as policy/ratio_noise_floor and sampler/*)
+    c.shared_prompt = True  # train step and log-prob pass: each prompt's tokens through the
+    # model once per group, its G responses attending to them (dense models; the same numbers)
     c.logprob_chunk_size = 256  # tokens per chunk of the chunked log-softmax: [B, T, V] f32
     # logits never exist (docs/architecture.md); larger chunks are faster, smaller use less memory
     c.invalid_reward = "mask"  # NaN / non-numeric / failed-verifier rewards: "mask" (excluded

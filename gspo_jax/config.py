@@ -366,7 +366,8 @@ def _ranges(config) -> None:
             "positive integers"
         )
 
-    _number(config, "optim.learning_rate", low=0.0, low_open=True)
+    # 0 is allowed: a run whose policy never moves measures the ratio's noise floor.
+    _number(config, "optim.learning_rate", low=0.0)
     _int(config, "optim.warmup_steps", minimum=0)
     _number(config, "optim.end_lr_ratio", low=0.0, high=1.0)
     _number(config, "optim.weight_decay", low=0.0)
@@ -630,6 +631,8 @@ def step_config(config, model_config: models.ModelConfig) -> StepConfig:
         old_logprobs_source=config.old_logprobs_source,
         routing_replay=bool(config.model.routing_replay),
         token_advantages=bool(config.add_token_level_kl),
+        group_size=int(config.num_return_sequences_in_group),
+        shared_prompt=bool(config.shared_prompt),
     )
 
 

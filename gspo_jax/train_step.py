@@ -46,6 +46,10 @@ Batch (a dict of arrays, leading axis B):
                                  old_logprobs_source="sampler"
   advantages      f32   [B] or [B, T]
   ref_logprobs    f32   [B, T]   only with use_kl_loss
+
+Rows n·G … n·G+G−1 are the G responses to prompt n (as `rollout.collect` lays them out):
+with `shared_prompt` the model reads each prompt once, from the first row of its group
+(`shared_group`), and the numbers equal the repeated-prompt computation.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ from gspo_jax import logprobs as logprobs_lib
 from gspo_jax import models, objectives
 from gspo_jax import sharding as sharding_lib
 from gspo_jax.masked import masked_mean, row_mean
+from gspo_jax.models.attention import resolve_impl
 
 
 @flax.struct.dataclass
@@ -100,6 +105,8 @@ class StepConfig:
     old_logprobs_source: str  # "recompute": π_old from this step's own pass; "sampler"
     routing_replay: bool  # force π_old's expert choices in every update (MoE, paper §5.3)
     token_advantages: bool  # advantages are [B, T] (add_token_level_kl), not [B]
+    group_size: int  # G: rows n·G … n·G+G−1 of a batch share prompt n
+    shared_prompt: bool  # each prompt through the model once per group (`shared_group`)
 
     @property
     def is_moe(self) -> bool:
@@ -110,6 +117,28 @@ class StepConfig:
         """Whether the step runs the π_old pass: to recompute π_old, or for π_old's MoE
         routing (replayed, and compared with every update's)."""
         return self.old_logprobs_source == "recompute" or self.is_moe
+
+
+def shared_group(step_config: StepConfig, splits: int) -> int:
+    """Responses per prompt that the model sees together in a batch split into `splits`
+    strided parts (mini-batches x micro-batches), or 1: no sharing.
+
+    Part p of a strided split holds rows p, p+splits, p+2·splits, ...: when `splits`
+    divides G, every run of G/splits consecutive rows of a part are responses to one
+    prompt, which then goes through the model once for them (`models.hidden_states_shared`)
+    instead of once per response. Off (1) with `shared_prompt` off, with MoE models (the
+    routing arrays are per repeated row), when the split does not keep groups together, and
+    when the model's attention is a fused kernel (splash, cuDNN: the shared layout runs the
+    einsum attention, whose scores would be materialised). Call it at trace time: the
+    kernel depends on the platform compiled for.
+    """
+    g = step_config.group_size
+    cfg = step_config.model
+    if not step_config.shared_prompt or cfg.num_moe_layers or g % splits:
+        return 1
+    if resolve_impl(cfg.attention_impl, dtype=cfg.dtype) != "xla":
+        return 1
+    return g // splits
 
 
 def batch_ndims(step_config: StepConfig) -> dict[str, int]:
@@ -165,6 +194,7 @@ def response_logprobs(
     response_len: int,
     *,
     routing=None,
+    group: int = 1,
 ):
     """(log π(response token) [B, T], entropy [B, T], routing [M, B, L, X]: the router's own
     top-k, also when `routing` forces the experts that run) without
@@ -172,14 +202,36 @@ def response_logprobs(
 
     The hidden state at position j predicts token j+1, so the T response tokens (the last T
     of the row) are predicted by hidden states L−T−1 … L−2.
+
+    group > 1 (`shared_group`): rows n·group … n·group+group−1 repeat one prompt, which
+    the model then runs once for them (`models.hidden_states_shared`); the same numbers.
     """
-    hidden_BLD, routing_out = models.hidden_states(
-        step_config.model, params, tokens_BL, attention_mask_BL, routing=routing
-    )
     length = tokens_BL.shape[1]
     prompt_len = length - response_len
-    hidden_BTD = hidden_BLD[:, prompt_len - 1 : length - 1]
     targets_BT = tokens_BL[:, prompt_len:]
+    if group > 1:
+        if routing is not None:
+            raise ValueError("response_logprobs: a shared prompt (group > 1) takes no routing")
+        mask_BT = attention_mask_BL[:, prompt_len:]
+        prompt_hidden_NPD, hidden_BTD = models.hidden_states_shared(
+            step_config.model,
+            params,
+            tokens_BL[::group, :prompt_len],
+            attention_mask_BL[::group, :prompt_len],
+            targets_BT,
+            mask_BT,
+        )
+        # Response token 0 is predicted by the prompt's last position (its gradient then
+        # sums over the group), token t by response position t − 1.
+        first_BD = jnp.repeat(prompt_hidden_NPD[:, -1:], group, axis=0)
+        hidden_BTD = jnp.concatenate([first_BD, hidden_BTD[:, :-1]], axis=1)
+        cfg = step_config.model
+        routing_out = jnp.zeros((0, *tokens_BL.shape, cfg.num_experts_per_tok), jnp.int32)
+    else:
+        hidden_BLD, routing_out = models.hidden_states(
+            step_config.model, params, tokens_BL, attention_mask_BL, routing=routing
+        )
+        hidden_BTD = hidden_BLD[:, prompt_len - 1 : length - 1]
     logp_BT, entropy_BT = logprobs_lib.token_logprobs(
         hidden_BTD,
         models.unembedding(step_config.model, params),
@@ -191,14 +243,23 @@ def response_logprobs(
     return logp_BT, entropy_BT, routing_out
 
 
-def _micro_loss(step_config: StepConfig, params, mb, num_valid_tokens, num_valid_seqs):
-    """Loss of one micro-batch, divided by the whole mini-batch's denominators."""
+def _micro_loss(
+    step_config: StepConfig, params, mb, num_valid_tokens, num_valid_seqs, *, group: int = 1
+):
+    """Loss of one micro-batch, divided by the whole mini-batch's denominators (group:
+    `shared_group` of this micro-batch)."""
     response_len = mb["response_mask"].shape[1]
     routing = None
     if step_config.routing_replay:
         routing = jnp.moveaxis(mb["old_routing"], 0, 1)  # [B, M, L, X] -> [M, B, L, X]
     logp_BT, entropy_BT, routing_MBLX = response_logprobs(
-        step_config, params, mb["tokens"], mb["attention_mask"], response_len, routing=routing
+        step_config,
+        params,
+        mb["tokens"],
+        mb["attention_mask"],
+        response_len,
+        routing=routing,
+        group=group,
     )
     mask_BT = mb["response_mask"]
     denominators = {
@@ -337,10 +398,16 @@ def _old_policy_pass(step_config: StepConfig, params, mini_batches) -> dict:
     exactly these numbers."""
     inputs = {k: mini_batches[k] for k in ("tokens", "attention_mask", "response_mask")}
     num_micro = _num_micro(step_config, inputs["tokens"].shape[1])
+    group = shared_group(step_config, step_config.num_mini_batches * num_micro)
 
     def one_micro(mb):
         logp_BT, _, routing_MBLX = response_logprobs(
-            step_config, params, mb["tokens"], mb["attention_mask"], mb["response_mask"].shape[1]
+            step_config,
+            params,
+            mb["tokens"],
+            mb["attention_mask"],
+            mb["response_mask"].shape[1],
+            group=group,
         )
         out = {"old_logprobs": logp_BT}
         if step_config.is_moe:
@@ -367,7 +434,8 @@ def _mini_batch_grads(step_config: StepConfig, params, mini):
     num_valid_tokens = jnp.sum(mask_BT)
     num_valid_seqs = jnp.sum(jnp.any(mask_BT > 0, axis=-1).astype(jnp.float32))
     seq_weighted = _seq_weighted(step_config)
-    loss_fn = functools.partial(_micro_loss, step_config)
+    group = shared_group(step_config, step_config.num_mini_batches * num_micro)
+    loss_fn = functools.partial(_micro_loss, step_config, group=group)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     micro_batches = jax.tree.map(lambda x: _strided_split(x, num_micro), mini)
@@ -455,9 +523,12 @@ def train_step(step_config: StepConfig, tx: optax.GradientTransformation, state:
         )
         return (step + finite.astype(step.dtype), params, opt_state), metrics
 
-    (step, params, opt_state), per_update = jax.lax.scan(
-        update, (state.step, state.params, state.opt_state), jnp.arange(num_updates)
-    )
+    carry = (state.step, state.params, state.opt_state)
+    if num_updates == 1:  # one update per rollout: no loop (its carry copied the state)
+        (step, params, opt_state), metrics = update(carry, 0)
+        per_update = jax.tree.map(lambda x: x[None], metrics)
+    else:
+        (step, params, opt_state), per_update = jax.lax.scan(update, carry, jnp.arange(num_updates))
     metrics = {
         "sampler/logprob_gap_mean": per_update.pop("gap_mean")[0],
         "sampler/logprob_gap_max": per_update.pop("gap_max")[0],
@@ -515,11 +586,14 @@ def make_logprobs_fn(step_config: StepConfig):
     """Jitted log π(response tokens) of any params, the whole batch at once (π_ref; π_old
     for the token-level KL reward; the train step's own π_old pass is separate):
     fn(params, tokens_BL, attention_mask_BL, response_len) -> (logprobs [B, T],
-    entropy [B, T], routing [B, M, L, X], batch-major; [B, 0, L, 0] for dense models)."""
+    entropy [B, T], routing [B, M, L, X], batch-major; [B, 0, L, 0] for dense models).
+    The rows are laid out as a rollout's (the G responses of a prompt contiguous), so with
+    `shared_prompt` each prompt goes through the model once per group."""
 
     def fn(params, tokens_BL, attention_mask_BL, response_len):
+        group = shared_group(step_config, 1)
         logp, ent, routing = response_logprobs(
-            step_config, params, tokens_BL, attention_mask_BL, response_len
+            step_config, params, tokens_BL, attention_mask_BL, response_len, group=group
         )
         return logp, ent, jnp.moveaxis(routing, 1, 0)
 

@@ -289,8 +289,8 @@ def test_multi_process_prompt_batches_must_split_over_devices():
 @pytest.mark.parametrize(
     "field,value,match",
     [
-        ("optim.learning_rate", float("nan"), r"learning_rate=nan must be a finite number > 0"),
-        ("optim.learning_rate", 0.0, r"learning_rate=0.0 must be a finite number > 0"),
+        ("optim.learning_rate", float("nan"), r"learning_rate=nan must be a finite number >= 0"),
+        ("optim.learning_rate", -1e-6, r"learning_rate=-1e-06 must be a finite number >= 0"),
         ("optim.max_grad_norm", -1.0, r"max_grad_norm=-1.0 must be a finite number > 0"),
         ("optim.max_grad_norm", float("nan"), r"max_grad_norm=nan"),
         ("optim.b2", 1.5, r"optim.b2=1.5 must be a finite number in \[0, 1\)"),

@@ -21,8 +21,10 @@ B = N * G
 
 
 def _sc(cfg, **overrides) -> StepConfig:
-    """The train step's config at configs/base.py's defaults, with `overrides`."""
-    return dataclasses.replace(step_config(base_config.get_config(), cfg), **overrides)
+    """The train step's config at configs/base.py's defaults, with `overrides`. Every row
+    of `_batch` has its own prompt, so the prompt is not shared (test_shared_prompt.py)."""
+    sc = step_config(base_config.get_config(), cfg)
+    return dataclasses.replace(sc, shared_prompt=False, **overrides)
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +168,9 @@ def test_micro_batching_does_not_change_the_step(model):
         results.append((state.params, metrics))
     (p0, m0), (p1, m1) = results
     for a, b in zip(jax.tree.leaves(p0), jax.tree.leaves(p1)):
-        np.testing.assert_allclose(a, b, atol=1e-6)
+        # rtol: the two splits share each prompt over different group sizes (shared_prompt),
+        # so sums run in another order (measured: at most 2.5e-6 relative)
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     for key in ("loss", "pg_loss", "clipfrac", "ratio_max", "grad_norm", "entropy"):
         np.testing.assert_allclose(m0[key], m1[key], rtol=1e-4, atol=1e-6, err_msg=key)
 

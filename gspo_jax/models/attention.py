@@ -130,6 +130,55 @@ def attend_cached(q_BLHC, parts):
     return out_BLHC
 
 
+def attend_shared_prompt(q_NSHC, k_NSKC, v_NSKC, prompt_mask_NP, response_mask_NGT):
+    """`attend` over a shared-prompt row: each of N rows holds one prompt's P tokens
+    followed by its G responses of T tokens (S = P + G·T), and response g sees the prompt
+    and its own earlier tokens, never another response's.
+
+        prompt query i      the real prompt keys j ≤ i             (causal, as `attend`)
+        response g query t  the real prompt keys, then response g's real keys s ≤ t
+
+    One softmax per query over exactly the keys `attend` gives the same query in the
+    repeated layout ([N·G, P + T], the prompt copied G times), with `attend`'s arithmetic
+    (f32 scores scaled by 1/√C, f32-minimum masking, f32 softmax, probabilities cast to
+    the value dtype), so real queries agree with it to float rounding; padding queries
+    (no real key visible) get a uniform average, as there. The prompt's keys and values
+    are computed and read once per group; under autodiff their gradients are the sums
+    over the G responses that read them.
+    Returns out [N, S, H, C].
+    """
+    N, _, H, C = q_NSHC.shape
+    K = k_NSKC.shape[2]
+    R = H // K
+    P = prompt_mask_NP.shape[1]
+    _, G, T = response_mask_NGT.shape
+    dtype = v_NSKC.dtype
+    scale = C**-0.5
+    prompt_out = attend(q_NSHC[:, :P], k_NSKC[:, :P], v_NSKC[:, :P], causal_allowed(prompt_mask_NP))
+    q_NGTKRC = q_NSHC[:, P:].reshape(N, G, T, K, R, C)
+    k_NGTKC = k_NSKC[:, P:].reshape(N, G, T, K, C)
+    v_NGTKC = v_NSKC[:, P:].reshape(N, G, T, K, C)
+    # Scores against the prompt (shared by the group) and against the row's own response.
+    s_prompt = (
+        jnp.einsum("ngtkrc,npkc->nkgrtp", q_NGTKRC, k_NSKC[:, :P], preferred_element_type=F32)
+        * scale
+    )
+    s_prompt = jnp.where(
+        prompt_mask_NP.astype(bool)[:, None, None, None, None, :], s_prompt, F32_MIN
+    )
+    s_own = (
+        jnp.einsum("ngtkrc,ngskc->nkgrts", q_NGTKRC, k_NGTKC, preferred_element_type=F32) * scale
+    )
+    causal_TT = jnp.tril(jnp.ones((T, T), bool))
+    allowed_NGTT = causal_TT & response_mask_NGT.astype(bool)[:, :, None, :]
+    s_own = jnp.where(allowed_NGTT[:, None, :, None], s_own, F32_MIN)
+    probs = jax.nn.softmax(jnp.concatenate([s_prompt, s_own], axis=-1), axis=-1).astype(dtype)
+    out_NGTKRC = jnp.einsum("nkgrtp,npkc->ngtkrc", probs[..., :P], v_NSKC[:, :P])
+    out_NGTKRC = out_NGTKRC + jnp.einsum("nkgrts,ngskc->ngtkrc", probs[..., P:], v_NGTKC)
+    response_out = out_NGTKRC.reshape(N, G * T, H, C)
+    return jnp.concatenate([prompt_out, response_out], axis=1)
+
+
 # ------------------------------------------------------------------------- dispatch
 
 

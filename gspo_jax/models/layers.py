@@ -21,6 +21,8 @@ flattened, A = J·X token-expert assignments.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -92,7 +94,14 @@ class Proj(nnx.Module):
         self.dtype = jnp.dtype(cfg.dtype)
 
     def __call__(self, x):
-        y = jnp.tensordot(x.astype(self.dtype), self.kernel[...].astype(self.dtype), self.n_in)
+        # One 2-D matmul [tokens, in] x [in, out]: contracting several dims (or a [B, L, .]
+        # activation) makes XLA:CPU transpose the activation cotangent before each weight
+        # gradient, a copy as slow as the matmul itself (benchmarks/rl_step.py --profile).
+        kernel = self.kernel[...].astype(self.dtype)
+        lead, out_shape = x.shape[: x.ndim - self.n_in], kernel.shape[self.n_in :]
+        fan_in = math.prod(kernel.shape[: self.n_in])
+        y = jnp.dot(x.astype(self.dtype).reshape(-1, fan_in), kernel.reshape(fan_in, -1))
+        y = y.reshape(lead + out_shape)
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
         return y

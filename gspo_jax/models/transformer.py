@@ -63,11 +63,17 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from gspo_jax.models.attention import causal_allowed, resolve_impl, self_attention
+from gspo_jax.models.attention import (
+    attend_shared_prompt,
+    causal_allowed,
+    resolve_impl,
+    self_attention,
+)
 from gspo_jax.models.config import ModelConfig
 from gspo_jax.models.layers import MLP, Attention, MoE, RMSNorm, _param, rope_cos_sin
 
 F32 = jnp.float32
+_SCAN_UNROLL = 1
 
 
 class Block(nnx.Module):
@@ -212,6 +218,30 @@ def full_context(cfg: ModelConfig, mask_BL, *, keep_kv: bool = False) -> SelfAtt
     return SelfAttention(mask_BL, impl, keep_kv, allowed)
 
 
+@dataclasses.dataclass(frozen=True)
+class SharedPromptAttention:
+    """Attention context of the shared-prompt full-sequence pass (`hidden_states_shared`):
+    row n of the call holds prompt n's P tokens, then its G responses of T tokens
+    (`attention.attend_shared_prompt`). Always the einsum arithmetic (`attend`'s), whatever
+    `attention_impl` says; no cache entry."""
+
+    prompt_mask_NP: jax.Array
+    response_mask_NGT: jax.Array
+    layer_data = None  # nothing per layer
+
+    def __call__(self, layer_data, q_NSHC, k_NSKC, v_NSKC):
+        del layer_data
+        dtype = q_NSHC.dtype
+        out = attend_shared_prompt(
+            q_NSHC,
+            k_NSKC.astype(dtype),
+            v_NSKC.astype(dtype),
+            self.prompt_mask_NP,
+            self.response_mask_NGT,
+        )
+        return out, None
+
+
 class Embed(nnx.Module):
     """Token embedding table [V, D]."""
 
@@ -326,7 +356,7 @@ def _apply_layers(cfg: ModelConfig, stacks: dict, x_BLD, cos, sin, attention, ro
         scanned = run.repeats > 1
         unit = _unit_fn(run, layer_fn, policy, scanned)
         if scanned:
-            x_BLD, ys = jax.lax.scan(unit, x_BLD, xs)
+            x_BLD, ys = jax.lax.scan(unit, x_BLD, xs, unroll=_SCAN_UNROLL)
         else:  # one unit: no loop
             x_BLD, ys = unit(x_BLD, jax.tree.map(lambda a: a[0], xs))
             ys = jax.tree.map(lambda a: a[None], ys)
@@ -603,6 +633,43 @@ def hidden_states(model_config: ModelConfig, params, tokens_BL, attention_mask_B
     """
     _check_routing(model_config, tokens_BL, routing)
     return _run(model_config, params, tokens_BL, attention_mask_BL, routing)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def hidden_states_shared(
+    model_config: ModelConfig, params, prompt_tokens_NP, prompt_mask_NP, tokens_BT, mask_BT
+):
+    """`hidden_states` of B = N·G rows that repeat N prompts G times each, with every
+    prompt computed once: (prompt hidden [N, P, D], response hidden [B, T, D]).
+
+    Row b = n·G + g is prompt n (left padded, mask `prompt_mask_NP`) followed by response
+    tokens `tokens_BT[b]` (mask `mask_BT`). The hidden states equal those of
+    `hidden_states` on the repeated rows concat(prompt n, response b) at every real
+    position (float rounding aside): positions continue from the prompt's real length,
+    and each response attends to its prompt and its own earlier tokens
+    (`SharedPromptAttention`). The prompt's tokens go through the layers once instead of
+    G times, and autodiff sums their gradients over the G responses. Dense models only
+    (the MoE routing arrays are laid out per repeated row).
+    """
+    if model_config.num_moe_layers:
+        raise ValueError("hidden_states_shared: dense models only (MoE routing is per row)")
+    N, P = prompt_tokens_NP.shape
+    B, T = tokens_BT.shape
+    if B % N:
+        raise ValueError(f"hidden_states_shared: {B} response rows are not G per {N} prompts")
+    G = B // N
+    tokens_NS = jnp.concatenate([prompt_tokens_NP, tokens_BT.reshape(N, G * T)], axis=1)
+    prompt_pos_NP = positions_from_mask(prompt_mask_NP)
+    real_N = jnp.sum(prompt_mask_NP.astype(jnp.int32), axis=1)
+    response_pos_NGT = jnp.maximum(
+        real_N[:, None, None] + jnp.cumsum(mask_BT.astype(jnp.int32).reshape(N, G, T), -1) - 1,
+        0,
+    )
+    positions_NS = jnp.concatenate([prompt_pos_NP, response_pos_NGT.reshape(N, G * T)], axis=1)
+    context = SharedPromptAttention(prompt_mask_NP, mask_BT.reshape(N, G, T))
+    hidden_NSD, _, _ = merge(model_config, params)(tokens_NS, positions_NS, context, remat=True)
+    D = hidden_NSD.shape[-1]
+    return hidden_NSD[:, :P], hidden_NSD[:, P:].reshape(B, T, D)
 
 
 def unembedding(model_config: ModelConfig, params):
