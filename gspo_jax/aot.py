@@ -155,14 +155,9 @@ def model_config_for(config, preset: str | None) -> models.ModelConfig:
     if preset:
         if preset not in PRESETS:
             raise ValueError(f"--preset={preset!r}: known presets {sorted(PRESETS)}")
-        numerics = {
-            "param_dtype": m.param_dtype,
-            "dtype": m.dtype,
-            "remat": m.remat,
-            "moe_impl": m.moe_impl,
-            "attention_impl": m.attention_impl,
-        }
-        return models.ModelConfig.from_hf_config(PRESETS[preset], **numerics)
+        return models.ModelConfig.from_hf_config(
+            PRESETS[preset], **config_lib.model_numerics(config)
+        )
     if m.hf_path:
         return config_lib.model_config(config, tokenizer=None)
     import tempfile

@@ -517,24 +517,29 @@ def mesh_shape(config, num_devices: int) -> dict[str, int]:
 # ------------------------------------------------------------------------------ translation
 
 
-def model_config(config, tokenizer) -> models.ModelConfig:
-    """The policy's architecture and numerics.
-
-    With `model.hf_path`: the checkpoint's config.json, with the run's numerics
-    (param_dtype, dtype, remat, moe_impl, attention_impl). Otherwise the scratch model of `model.*`, its
-    vocabulary and special tokens taken from the tokenizer.
-    """
+def model_numerics(config) -> dict:
+    """The run's numerics, applied to any architecture (a checkpoint's, a preset's)."""
     m = config.model
-    numerics = {
+    return {
         "param_dtype": m.param_dtype,
         "dtype": m.dtype,
         "remat": m.remat,
         "moe_impl": m.moe_impl,
         "attention_impl": m.attention_impl,
     }
+
+
+def model_config(config, tokenizer) -> models.ModelConfig:
+    """The policy's architecture and numerics.
+
+    With `model.hf_path`: the checkpoint's config.json, with the run's `model_numerics`.
+    Otherwise the scratch model of `model.*`, its vocabulary and special tokens taken from
+    the tokenizer.
+    """
+    m = config.model
     if m.hf_path:
         hf = models.ModelConfig.from_hf_config(models.read_hf_config(m.hf_path))
-        return dataclasses.replace(hf, **numerics)
+        return dataclasses.replace(hf, **model_numerics(config))
     from gspo_jax import data
 
     return _scratch_model_config(
@@ -566,10 +571,7 @@ def _scratch_model_config(config, **tokens) -> models.ModelConfig:
         moe_intermediate_size=m.moe_intermediate_size if moe else 0,
         norm_topk_prob=moe,
         max_position_embeddings=max(4096, config.prompt_length + config.response_length),
-        param_dtype=m.param_dtype,
-        dtype=m.dtype,
-        remat=m.remat,
-        moe_impl=m.moe_impl,
+        **model_numerics(config),
         **tokens,
     )
 

@@ -439,3 +439,28 @@ def test_a_tokenizer_larger_than_the_model_vocabulary_is_an_error(tmp_path):
     small = data.make_char_tokenizer(tmp_path / "tok2")
     with pytest.raises(ConfigError, match=r"exceeds the .*max_position_embeddings"):
         check_model_against_tokenizer(c, cfg, small)
+
+
+@pytest.mark.parametrize("hf", [False, True])
+def test_model_config_carries_every_numerics_field(hf, tmp_path):
+    """config.model.{param_dtype, dtype, remat, moe_impl, attention_impl} reach the model,
+    from scratch and from a checkpoint (the scratch path once dropped attention_impl)."""
+    from gspo_jax import config as config_lib
+    from gspo_jax import data
+
+    c = default.get_config()
+    if hf:
+        c.model.hf_path = "tests/fixtures/models/qwen3"
+    c.model.update(
+        param_dtype="bfloat16", dtype="bfloat16", remat="dots", moe_impl="dense",
+        attention_impl="splash",
+    )  # fmt: skip
+    cfg = config_lib.model_config(c, None if hf else data.make_char_tokenizer(str(tmp_path)))
+    got = {k: getattr(cfg, k) for k in config_lib.model_numerics(c)}
+    assert got == {
+        "param_dtype": "bfloat16",
+        "dtype": "bfloat16",
+        "remat": "dots",
+        "moe_impl": "dense",
+        "attention_impl": "splash",
+    }
