@@ -187,7 +187,7 @@ def test_a_checkpoint_of_another_model_is_named_not_skipped(tiny, tmp_path):
     _, abstract = _state_and_abstract(wider)
     with pytest.raises(
         checkpoint.CheckpointError,
-        match=r"does not fit this run's state: .*down_proj/kernel saved \(32, 16\) vs now \(48, 16\)",
+        match=r"does not fit this run's state: .*down_proj/kernel saved \(1, 32, 16\) vs now \(1, 48, 16\)",
     ):
         _restore(directory, abstract)
     assert os.path.isdir(os.path.join(directory, "1"))  # not moved aside: it is not damaged
