@@ -136,7 +136,8 @@ def hlo_op_sources(compiled_text: str) -> dict[str, str]:
     for line in compiled_text.splitlines():
         match = re.match(r'\s+(?:ROOT )?%?(\S+) = .*?op_name="([^"]+)"', line)
         if match:
-            op = re.sub(r"jit\((\w+)\)/", "", match.group(2))
+            op = match.group(2).split("while/body/")[-1]  # a loop's ops by their own name
+            op = re.sub(r"jit\((\w+)\)/", "", op)
             names[match.group(1)] = re.sub(r"\w+\.<locals>\.", "", op)
     return names
 
@@ -160,7 +161,8 @@ def profile_ops(fn, *args, compiled_text: str = "", trace_dir: str | None = None
             if not line.name.startswith("tf_XLA"):
                 continue
             for ev in line.events:
-                if "ThunkExecutor" not in ev.name:
+                # executor bookkeeping and thread-pool waits are not op time
+                if "ThunkExecutor" not in ev.name and not ev.name.endswith("::Await"):
                     total[names.get(ev.name, ev.name)] += ev.duration_ns
     return total, directory
 

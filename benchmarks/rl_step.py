@@ -241,7 +241,7 @@ class WholeStep:
             "tokens": tokens_BL,
             "attention_mask": mask_BL,
             "response_mask": out.mask.astype(jnp.float32),
-            "old_logprobs": out.logprobs,
+            "sampler_logprobs": out.logprobs,  # π_old here (old_logprobs_source="sampler")
             "advantages": adv,
         }
 
@@ -341,7 +341,7 @@ def bench_shared_prompt(preset, cfg, reps: int, prompt_len: int, response_len: i
         "tokens": jnp.asarray(tokens, jnp.int32),
         "attention_mask": jnp.ones((b, p + t), jnp.int32),
         "response_mask": jnp.ones((b, t), jnp.float32),
-        "old_logprobs": jnp.asarray(-rng.random((b, t)) * 5, jnp.float32),
+        "sampler_logprobs": jnp.asarray(-rng.random((b, t)) * 5, jnp.float32),
         "advantages": jnp.asarray(rng.normal(size=b), jnp.float32),
     }
     tx = optim.make_optimizer(config.optim, 1000)

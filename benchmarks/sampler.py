@@ -49,14 +49,11 @@ from __future__ import annotations
 
 import argparse
 import collections
-import glob
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
-import tempfile
 
 import common
 import jax
@@ -194,10 +191,10 @@ def naive_sampler(cfg, params, tokens_NP, mask_NP, g, t, steps=8):
     return run
 
 
-def _op_categories(prefill, params, cfg) -> dict[str, str]:
-    """XLA op name -> the jax operation it came from (HLO metadata), for the profile."""
+def _decode_hlo(prefill, params, cfg) -> str:
+    """The compiled `_decode` program's text (its op names map profile events to jax ops)."""
     prompt, state, logits = prefill()[:3]
-    text = (
+    return (
         sampling._decode.lower(
             cfg, params, prompt, state, logits, np.zeros((0,), np.int32), np.int32(0),
             temperature=1.0, top_k=None, top_p=None,
@@ -205,33 +202,14 @@ def _op_categories(prefill, params, cfg) -> dict[str, str]:
         .compile()
         .as_text()
     )  # fmt: skip
-    names = {}
-    for line in text.splitlines():
-        match = re.match(r'\s+(?:ROOT )?%?(\S+) = .*?op_name="([^"]+)"', line)
-        if match:
-            op = match.group(2).split("while/body/")[-1]
-            names[match.group(1)] = re.sub(r"_decode\.<locals>\.|jit\((\w+)\)", r"\1", op)
-    return names
 
 
 def profile_decode(prefill, run, cfg, params, steps: int, top: int = 16):
     """Time per decode step by jax operation (jax.profiler trace of one `_decode` call,
     XLA:CPU ops mapped back to the einsum / primitive they came from)."""
-    names = _op_categories(prefill, params, cfg)
+    text = _decode_hlo(prefill, params, cfg)
     args = jax.block_until_ready(prefill()[:3])
-    directory = tempfile.mkdtemp()
-    with jax.profiler.trace(directory):
-        run(*args)
-    path = glob.glob(os.path.join(directory, "**", "*.xplane.pb"), recursive=True)[0]
-    data = jax.profiler.ProfileData.from_file(path)
-    total = collections.Counter()
-    for plane in data.planes:
-        for line in plane.lines:
-            if not line.name.startswith("tf_XLAEigen"):
-                continue
-            for ev in line.events:
-                if "ThunkExecutor" not in ev.name:
-                    total[names.get(ev.name, ev.name)] += ev.duration_ns
+    total, _ = common.profile_ops(run, *args, compiled_text=text)
     print(
         f"\nDecode step by operation (profiler on, {sum(total.values()) / 1e6 / steps:.3f} ms "
         "per step in all; dot_general = q/k/v/o and MLP projections, ...d,dv->...v = the "
