@@ -74,6 +74,7 @@ PRESETS = {
             "arch": "qwen2",
             "qkv_bias": True,
             **{k: v for k, v in anchor_spec.MODEL.items()},
+            "scan_layers": False,  # 4 small layers: unrolled is 1.2x faster (ModelConfig)
         },
         "prompts": anchor_spec.NUM_PROMPTS,
         "group": anchor_spec.GROUP,
@@ -403,7 +404,7 @@ def main():
     ap.add_argument("--baseline", action="store_true", help="also time a per-token Python loop")
     ap.add_argument("--skip_train", action="store_true")
     ap.add_argument("--skip_sampler", action="store_true")
-    ap.add_argument("--reps", type=int, default=3, help="whole-step preset: timed RL steps")
+    ap.add_argument("--reps", type=int, default=7, help="whole-step preset: timed RL steps")
     ap.add_argument(
         "--profile", action="store_true", help="whole-step preset: top XLA ops of a train step"
     )

@@ -81,6 +81,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.model.moe_impl = "ragged"  # MoE dispatch: "ragged" (sorted, lax.ragged_dot) | "dense"
     c.model.attention_impl = "auto"  # "auto" (splash on TPU, cudnn on GPU, xla on CPU) | "xla" |
     # "splash" | "cudnn": kernel of the full-sequence attention (gspo_jax/models/attention.py)
+    c.model.scan_layers = True  # full-sequence pass: one lax.scan over the stacked layers
+    # (compile time independent of depth); False: a Python loop, faster for a few small layers
     c.model.routing_replay = False  # MoE only: replay the rollout policy's expert choices in
     # the train step (paper §5.3; GRPO needs it on MoE, GSPO should not)
     # Architecture of a model trained from scratch (used when hf_path is None):

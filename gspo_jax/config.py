@@ -343,6 +343,7 @@ def _ranges(config) -> None:
         "reward_shift",
         "reward_scale",
         "model.routing_replay",
+        "model.scan_layers",
         "checkpoint.async_save",
         "checkpoint.export_hf",
         "log.progress_bar",
@@ -526,6 +527,7 @@ def model_numerics(config) -> dict:
         "remat": m.remat,
         "moe_impl": m.moe_impl,
         "attention_impl": m.attention_impl,
+        "scan_layers": m.scan_layers,
     }
 
 

@@ -58,6 +58,7 @@ FREE_ON_RESUME = (
     "model.remat",  # kernels and memory only: the same math (float rounding aside)
     "model.moe_impl",
     "model.attention_impl",
+    "model.scan_layers",
 )
 
 

@@ -443,7 +443,8 @@ def test_a_tokenizer_larger_than_the_model_vocabulary_is_an_error(tmp_path):
 
 @pytest.mark.parametrize("hf", [False, True])
 def test_model_config_carries_every_numerics_field(hf, tmp_path):
-    """config.model.{param_dtype, dtype, remat, moe_impl, attention_impl} reach the model,
+    """config.model.{param_dtype, dtype, remat, moe_impl, attention_impl, scan_layers} reach
+    the model (scan_layers=False differs from ModelConfig's default),
     from scratch and from a checkpoint (the scratch path once dropped attention_impl)."""
     from gspo_jax import config as config_lib
     from gspo_jax import data
@@ -453,7 +454,7 @@ def test_model_config_carries_every_numerics_field(hf, tmp_path):
         c.model.hf_path = "tests/fixtures/models/qwen3"
     c.model.update(
         param_dtype="bfloat16", dtype="bfloat16", remat="dots", moe_impl="dense",
-        attention_impl="splash",
+        attention_impl="splash", scan_layers=False,
     )  # fmt: skip
     cfg = config_lib.model_config(c, None if hf else data.make_char_tokenizer(str(tmp_path)))
     got = {k: getattr(cfg, k) for k in config_lib.model_numerics(c)}
@@ -463,4 +464,5 @@ def test_model_config_carries_every_numerics_field(hf, tmp_path):
         "remat": "dots",
         "moe_impl": "dense",
         "attention_impl": "splash",
+        "scan_layers": False,
     }

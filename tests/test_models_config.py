@@ -150,3 +150,29 @@ def test_rope_frequencies_match_formulas():
     np.testing.assert_allclose(inv_y[:4], want[:4], rtol=1e-6)
     np.testing.assert_allclose(inv_y[-4:], want[-4:] / 4, rtol=1e-6)
     assert np.all(inv_y <= want * (1 + 1e-6)) and np.all(inv_y >= want / 4 * (1 - 1e-6))
+
+
+def test_rope_rotates_each_pair_i_and_i_plus_half():
+    """apply_rope against the rotate-half formula written out in NumPy (transformers'
+    layout): pair (i, i + C/2) at position p turns by the angle p·inv_freq[i]; the norm of
+    each pair is kept, and position 0 is the identity."""
+    import jax.numpy as jnp
+
+    from gspo_jax.models.layers import apply_rope, rope_cos_sin
+
+    cfg = ModelConfig.from_hf_config(dict(QWEN3_0_6B, head_dim=8))
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 5, 3, 8)).astype(np.float32)
+    positions = np.array([[0, 1, 2, 3, 4], [0, 0, 1, 7, 100]])
+    cos, sin = rope_cos_sin(cfg, jnp.asarray(positions))
+    got = np.asarray(apply_rope(jnp.asarray(x), cos, sin))
+    inv, _ = cfg.rope_inv_freq_and_scale()
+    angle = positions[..., None, None] * inv.astype(np.float64)  # [B, L, 1, C/2]
+    x1, x2 = x[..., :4].astype(np.float64), x[..., 4:].astype(np.float64)
+    want = np.concatenate(
+        [x1 * np.cos(angle) - x2 * np.sin(angle), x2 * np.cos(angle) + x1 * np.sin(angle)], -1
+    )
+    np.testing.assert_allclose(got, want, atol=2e-5)
+    np.testing.assert_allclose(got[:, :1][0], x[:1, :1][0], atol=0)  # position 0: identity
+    norms = lambda a: np.hypot(a[..., :4], a[..., 4:])  # noqa: E731
+    np.testing.assert_allclose(norms(got), norms(x), rtol=1e-5)

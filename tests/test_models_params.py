@@ -251,15 +251,20 @@ ODD = dataclasses.replace(MOE, num_layers=5, mlp_only_layers=(0, 3))
     ],
     ids=["dense", "moe-2-layers", "sparse-step-2", "mlp-only-0-3"],
 )
-def test_scanned_layers_equal_an_unrolled_loop(cfg, runs):
+@pytest.mark.parametrize("scan", [True, False], ids=["scan", "scan_layers=False"])
+def test_scanned_layers_equal_an_unrolled_loop(cfg, runs, scan):
     """Same logits (and routing) as one Block per layer in a Python loop, value and
-    gradient, for every cut `layer_runs` makes: one run, a unit of two kinds, several runs."""
+    gradient, for every cut `layer_runs` makes: one run, a unit of two kinds, several runs;
+    scanned, and with `scan_layers=False` (the decoder's own loop, no scan in the program)."""
+    cfg = dataclasses.replace(cfg, scan_layers=scan)
     got = [(r.start, r.kinds, r.repeats) for r in models.layer_runs(cfg)]
     assert got == runs
     assert sum(r.num_layers for r in models.layer_runs(cfg)) == cfg.num_layers
     params = jax.tree.map(lambda x: 0.5 * x, _random_params(cfg, seed=7))
     tokens = jax.random.randint(jax.random.key(8), (2, 8), 0, cfg.vocab_size)
     mask = jnp.ones((2, 8), jnp.int32).at[1, :3].set(0)
+    program = str(jax.make_jaxpr(functools.partial(models.forward, cfg))(params, tokens, mask))
+    assert ("scan[" in program) == (scan and any(repeats > 1 for _, _, repeats in runs))
     logits, routing = models.forward_with_routing(cfg, params, tokens, mask)
     want, want_routing = jax.jit(_unrolled_forward, static_argnums=0)(cfg, params, tokens, mask)
     np.testing.assert_allclose(logits, want, atol=2e-5)

@@ -75,6 +75,12 @@ class ModelConfig:
       prefill): "auto" (splash on TPU, cuDNN on GPU with 16-bit compute, else "xla"),
       "xla" (the einsum reference), "splash" (Pallas, TPU), "cudnn" (GPU). Decode steps
       always use the cache-layout einsum. See attention.py.
+    - `scan_layers`: the full-sequence pass (train step, log-probs, prefill) runs the
+      layers as one `jax.lax.scan` over their stacked weights (True: compile time and
+      program size independent of depth) or in a Python loop (False: faster for a few
+      small layers, where the scan's stacked backward residuals cost as much as the
+      layers' elementwise work; compile time grows with depth). The same numbers either
+      way. Decode steps always run the layers unrolled.
     - `rope_scaling`: None for plain RoPE, else a sorted tuple of (key, value) pairs
       with "rope_type" in ("linear", "yarn") — hashable form of the HF dict.
     - `eos_token_ids`: tuple (HF allows an int or a list); empty when unknown.
@@ -109,6 +115,7 @@ class ModelConfig:
     remat: str = "none"
     moe_impl: str = "ragged"
     attention_impl: str = "auto"
+    scan_layers: bool = True
     # Special tokens, when the checkpoint's config names them.
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -133,6 +140,8 @@ class ModelConfig:
             bad("moe_impl", f"expected one of {MOE_IMPLS}")
         if self.attention_impl not in ATTENTION_IMPLS:
             bad("attention_impl", f"expected one of {ATTENTION_IMPLS}")
+        if not isinstance(self.scan_layers, bool):
+            bad("scan_layers", "expected True or False")
         for f in ("param_dtype", "dtype"):
             if getattr(self, f) not in DTYPES:
                 bad(f, f"expected one of {DTYPES}")
@@ -242,7 +251,7 @@ class ModelConfig:
         """Reads a Hugging Face config.json dict (published-Qwen or transformers-5 spelling).
 
         `overrides` set the non-checkpoint fields (param_dtype, dtype, remat, moe_impl,
-        attention_impl) or
+        attention_impl, scan_layers) or
         any other field. Raises ValueError naming the unsupported architecture / field.
         """
         model_type = hf.get("model_type")

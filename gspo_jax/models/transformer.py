@@ -16,7 +16,11 @@ the MLP half over the dense layers (`layers/mlp`, in layer order) and the MoE ha
 the MoE layers (`layers/moe`, in `model_config.moe_layers` order, which is also the
 order of the routing arrays). The full-sequence pass (train step, log-probs, prefill)
 applies them with `jax.lax.scan`, so its compiled program (and compile time) does not
-grow with depth. A model whose layers are not all of one kind (Qwen3-MoE's
+grow with depth; `model_config.scan_layers=False` runs the same layers in a Python loop
+instead (MaxText's `scan_layers`): a program that grows with depth, but no stacked
+residuals for the backward pass to write and read back, which is what a small model's
+train step spends its time on (1.2x faster at the TRL anchor's 4 layers on XLA:CPU,
+benchmarks/rl_step.py). A model whose layers are not all of one kind (Qwen3-MoE's
 `mlp_only_layers`, `decoder_sparse_step`) is cut into runs of a repeating unit
 (`layer_runs`: e.g. 24 × (dense, MoE) for decoder_sparse_step=2), each run one scan over
 its unit; order is kept exactly. The one-token decode step runs the layers unrolled
@@ -353,13 +357,16 @@ def _apply_layers(cfg: ModelConfig, stacks: dict, x_BLD, cos, sin, attention, ro
             xs["moe"] = _slice_layers(stacks["moe"], run.moe_start, pm * run.repeats, m, pm)
             if routing is not None:
                 xs["forced"] = _slice_layers(routing, run.moe_start, pm * run.repeats, m, pm)
-        scanned = run.repeats > 1
+        scanned = run.repeats > 1 and cfg.scan_layers
         unit = _unit_fn(run, layer_fn, policy, scanned)
         if scanned:
             x_BLD, ys = jax.lax.scan(unit, x_BLD, xs, unroll=_SCAN_UNROLL)
-        else:  # one unit: no loop
-            x_BLD, ys = unit(x_BLD, jax.tree.map(lambda a: a[0], xs))
-            ys = jax.tree.map(lambda a: a[None], ys)
+        else:  # one unit, or `scan_layers=False`: the units in a Python loop
+            per_unit = []
+            for r in range(run.repeats):
+                x_BLD, y = unit(x_BLD, jax.tree.map(lambda a, r=r: a[r], xs))
+                per_unit.append(y)
+            ys = jax.tree.map(lambda *a: jnp.stack(a), *per_unit)
         flat = functools.partial(jax.tree.map, lambda a: a.reshape(-1, *a.shape[2:]))
         entries.append(flat(ys["entries"]))
         if pm:
