@@ -1,0 +1,53 @@
+"""The benchmark a user runs first still runs: `benchmarks/rl_step.py --preset=trl_anchor`
+(one whole RL step of the TRL anchor workload, by phase, with a profile of its train step).
+
+No timing is asserted (the suite's machine is shared; speed targets live in benchmarks/):
+only that every phase ran, the report is complete and its ratios are sane numbers. A merge
+once broke this script unnoticed (its batch still used a renamed field)."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_trl_anchor_whole_step_runs_and_reports_every_phase(tmp_path):
+    # TMPDIR: the profile's trace directory lands in the test's own temporary directory.
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", TMPDIR=str(tmp_path))
+    env.pop("XLA_FLAGS", None)  # one CPU device, as a user runs it
+    out = subprocess.run(
+        [sys.executable, "benchmarks/rl_step.py", "--preset=trl_anchor", "--reps=1", "--profile"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["preset"] == "trl_anchor" and report["config"]["num_layers"] == 4
+    phases = ("step", "sample", "score", "advantages", "train")
+    for phase in phases:
+        assert report[f"step/{phase}_s"] > 0, phase
+    parts = sum(report[f"step/{p}_s"] for p in phases[1:])
+    assert parts == pytest.approx(report["step/step_s"], rel=0.05)  # the phases add up
+    # 4 prompts x 8 samples x 64 tokens, a random model: nearly no EOS
+    assert 1024 < report["step/generated_tokens"] <= 2048
+    for key in ("train", "sample", "step"):
+        assert 0 < report[f"step/{key}_flops_over_matmul"] < 1.5, key
+    # The prompt is computed once per group: fewer FLOPs than the repeated-prompt count.
+    assert report["step/train_flops_over_matmul"] < report[
+        "step/train_repeated_prompt_flops_over_matmul"
+    ]
+    # --profile: the train step's ops by time, and categories that add up to 100%.
+    assert "Train step by XLA op" in out.stdout
+    shares = re.findall(r"^\s+([\d.]+)%\s+(\D.*)$", out.stdout.split("by category:")[1], re.M)
+    names = [name for _, name in shares]
+    assert "weight matmuls" in names and "elementwise and other" in names
+    assert sum(float(s) for s, _ in shares) == pytest.approx(100, abs=0.5)
