@@ -23,6 +23,7 @@ def test_trl_anchor_whole_step_runs_and_reports_every_phase(tmp_path):
     env.pop("XLA_FLAGS", None)  # one CPU device, as a user runs it
     out = subprocess.run(
         [sys.executable, "benchmarks/rl_step.py", "--preset=trl_anchor", "--reps=1", "--profile"],
+        check=False,
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -42,12 +43,15 @@ def test_trl_anchor_whole_step_runs_and_reports_every_phase(tmp_path):
     for key in ("train", "sample", "step"):
         assert 0 < report[f"step/{key}_flops_over_matmul"] < 1.5, key
     # The prompt is computed once per group: fewer FLOPs than the repeated-prompt count.
-    assert report["step/train_flops_over_matmul"] < report[
-        "step/train_repeated_prompt_flops_over_matmul"
-    ]
+    assert (
+        report["step/train_flops_over_matmul"]
+        < report["step/train_repeated_prompt_flops_over_matmul"]
+    )
     # --profile: the train step's ops by time, and categories that add up to 100%.
     assert "Train step by XLA op" in out.stdout
-    shares = re.findall(r"^\s+([\d.]+)%\s+(\D.*)$", out.stdout.split("by category:")[1], re.M)
+    shares = re.findall(
+        r"^\s+([\d.]+)%\s+(\D.*)$", out.stdout.split("by category:")[1], re.MULTILINE
+    )
     names = [name for _, name in shares]
     assert "weight matmuls" in names and "elementwise and other" in names
     assert sum(float(s) for s, _ in shares) == pytest.approx(100, abs=0.5)
