@@ -3,12 +3,14 @@
   python benchmarks/rl_step.py                         # tiny preset (CPU, ~1 minute)
   python benchmarks/rl_step.py --preset=qwen3_0p6b     # Qwen3-0.6B shapes (GPU/TPU)
   python benchmarks/rl_step.py --preset=trl_anchor [--profile] [--shared_prompt=16:64,256:256]
+                                [--compare=trl.txt]
       one whole RL step of TRL's GSPO example geometry (benchmarks/anchor_spec.py; TRL's
       side: benchmarks/trl_anchor.py), by phase: sample, score (decode + reward on text),
       advantages, train step; FLOP ratios per round against the matmul rate measured just
       before. --profile: a train step's top XLA ops (jax.profiler trace, kept on disk).
       --shared_prompt: the train step with each prompt once per group vs G times, at
-      prompt:response lengths (alternating rounds, median speedup).
+      prompt:response lengths (alternating rounds, median speedup). --compare: the output
+      of `trl_anchor.py` saved to a file; the phase table then shows TRL beside gspo_jax.
 
 Everything is a ratio measured in the same run, because shared machines drift:
   train MFU     model FLOPs of one jitted train step (its π_old forward pass, 2·N per token,
@@ -327,6 +329,89 @@ def bench_whole_step(preset, cfg, reps: int, profile: bool):
     return result
 
 
+# The issue's targets for the whole-step preset: the RL step at <= half of TRL's, the train
+# step at >= 0.70 of the measured matmul rate.
+TARGET_STEP_OVER_TRL = 0.5
+TARGET_TRAIN_OVER_MATMUL = 0.70
+
+
+def load_report(path: str) -> dict:
+    """The JSON report `trl_anchor.py` prints last (its whole output, or that line alone)."""
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise SystemExit(f"--compare={path}: cannot read it ({e.strerror})") from None
+    for line in reversed(lines):
+        if line.startswith("{"):
+            try:
+                report = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if "step/step_s" in report and "step/generation_s" in report:
+                return report
+    raise SystemExit(
+        f"--compare={path}: no trl_anchor.py report in it (the JSON line that script prints "
+        "last, with step/step_s and step/generation_s)"
+    )
+
+
+def phase_table(ours: dict, trl: dict | None = None) -> str:
+    """Markdown table of the whole-step phases (and, given trl_anchor.py's report, TRL's
+    beside them with gspo_jax / TRL), then the targets, met or not."""
+    rows = [
+        ("whole RL step", "step/step_s", "step/step_s", "s"),
+        ("generation", "step/sample_s", "step/generation_s", "s"),
+        ("reward + advantages", None, "step/score_adv_s", "s"),
+        ("train step (forward + backward + optimizer)", "step/train_s", "step/train_s", "s"),
+        (
+            "train FLOP/s / matmul",
+            "step/train_flops_over_matmul",
+            "step/train_flops_over_matmul",
+            "",
+        ),
+        ("step FLOP/s / matmul", "step/step_flops_over_matmul", "step/step_flops_over_matmul", ""),
+        ("matmul TFLOP/s (f32 2048²)", "matmul_tflops_measured", "matmul_tflops_measured", ""),
+    ]
+
+    def ours_value(key):
+        if key is None:  # the two host-side phases, as TRL reports them together
+            return ours["step/score_s"] + ours["step/advantages_s"]
+        return ours[key]
+
+    def fmt(value, unit):
+        return f"{value:.3f} {unit}".strip()
+
+    if trl is None:
+        lines = ["| phase | gspo_jax |", "| --- | ---: |"]
+        lines += [f"| {name} | {fmt(ours_value(k), u)} |" for name, k, _, u in rows]
+    else:
+        threads = trl.get("threads", "?")
+        lines = [
+            f"| phase | gspo_jax | TRL {trl.get('trl', '')} ({threads} threads) | gspo_jax / TRL |",
+            "| --- | ---: | ---: | ---: |",
+        ]
+        for name, k, tk, u in rows:
+            a, b = ours_value(k), trl[tk]
+            ratio = f"{a / b:.2f}x" if u == "s" else ""
+            lines.append(f"| {name} | {fmt(a, u)} | {fmt(b, u)} | {ratio} |")
+    train = ours["step/train_flops_over_matmul"]
+    verdict = "met" if train >= TARGET_TRAIN_OVER_MATMUL else "not met"
+    lines.append("")
+    lines.append(
+        f"target: train step >= {TARGET_TRAIN_OVER_MATMUL:.2f} of the matmul rate: {verdict} "
+        f"({train:.2f}; {ours['step/train_repeated_prompt_flops_over_matmul']:.2f} counting "
+        "each prompt G times)"
+    )
+    if trl is not None:
+        step = ours["step/step_s"] / trl["step/step_s"]
+        verdict = "met" if step <= TARGET_STEP_OVER_TRL else "not met"
+        lines.append(
+            f"target: whole RL step <= {TARGET_STEP_OVER_TRL}x TRL's: {verdict} ({step:.2f}x)"
+        )
+    return "\n".join(lines)
+
+
 def bench_shared_prompt(preset, cfg, reps: int, prompt_len: int, response_len: int):
     """The train step with each prompt once per group (`shared_prompt`, the default) and with
     the prompt repeated G times, alternating in rounds (median per-round speedup), on a
@@ -414,8 +499,15 @@ def main():
         help="whole-step preset: P:T pairs (e.g. 16:64,256:256) at which to time the train "
         "step with the prompt once per group against G times",
     )
+    ap.add_argument(
+        "--compare",
+        default="",
+        help="whole-step preset: a file holding trl_anchor.py's output; prints the phases "
+        "side by side with gspo_jax / TRL and the targets",
+    )
     args = ap.parse_args()
     preset = PRESETS[args.preset]
+    trl = load_report(args.compare) if args.compare else None  # a bad file fails first
     cfg = models.ModelConfig(
         **preset["model"], param_dtype="float32", dtype=preset["dtype"], remat=preset["remat"]
     )
@@ -445,6 +537,9 @@ def main():
         if isinstance(value, float):
             value = f"{value:.4g}"
         print(f"{key:<{width}}  {value}")
+    if preset.get("whole_step"):
+        print()
+        print(phase_table(results, trl))
     print(json.dumps(results))
 
 

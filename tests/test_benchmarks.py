@@ -21,8 +21,21 @@ def test_trl_anchor_whole_step_runs_and_reports_every_phase(tmp_path):
     # TMPDIR: the profile's trace directory lands in the test's own temporary directory.
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", TMPDIR=str(tmp_path))
     env.pop("XLA_FLAGS", None)  # one CPU device, as a user runs it
+    # --compare: a TRL report as trl_anchor.py prints it last (its numbers made up here).
+    trl = {"trl": "1.16.0", "threads": 2, "matmul_tflops_measured": 0.3}
+    trl.update({"step/step_s": 1.0, "step/generation_s": 0.5, "step/score_adv_s": 0.002})
+    trl.update({"step/train_s": 0.498, "step/train_flops_over_matmul": 0.4})
+    trl["step/step_flops_over_matmul"] = 0.3
+    (tmp_path / "trl.txt").write_text("step/step_s  1.0\n" + json.dumps(trl) + "\n")
     out = subprocess.run(
-        [sys.executable, "benchmarks/rl_step.py", "--preset=trl_anchor", "--reps=1", "--profile"],
+        [
+            sys.executable,
+            "benchmarks/rl_step.py",
+            "--preset=trl_anchor",
+            "--reps=1",
+            "--profile",
+            f"--compare={tmp_path / 'trl.txt'}",
+        ],
         check=False,
         cwd=ROOT,
         env=env,
@@ -55,3 +68,10 @@ def test_trl_anchor_whole_step_runs_and_reports_every_phase(tmp_path):
     names = [name for _, name in shares]
     assert "weight matmuls" in names and "elementwise and other" in names
     assert sum(float(s) for s, _ in shares) == pytest.approx(100, abs=0.5)
+    # --compare: the phase table with TRL's figures beside ours, and the targets.
+    step = report["step/step_s"]
+    assert f"| whole RL step | {step:.3f} s | 1.000 s | {step:.2f}x |" in out.stdout
+    assert "| train step (forward + backward + optimizer) |" in out.stdout
+    assert "target: train step >= 0.70 of the matmul rate: " in out.stdout
+    verdict = "met" if step <= 0.5 else "not met"
+    assert f"target: whole RL step <= 0.5x TRL's: {verdict} ({step:.2f}x)" in out.stdout
