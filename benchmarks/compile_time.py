@@ -97,7 +97,7 @@ def compile_train_step(num_layers: int, args, devices) -> tuple[float, float]:
         opt_state=sds(jax.eval_shape(tx.init, abstract), opt_sh),
     )
     B, T, L = args.batch, args.response, args.prompt + args.response
-    batch = aot._train_batch(step_config, cfg, mesh, B, L, T)
+    batch = aot._train_batch(step_config, mesh, B, L, T)
     fn = make_train_step(step_config, tx, state_shardings=state_sh, mesh=mesh)
     t0 = time.perf_counter()
     with jax.set_mesh(mesh):

@@ -216,7 +216,7 @@ def _batch_sds(mesh, shape, dtype):
     return jax.ShapeDtypeStruct(shape, dtype, sharding=s)
 
 
-def _train_batch(step_config, cfg, mesh, B: int, L: int, T: int) -> dict:
+def _train_batch(step_config, mesh, B: int, L: int, T: int) -> dict:
     """The train batch as the trainer builds it: `train_step.batch_ndims`'s entries."""
     shapes = {
         "tokens": (B, L),
@@ -430,7 +430,7 @@ def compile_run(
                 params=params,
                 opt_state=opt_state,
             )
-            batch = _train_batch(step_config, cfg, mesh, B, L, T)
+            batch = _train_batch(step_config, mesh, B, L, T)
             flops = 3 * c.ppo_epochs * _forward_flops(cfg, B, L, T) / chips
             report, _ = _compile(
                 "train step",
