@@ -606,8 +606,9 @@ def write_results(
         "```",
         "",
         (
-            f"- Wall time: **{sum(ledger.values()) / 60:.0f} min** in all on this machine (2 CPU"
-            " cores shared with other jobs, load average ~10; JAX on one CPU device): noise"
+            f"- Wall time: **{sum(ledger.values()) / 60:.0f} min** in all on this machine"
+            f" ({os.cpu_count()} CPU cores, shared; load average {os.getloadavg()[2]:.1f} over"
+            " the 15 minutes before this file was written; JAX on one CPU device): noise"
             f" floor {ledger.get('noise_floor', 0) / 60:.1f} min, warm starts"
             f" {sum(v for k, v in ledger.items() if k.startswith('warm_start/')) / 60:.1f} min,"
             f" {sum(k.startswith('run/') for k in ledger)} RL runs"
