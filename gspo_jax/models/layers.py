@@ -71,17 +71,19 @@ def rope_cos_sin(cfg: ModelConfig, positions_BL):
 def apply_rope(x_BLHC, cos_BLc, sin_BLc):
     """Rotate-half RoPE (transformers layout: pairs are (i, i + C/2), not interleaved).
 
-    [x1, x2] -> [x1·cos − x2·sin, x2·cos + x1·sin], computed in float32, written as
-    x ⊙ [cos, cos] + roll(x, C/2) ⊙ [−sin, sin]: the same products and sums (a − b is
-    a + (−b) exactly), but the halves are swapped on the input, so XLA fuses it into one
-    elementwise pass; concatenating the two computed halves made XLA:CPU's RoPE fusions
-    (forward and backward) 6x slower in the train step (benchmarks/rl_step.py --profile).
+    [x1, x2] -> [x1·cos − x2·sin, x2·cos + x1·sin], computed in float32.
+
+    Kept in this form on purpose: x ⊙ [cos, cos] + roll(x, C/2) ⊙ [−sin, sin] is 4% faster
+    on the TRL anchor's train step (XLA:CPU fuses it better), but XLA then contracts the
+    multiply-adds differently in the π_old pass and in the update's forward of a scanned
+    model, so the first update's ratios were 1 ± 5e-7 instead of exactly 1
+    (tests/test_presets.py, tests/test_routing_replay.py; docs/benchmarks.md).
     """
     dtype = x_BLHC.dtype
     x = x_BLHC.astype(F32)
-    cos = jnp.concatenate([cos_BLc, cos_BLc], axis=-1)[:, :, None, :]
-    sin = jnp.concatenate([-sin_BLc, sin_BLc], axis=-1)[:, :, None, :]
-    return (x * cos + jnp.roll(x, x.shape[-1] // 2, axis=-1) * sin).astype(dtype)
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    cos, sin = cos_BLc[:, :, None, :], sin_BLc[:, :, None, :]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(dtype)
 
 
 class Proj(nnx.Module):
