@@ -387,8 +387,9 @@ def phase_table(ours: dict, trl: dict | None = None) -> str:
         lines += [f"| {name} | {fmt(ours_value(k), u)} |" for name, k, _, u in rows]
     else:
         threads = trl.get("threads", "?")
+        threads = f"{threads} thread{'' if threads == 1 else 's'}"
         lines = [
-            f"| phase | gspo_jax | TRL {trl.get('trl', '')} ({threads} threads) | gspo_jax / TRL |",
+            f"| phase | gspo_jax | TRL {trl.get('trl', '')} ({threads}) | gspo_jax / TRL |",
             "| --- | ---: | ---: | ---: |",
         ]
         for name, k, tk, u in rows:
