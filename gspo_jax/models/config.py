@@ -79,8 +79,9 @@ class ModelConfig:
       layers as one `jax.lax.scan` over their stacked weights (True: compile time and
       program size independent of depth) or in a Python loop (False: faster for a few
       small layers, where the scan's stacked backward residuals cost as much as the
-      layers' elementwise work; compile time grows with depth). The same numbers either
-      way. Decode steps always run the layers unrolled.
+      layers' elementwise work; compile time grows with depth). The same math either way
+      (tests compare both with a per-layer loop; the TRL anchor's train step gave
+      bit-identical parameters). Decode steps always run the layers unrolled.
     - `rope_scaling`: None for plain RoPE, else a sorted tuple of (key, value) pairs
       with "rope_type" in ("linear", "yarn") — hashable form of the HF dict.
     - `eos_token_ids`: tuple (HF allows an int or a list); empty when unknown.
