@@ -1,10 +1,10 @@
 """Config system: every default present, paper configs as the paper says, validate() errors."""
 
 import subprocess
-import sys
 import warnings
 
 import pytest
+from tiny_flags import main_command
 
 from configs import base, common, default, grpo_paper, gspo_paper
 from gspo_jax.config import ConfigError, ConfigWarning, batch_sizes, mesh_shape, validate
@@ -92,8 +92,7 @@ def test_main_rejects_a_misspelt_config_flag(tmp_path, flag):
     runs (no workdir is created), never a silently new field."""
     workdir = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "gspo_jax.main", "--config=configs/default.py"]
-        + [f"--workdir={workdir}", flag],
+        main_command(workdir, flag),
         check=False,
         capture_output=True,
         text=True,

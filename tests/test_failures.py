@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 from test_train import TINY, _tiny_config
-from tiny_flags import metrics_by_step
+from tiny_flags import main_command, metrics_by_step
 
 from gspo_jax import rollout, train
 from gspo_jax.config import ConfigError
@@ -136,9 +136,12 @@ def test_a_tokenizer_larger_than_the_model_stops_before_the_data(tmp_path):
 
 
 def _main(workdir, *flags, config="configs/default.py", timeout=300):
-    cmd = [sys.executable, "-m", "gspo_jax.main", f"--config={config}", f"--workdir={workdir}"]
     return subprocess.run(
-        [*cmd, *flags], check=False, capture_output=True, text=True, timeout=timeout
+        main_command(workdir, *flags, config=config),
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -242,15 +245,7 @@ def test_sigterm_checkpoints_the_current_step_and_the_same_command_resumes(tmp_p
     """SIGTERM (a TPU preemption) used to kill the run at once: every step since the last
     periodic checkpoint was lost (here: all of them, checkpoint.every_steps=0)."""
     workdir, data_dir = tmp_path / "run", tmp_path / "data"
-    cmd = [
-        sys.executable,
-        "-m",
-        "gspo_jax.main",
-        "--config=configs/default.py",
-        f"--workdir={workdir}",
-        f"--config.data.data_dir={data_dir}",
-        *SIGNAL_RUN,
-    ]
+    cmd = main_command(workdir, f"--config.data.data_dir={data_dir}", *SIGNAL_RUN)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 300

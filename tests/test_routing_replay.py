@@ -5,14 +5,13 @@ routing, and the logged expert-change rate against `models.routing_disagreement`
 import dataclasses
 import struct
 import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from test_train_step import T, _batch, _sc, _state, _step_fn, _tx
-from tiny_flags import TINY_MODEL, metrics_by_step
+from tiny_flags import TINY_MODEL, main_command, metrics_by_step
 
 from gspo_jax import models
 from gspo_jax.train_step import _mini_batch_grads, response_logprobs
@@ -102,12 +101,8 @@ def test_moe_tiny_grpo_with_replay_through_main(tmp_path):
     every update's expert change, ratio range and clip fractions reach metrics.jsonl,
     and the plot is drawn."""
     workdir = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "gspo_jax.main",
-        "--config=configs/moe_tiny.py:algo=grpo,routing_replay=true",
-        f"--workdir={workdir}",
+    cmd = main_command(
+        workdir,
         f"--config.data.data_dir={tmp_path / 'data'}",
         *TINY_MODEL,
         "--config.model.moe_intermediate_size=32",
@@ -118,7 +113,8 @@ def test_moe_tiny_grpo_with_replay_through_main(tmp_path):
         "--config.eval.batch_size=8",
         "--config.reward.num_workers=0",
         "--config.checkpoint.every_steps=0",
-    ]
+        config="configs/moe_tiny.py:algo=grpo,routing_replay=true",
+    )
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = metrics_by_step(workdir)

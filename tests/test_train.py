@@ -4,11 +4,10 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 
 import numpy as np
 import pytest
-from tiny_flags import TINY_MODEL, metrics_by_step
+from tiny_flags import TINY_MODEL, main_command, metrics_by_step
 
 from configs import default
 from gspo_jax import rollout, train
@@ -49,15 +48,7 @@ def main_run(tmp_path_factory):
     """`python -m gspo_jax.main` on the tiny config: the uninterrupted reference run."""
     root = tmp_path_factory.mktemp("main")
     workdir, data_dir = root / "run", root / "data"
-    cmd = [
-        sys.executable,
-        "-m",
-        "gspo_jax.main",
-        "--config=configs/default.py",
-        f"--workdir={workdir}",
-        f"--config.data.data_dir={data_dir}",
-        *TINY,
-    ]
+    cmd = main_command(workdir, f"--config.data.data_dir={data_dir}", *TINY)
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return workdir, data_dir
@@ -96,16 +87,9 @@ def test_a_restart_with_a_config_that_changes_the_run_stops_and_keeps_the_record
     GRPO for a GSPO checkpoint. Now: one line listing the differences, nothing touched."""
     workdir, data_dir = main_run
     kept = {name: (workdir / name).read_bytes() for name in ("config.json", "metrics.jsonl")}
-    cmd = [
-        sys.executable,
-        "-m",
-        "gspo_jax.main",
-        "--config=configs/default.py",
-        f"--workdir={workdir}",
-        f"--config.data.data_dir={data_dir}",
-        *TINY,
-        "--config.importance_sampling=token",
-    ]
+    cmd = main_command(
+        workdir, f"--config.data.data_dir={data_dir}", *TINY, "--config.importance_sampling=token"
+    )
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stderr[-3000:]
     error = [x for x in proc.stderr.splitlines() if x.startswith("gspo_jax: error: ")]

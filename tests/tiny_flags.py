@@ -1,8 +1,23 @@
-"""Shared by the end-to-end tests: flags shrinking configs/default.py to a 2-layer d=32
-model, and the reader of a run's metrics.jsonl."""
+"""Shared by the end-to-end tests: the `python -m gspo_jax.main` command line, flags
+shrinking configs/default.py to a 2-layer d=32 model, and the reader of a run's
+metrics.jsonl."""
 
 import json
 import os
+import sys
+
+
+def main_command(workdir, *flags, config="configs/default.py") -> list[str]:
+    """argv of `python -m gspo_jax.main --config=CONFIG --workdir=WORKDIR FLAGS...`."""
+    return [
+        sys.executable,
+        "-m",
+        "gspo_jax.main",
+        f"--config={config}",
+        f"--workdir={workdir}",
+        *flags,
+    ]
+
 
 TINY_MODEL = [
     "--config.response_length=12",
