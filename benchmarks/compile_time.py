@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
@@ -28,10 +30,13 @@ import jax
 import jax.numpy as jnp
 
 from configs import base
-from gspo_jax import aot, models, optim
-from gspo_jax import config as config_lib
+from gspo_jax import models
 from gspo_jax import sharding as sharding_lib
-from gspo_jax.train_step import TrainState, make_train_step
+from gspo_jax.train_step import TrainState, make_train_step, optim
+from gspo_jax.trainer import config as config_lib
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/ is not installed
+from tools import aot
 
 QWEN3_0_6B = {
     "arch": "qwen3",

@@ -26,7 +26,9 @@ import tempfile
 import time
 
 from configs import default
-from gspo_jax import experiment, rollout, train
+from gspo_jax.trainer import loop as train
+from gspo_jax.trainer import rollout
+from gspo_jax.trainer import setup as experiment
 
 
 def main():

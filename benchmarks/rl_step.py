@@ -43,9 +43,10 @@ import numpy as np
 import optax
 
 from configs import base
-from gspo_jax import advantages, data, models, optim, rollout, sampling, train_step
-from gspo_jax.config import sampler_kwargs, step_config
-from gspo_jax.train_step import TrainState, make_train_step
+from gspo_jax import advantages, data, models, sampling, train_step
+from gspo_jax.train_step import TrainState, make_train_step, optim
+from gspo_jax.trainer import rollout
+from gspo_jax.trainer.config import sampler_kwargs, step_config
 
 PRESETS = {
     "tiny": {

@@ -9,7 +9,7 @@ Run any config with
   python -m gspo_jax.main --config=configs/<name>.py --workdir=/tmp/run --config.ppo_epochs=2
 
 The config is locked: a misspelt `--config.foo=` is an error, never a silently new field.
-`gspo_jax.config.validate(config)` checks it at start-up (modes, divisibility, paper ranges).
+`gspo_jax.trainer.config.validate(config)` checks it at start-up (modes, divisibility, paper ranges).
 """
 
 import ml_collections

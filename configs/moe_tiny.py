@@ -14,7 +14,7 @@ Paper §5.3: about 10% of the activated experts change after each update of a 48
 GRPO needs Routing Replay to converge there, GSPO does not. Every update logs
 `updates/expert_change/<u>` (the fraction of activated experts the current router picks
 differently from π_old's; with replay: would pick). `python -m
-gspo_jax.experiments.gspo_vs_grpo` runs all three, three seeds each (docs/results.md), from
+experiments.gspo_vs_grpo` runs all three, three seeds each (docs/results.md), from
 the dense default's warm start upcycled to these 8 experts: this config's own from-scratch
 warm start (1200 steps) solved 0.5% of 200 held-out problems when measured, too rare a
 reward for a short RL run.

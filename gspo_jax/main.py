@@ -104,7 +104,8 @@ def run(argv) -> int:
     _init_distributed()
     import jax
 
-    from gspo_jax import preemption, train
+    from gspo_jax.trainer import loop as train
+    from gspo_jax.trainer import preemption
 
     log.info(
         "JAX %s: process %d/%d, %d local / %d global devices (%s)",
@@ -170,7 +171,7 @@ def main(argv) -> None:
 
 def _report(error: BaseException) -> int:
     """One line on stderr; the traceback behind --debug, or in WORKDIR/error.log."""
-    from gspo_jax.config import ConfigError
+    from gspo_jax.trainer.config import ConfigError
 
     usage = isinstance(error, (ConfigError, app.UsageError))
     text = " ".join(str(error).split()) or type(error).__name__

@@ -1,4 +1,4 @@
-"""The TPU path, compiled without a TPU: `python -m gspo_jax.aot` on the tiny config.
+"""The TPU path, compiled without a TPU: `python -m tools.aot` on the tiny config.
 
 - the whole RL step of configs/default.py (sampler prefill and decode, log-probs,
   advantages, train step) compiles for v5e:2x2 (4 chips) with the splash kernel, fits,
@@ -44,7 +44,7 @@ def env():
 def _aot(env, tmp_path, *args):
     out = tmp_path / "reports.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "gspo_jax.aot", *args, f"--json={out}"],
+        [sys.executable, "-m", "tools.aot", *args, f"--json={out}"],
         env=env,
         cwd=ROOT,
         capture_output=True,

@@ -16,9 +16,10 @@ import numpy as np
 import optax
 import pytest
 
-from gspo_jax import checkpoint, models
+from gspo_jax import models
 from gspo_jax import sharding as sharding_lib
-from gspo_jax import state as state_lib
+from gspo_jax.trainer import checkpoint
+from gspo_jax.trainer import state as state_lib
 
 TINY = models.ModelConfig(
     arch="qwen3",
@@ -122,7 +123,7 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(tiny, tmp_path, dam
         _write(os.path.join(directory, "2", "meta", "metadata"), "garbage{")
     elif damage == "garbage_metadata":
         _write(os.path.join(directory, "2", "state", "_METADATA"), "garbage{")
-    with caplog.at_level(logging.WARNING, logger="gspo_jax.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="gspo_jax.trainer.checkpoint"):
         restored = _restore(directory, abstract)
     noise = capfd.readouterr().err
     assert "Event loop is closed" not in noise and "Traceback" not in noise, noise[-2000:]

@@ -7,7 +7,7 @@ import pytest
 from tiny_flags import main_command
 
 from configs import base, common, default, grpo_paper, gspo_paper
-from gspo_jax.config import ConfigError, ConfigWarning, batch_sizes, mesh_shape, validate
+from gspo_jax.trainer.config import ConfigError, ConfigWarning, batch_sizes, mesh_shape, validate
 
 ROLL_FIELDS = (
     "adv_estimator",
@@ -423,7 +423,7 @@ def test_a_tokenizer_larger_than_the_model_vocabulary_is_an_error(tmp_path):
     """Ids >= vocab_size have no embedding row: NaN log-probs, every update skipped, exit 0
     (before). Checked when the model config is read, before any data or weights."""
     from gspo_jax import data, models
-    from gspo_jax.config import check_model_against_tokenizer
+    from gspo_jax.trainer.config import check_model_against_tokenizer
 
     cfg = models.ModelConfig.from_hf_config(models.read_hf_config("tests/fixtures/models/qwen3"))
     tokenizer = data.make_char_tokenizer(tmp_path / "tok")
@@ -445,8 +445,8 @@ def test_model_config_carries_every_numerics_field(hf, tmp_path):
     """config.model.{param_dtype, dtype, remat, moe_impl, attention_impl, scan_layers} reach
     the model (scan_layers=False differs from ModelConfig's default),
     from scratch and from a checkpoint (the scratch path once dropped attention_impl)."""
-    from gspo_jax import config as config_lib
     from gspo_jax import data
+    from gspo_jax.trainer import config as config_lib
 
     c = default.get_config()
     if hf:

@@ -1,4 +1,4 @@
-"""The experiment's own pieces (gspo_jax.experiments.gspo_vs_grpo); the whole command runs
+"""The experiment's own pieces (experiments.gspo_vs_grpo); the whole command runs
 in tests/test_notebooks.py (colabs/gspo_vs_grpo.ipynb, --quick)."""
 
 import json
@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
+from experiments import gspo_vs_grpo
 from gspo_jax import models
-from gspo_jax.experiments import gspo_vs_grpo
 
 DENSE = "tests/fixtures/models/qwen3"
 

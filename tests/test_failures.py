@@ -17,15 +17,16 @@ import pytest
 from test_train import TINY, _tiny_config
 from tiny_flags import main_command, metrics_by_step
 
-from gspo_jax import rollout, train
-from gspo_jax.config import ConfigError
 from gspo_jax.rewards import build_reward
+from gspo_jax.trainer import loop as train
+from gspo_jax.trainer import rollout
+from gspo_jax.trainer.config import ConfigError
 
 # ----------------------------------------------------------------------------- signals
 
 
 def test_first_signal_asks_to_stop_the_second_stops_at_once():
-    from gspo_jax import preemption
+    from gspo_jax.trainer import preemption
 
     previous = signal.getsignal(signal.SIGTERM)
     previous_int = signal.getsignal(signal.SIGINT)  # SIG_IGN in a pytest-xdist worker

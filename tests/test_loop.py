@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 from test_train import _tiny_config
 
-from gspo_jax import checkpoint, experiment, rollout, train
 from gspo_jax.train_step import batch_ndims
+from gspo_jax.trainer import checkpoint, rollout
+from gspo_jax.trainer import loop as train
+from gspo_jax.trainer import setup as experiment
 
 
 @pytest.fixture(scope="module")
@@ -149,8 +151,8 @@ def test_evaluation_scores_exactly_the_first_num_prompts(pieces, num_prompts, ba
     """Whatever the batch size (and so the padding of the last call): the first num_prompts
     of the split, each once. The accuracy reward here is the reference itself."""
     import gspo_jax.rewards.testing  # noqa: F401  (registers test_const)
-    from gspo_jax import evaluation
     from gspo_jax.rewards import build_reward
+    from gspo_jax.trainer import evaluation
 
     seen = []
 

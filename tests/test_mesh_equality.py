@@ -34,9 +34,12 @@ import pytest
 import gspo_jax.rewards.testing  # noqa: F401  (registers test_checksum)
 from configs import default
 from gspo_jax import advantages as advantages_lib
-from gspo_jax import config as config_lib
-from gspo_jax import experiment, objectives, rollout, sharding, train
+from gspo_jax import objectives, sharding
 from gspo_jax.train_step import make_train_step
+from gspo_jax.trainer import config as config_lib
+from gspo_jax.trainer import loop as train
+from gspo_jax.trainer import rollout
+from gspo_jax.trainer import setup as experiment
 
 DENSE, MOE = "tests/fixtures/models/qwen3", "tests/fixtures/models/qwen3_moe"
 TOL = 1e-5  # f32

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from routing_checks import routing_disagreement
 
 from gspo_jax import models
 from gspo_jax.models.layers import route
@@ -107,13 +108,13 @@ def test_router_gets_gradient_under_forced_routing(moe):
 
 def test_routing_disagreement(moe):
     cfg, params, tokens, mask = moe
-    same = float(models.routing_disagreement(cfg, params, params, tokens, mask))
+    same = float(routing_disagreement(cfg, params, params, tokens, mask))
     assert same == 0.0
     perturbed = jax.tree.map(lambda x: x, params)
     routers = perturbed["layers"]["moe"]["router"]["kernel"]  # [M, D, E]; MoE 1 = layer 2
     noise = jax.random.normal(jax.random.key(0), routers.shape[1:])
     perturbed["layers"]["moe"]["router"] = {"kernel": routers.at[1].add(0.5 * noise)}
-    frac = float(models.routing_disagreement(cfg, params, perturbed, tokens, mask))
+    frac = float(routing_disagreement(cfg, params, perturbed, tokens, mask))
     # Only the last MoE layer (one of two) changed: at most half of all decisions differ.
     assert 0 < frac <= 0.5
     # Matches a direct count from the two routings.

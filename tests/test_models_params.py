@@ -208,11 +208,14 @@ def test_params_that_do_not_fit_the_config_are_named():
 def _unrolled_forward(cfg, params, tokens, mask, routing=None):
     """Reference: a Python loop over the layers, one `Block` per layer merged from its
     slices of the stacks (no scan), then the final norm and the unembedding."""
-    from gspo_jax.models import transformer
+    from gspo_jax.models.contexts import full_context
+    from gspo_jax.models.layer_stack import _merge_block
+    from gspo_jax.models.layers import rope_cos_sin
+    from gspo_jax.models.params import merge
 
     x = jnp.take(params["embed"]["embedding"], tokens, axis=0).astype(cfg.dtype)
-    cos, sin = transformer.rope_cos_sin(cfg, models.positions_from_mask(mask))
-    context = transformer.full_context(cfg, mask)
+    cos, sin = rope_cos_sin(cfg, models.positions_from_mask(mask))
+    context = full_context(cfg, mask)
     stacks, dense, moe, routes = params["layers"], 0, 0, []
 
     def at(tree, index):
@@ -222,7 +225,7 @@ def _unrolled_forward(cfg, params, tokens, mask, routing=None):
         layer = {k: at(stacks[k], i) for k in ("input_norm", "attn", "post_attn_norm")}
         is_moe = cfg.is_moe_layer(i)
         layer["mlp"] = at(stacks["moe"], moe) if is_moe else at(stacks["mlp"], dense)
-        block = transformer._merge_block(cfg, is_moe, layer)
+        block = _merge_block(cfg, is_moe, layer)
         forced = routing[moe] if is_moe and routing is not None else None
         x, _, idx = block(x, cos, sin, lambda q, k, v: context(None, q, k, v), forced)
         if is_moe:
@@ -230,7 +233,7 @@ def _unrolled_forward(cfg, params, tokens, mask, routing=None):
             moe += 1
         else:
             dense += 1
-    hidden = transformer.merge(cfg, params).final_norm(x)
+    hidden = merge(cfg, params).final_norm(x)
     logits = models.logits_from_hidden(cfg, params, hidden)
     return logits, (jnp.stack(routes) if routes else None)
 

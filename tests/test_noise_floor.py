@@ -17,8 +17,10 @@ import pytest
 
 import gspo_jax.rewards.testing  # noqa: F401  (registers test_checksum)
 from configs import gspo_paper
-from gspo_jax import experiment, rollout, train
 from gspo_jax.train_step import make_train_step
+from gspo_jax.trainer import loop as train
+from gspo_jax.trainer import rollout
+from gspo_jax.trainer import setup as experiment
 
 EPS_LOW, EPS_HIGH = 3e-4, 4e-4  # configs/gspo_paper.py
 

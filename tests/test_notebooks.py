@@ -1,6 +1,6 @@
 """The Colab notebooks execute top to bottom (GSPO_JAX_NOTEBOOK_QUICK=1: tiny settings).
 
-colabs/gspo_vs_grpo.ipynb runs `python -m gspo_jax.experiments.gspo_vs_grpo --quick` on the
+colabs/gspo_vs_grpo.ipynb runs `python -m experiments.gspo_vs_grpo --quick` on the
 dense arms, so this also tests the experiment command end to end (runs, markdown, plots).
 """
 

@@ -7,7 +7,7 @@ from tiny_flags import metrics_by_step
 
 import gspo_jax.rewards.testing  # noqa: F401  (registers test_checksum)
 from configs import roll_gspo_example
-from gspo_jax import train
+from gspo_jax.trainer import loop as train
 
 # A 2-layer d=32 model, 8 prompts x 4 responses, 4 mini-batches (the recipe's split).
 TINY = {

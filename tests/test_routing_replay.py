@@ -1,6 +1,6 @@
 """Routing Replay (paper §5.3) end to end: the tiny Qwen3-MoE config through `main`, replay's
 effect on an off-policy mini-batch's gradient, the first update reproducing π_old's
-routing, and the logged expert-change rate against `models.routing_disagreement`."""
+routing, and the logged expert-change rate against `routing_checks.routing_disagreement`."""
 
 import dataclasses
 import struct
@@ -10,11 +10,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from routing_checks import routing_disagreement
 from test_train_step import T, _batch, _sc, _state, _step_fn, _tx
 from tiny_flags import TINY_MODEL, main_command, metrics_by_step
 
 from gspo_jax import models
-from gspo_jax.train_step import _mini_batch_grads, response_logprobs
+from gspo_jax.train_step import response_logprobs
+from gspo_jax.train_step.step import _mini_batch_grads
 
 MOE_FIXTURE = "tests/fixtures/models/qwen3_moe"
 GRPO = {"importance_sampling": "token", "clip_low": 0.2, "clip_high": 0.27}
@@ -48,9 +50,7 @@ def test_replay_changes_the_gradient_of_an_off_policy_mini_batch(moe):
     tx = _tx()
     batch = _batch(cfg, params, sc)
     moved = _step_fn(sc, tx)(_state(params, tx), batch)[0].params  # θ_1: one Adam update
-    changed = models.routing_disagreement(
-        cfg, params, moved, batch["tokens"], batch["attention_mask"]
-    )
+    changed = routing_disagreement(cfg, params, moved, batch["tokens"], batch["attention_mask"])
     assert changed > 0.01  # the update moved some routing decisions: off-policy routing
     mini = _with_old_policy(sc, params, batch)
     grads = jax.jit(_mini_batch_grads, static_argnums=0)
@@ -79,7 +79,7 @@ def test_with_replay_the_first_update_reproduces_pi_olds_routing_exactly(moe):
 
 
 def test_logged_expert_change_is_routing_disagreement_with_pi_old(moe):
-    """updates/expert_change at update 1 (no replay) equals `models.routing_disagreement`
+    """updates/expert_change at update 1 (no replay) equals `routing_checks.routing_disagreement`
     between π_old and the params after one update, an independent computation."""
     cfg, params = moe
     tx = _tx()
@@ -88,9 +88,7 @@ def test_logged_expert_change_is_routing_disagreement_with_pi_old(moe):
     batch = _batch(cfg, params, one)
     theta_1 = _step_fn(one, tx)(_state(params, tx), batch)[0].params
     _, m = _step_fn(two, tx)(_state(params, tx), batch)
-    expected = models.routing_disagreement(
-        cfg, params, theta_1, batch["tokens"], batch["attention_mask"]
-    )
+    expected = routing_disagreement(cfg, params, theta_1, batch["tokens"], batch["attention_mask"])
     assert expected > 0
     np.testing.assert_allclose(m["updates/expert_change"][1], expected, rtol=1e-5)
     assert m["updates/expert_change"][0] == 0

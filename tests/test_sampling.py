@@ -19,7 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gspo_jax import draw, models, sampling
+from gspo_jax import models, sampling
+from gspo_jax.sampling import draw, sampler
 
 # Shape letters: N prompts, G samples per prompt, B = N·G, P prompt width, T new tokens.
 
@@ -180,8 +181,8 @@ def test_cache_segments_do_not_change_samples(fixture_models, sampling_prompts, 
     segmented = _sample(cfg, params, sampling_prompts, jax.random.key(7), decode_segments=3)
     np.testing.assert_array_equal(segmented.tokens, tempered.tokens)
     np.testing.assert_allclose(segmented.logprobs, tempered.logprobs, atol=1e-5)
-    assert sampling._segments(T, 3) == [(0, 4), (4, 4), (8, 4)]
-    assert sampling._segments(128, sampling._auto_segments(128)) == [
+    assert sampler._segments(T, 3) == [(0, 4), (4, 4), (8, 4)]
+    assert sampler._segments(128, sampler._auto_segments(128)) == [
         (0, 32),
         (32, 32),
         (64, 32),
@@ -315,7 +316,7 @@ def test_sharded_prompts_give_the_same_samples(fixture_models, sampling_prompts,
     # The device-side prompt summary (used when prompts span processes) agrees with numpy.
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     right = mask.at[0, -1].set(0).at[1, -1].set(2)  # row 0 not left padded; one mask value 2
-    summary = sampling._replicated_prompt_summary(replicated)(tokens.at[2, 3].set(-5), right)
+    summary = sampler._replicated_prompt_summary(replicated)(tokens.at[2, 3].set(-5), right)
     lengths, left, bad_mask, low, high = (np.asarray(x) for x in summary)
     np.testing.assert_array_equal(lengths, np.asarray(right != 0).sum(1))
     np.testing.assert_array_equal(left, [False, True, True, True])

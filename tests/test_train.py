@@ -10,8 +10,9 @@ import pytest
 from tiny_flags import TINY_MODEL, main_command, metrics_by_step
 
 from configs import default
-from gspo_jax import rollout, train
 from gspo_jax.rewards import build_reward
+from gspo_jax.trainer import loop as train
+from gspo_jax.trainer import rollout
 
 # A tiny version of the default run: 2-layer d=32 model, 4 prompts x 4 samples.
 TINY = [

@@ -12,8 +12,8 @@ import pytest
 
 from configs import base as base_config
 from gspo_jax import models, sharding
-from gspo_jax.config import step_config
 from gspo_jax.train_step import StepConfig, TrainState, make_logprobs_fn, make_train_step
+from gspo_jax.trainer.config import step_config
 
 FIXTURE = "tests/fixtures/models/qwen3"
 N, G, P, T = 4, 4, 6, 8  # prompts, group, prompt tokens, response tokens
@@ -77,7 +77,7 @@ def _optim(lr=1e-2, max_grad_norm=1.0):
 
 @functools.cache
 def _tx(lr=1e-2):
-    from gspo_jax.optim import make_optimizer
+    from gspo_jax.train_step.optim import make_optimizer
 
     return make_optimizer(_optim(lr), 100)
 

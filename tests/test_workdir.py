@@ -7,8 +7,8 @@ import logging
 import pytest
 
 from configs import default
-from gspo_jax import workdir
-from gspo_jax.workdir import CHANGES_FILE, CONFIG_FILE, WorkdirError
+from gspo_jax.trainer import workdir
+from gspo_jax.trainer.workdir import CHANGES_FILE, CONFIG_FILE, WorkdirError
 
 
 def _record(config, path, **kwargs):
@@ -51,7 +51,7 @@ def test_free_fields_may_change_and_are_recorded(tmp_path, caplog):
     longer.checkpoint.every_steps = 7
     longer.log.progress_bar = False
     longer.mesh.data, longer.mesh.fsdp = 1, -1
-    with caplog.at_level(logging.WARNING, logger="gspo_jax.workdir"):
+    with caplog.at_level(logging.WARNING, logger="gspo_jax.trainer.workdir"):
         diffs = _record(longer, tmp_path)
     assert diffs["num_steps"] == (250, 500) and diffs["mesh.fsdp"] == (1, -1)
     assert any("num_steps: 250 -> 500 on resume (free)" in r.getMessage() for r in caplog.records)
@@ -93,7 +93,7 @@ def test_a_field_added_to_gspo_jax_since_the_run_started_does_not_strand_it(tmp_
     saved = json.loads((tmp_path / CONFIG_FILE).read_text())
     del saved["model"]["attention_impl"], saved["reward"]["max_failed_rollouts"]
     (tmp_path / CONFIG_FILE).write_text(json.dumps(saved))
-    with caplog.at_level(logging.WARNING, logger="gspo_jax.workdir"):
+    with caplog.at_level(logging.WARNING, logger="gspo_jax.trainer.workdir"):
         diffs = _record(c, tmp_path)
     assert diffs == {
         "model.attention_impl": ("<absent>", "auto"),

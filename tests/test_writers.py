@@ -4,7 +4,7 @@ import json
 import math
 import os
 
-from gspo_jax import writers
+from gspo_jax.trainer import writers
 
 
 def test_ema_is_bias_corrected():

@@ -5,9 +5,13 @@
                     (dense/ragged)
     attention.py    the attention math: `attend` (einsum reference), `attend_cached` (cache
                     layout), the splash (TPU) and cuDNN (GPU) kernels, `resolve_impl`
-    transformer.py  Decoder (stacked layers applied with a scan, driven by an attention
-                    context), params (init/abstract/logical axes), forward,
-                    forward_with_routing, hidden_states, unembedding, routing_disagreement
+    block.py        the NNX modules: one layer (Block), the stacked layers, embedding, head
+    layer_stack.py  how the stacked layers run: scanned in runs of a repeating unit, or
+                    unrolled for the decode step (split_layers)
+    contexts.py     the full-sequence attention contexts (plain, shared prompt)
+    decoder.py      Decoder: embedding -> layers -> final norm, driven by a context
+    params.py       the parameter tree: init / abstract / logical axes / count, merge
+    functional.py   forward, forward_with_routing, hidden_states(_shared), unembedding
     kv_cache.py     cached decoding with a shared prefix: PromptCache / ResponseCache,
                     prefill_shared / decode_step_shared (the sampler's), through the same
                     Decoder
@@ -40,7 +44,7 @@ Params are a plain nested dict of arrays; every function takes
 `(model_config, params, arrays)` with model_config static. Per-layer parameters are
 stacked on a leading layer axis ("layers", never sharded) — over all layers for the
 attention half, over the dense layers for `mlp`, over the MoE layers for `moe`
-(transformer.py). The tree (shapes, logical axes):
+(block.py). The tree (shapes, logical axes):
 
     embed/embedding                        [V, D]          (vocab, embed)
     layers/input_norm/scale                [n, D]          (layers, None)   n = num_layers
@@ -61,6 +65,15 @@ attention half, over the dense layers for `mlp`, over the MoE layers for `moe`
 """
 
 from gspo_jax.models.config import ModelConfig
+from gspo_jax.models.functional import (
+    forward,
+    forward_with_routing,
+    hidden_states,
+    hidden_states_shared,
+    logits_from_hidden,
+    positions_from_mask,
+    unembedding,
+)
 from gspo_jax.models.hf_io import load_pretrained, read_hf_config, save_pretrained
 from gspo_jax.models.kv_cache import (
     PromptCache,
@@ -70,22 +83,8 @@ from gspo_jax.models.kv_cache import (
     prefill_shared,
     response_segments,
 )
-from gspo_jax.models.transformer import (
-    abstract_params,
-    forward,
-    forward_with_routing,
-    hidden_states,
-    hidden_states_shared,
-    init_params,
-    layer_runs,
-    logical_axes,
-    logits_from_hidden,
-    param_count,
-    positions_from_mask,
-    routing_disagreement,
-    split_layers,
-    unembedding,
-)
+from gspo_jax.models.layer_stack import layer_runs, split_layers
+from gspo_jax.models.params import abstract_params, init_params, logical_axes, param_count
 
 __all__ = [
     "ModelConfig",
@@ -108,7 +107,6 @@ __all__ = [
     "prefill_shared",
     "read_hf_config",
     "response_segments",
-    "routing_disagreement",
     "save_pretrained",
     "split_layers",
     "unembedding",

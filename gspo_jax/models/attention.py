@@ -1,7 +1,7 @@
 """Attention math of the decoder: the einsum reference, its cache-layout twin, and the fused
 kernels `ModelConfig.attention_impl` chooses between for the full-sequence pass.
 
-Where it sits: `transformer.SelfAttention` (the differentiated pass of the train step and
+Where it sits: `contexts.SelfAttention` (the differentiated pass of the train step and
 the log-prob pass, and the sampler's prefill) calls `self_attention`, which dispatches on
 the implementation; the decode step (kv_cache.py) always calls `attend_cached`, which reads
 the cache in place. Nothing here owns parameters.

@@ -40,7 +40,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from gspo_jax.models.config import ModelConfig
-from gspo_jax.models.transformer import abstract_params
+from gspo_jax.models.params import abstract_params
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"

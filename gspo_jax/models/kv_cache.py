@@ -2,7 +2,7 @@
 
 Where it sits: `sampling.py` calls `prefill_shared` once per prompt, then
 `decode_step_shared` inside its `lax.while_loop` (the G samples of a prompt read one
-copy of its KV cache). Both run the one `transformer.Decoder` composition: the prefill is
+copy of its KV cache). Both run the one `decoder.Decoder` composition: the prefill is
 the full-sequence pass (scanned over the stacked layers) keeping each layer's
 keys/values; the decode step runs it on one token, unrolled over the layers, with a cache
 attention context (`_CacheAttention`) that writes the token's key/value into its layer's
@@ -14,7 +14,7 @@ layer's whole updated buffer), keys [rows, K, C, slots] and values [rows, K, slo
 so a decode step's q·kᵀ and p·v contract each cache in place, without the per-step
 transpose a [rows, slots, K, C] layout costs. Writes are `dynamic_update_slice`s into
 these buffers; donate the cache (or carry it through a while_loop) and they happen in
-place. The decode step runs its layers unrolled (transformer.py): scanned over stacked
+place. The decode step runs its layers unrolled (layer_stack.py): scanned over stacked
 weights and a stacked cache, the sampler's decode step was 1.6x slower on XLA:CPU, since
 every step sliced (copied) each layer's weights and cache out of the stacks.
 
@@ -48,7 +48,8 @@ from flax import struct
 from gspo_jax.models import partition
 from gspo_jax.models.attention import attend_cached
 from gspo_jax.models.config import ModelConfig
-from gspo_jax.models.transformer import logits_from_hidden, merge, run_full
+from gspo_jax.models.functional import logits_from_hidden, run_full
+from gspo_jax.models.params import merge
 
 
 @struct.dataclass
@@ -144,7 +145,7 @@ def _write(k_QKCW, v_QKWC, k_BLKC, v_BLKC, at):
 
 @dataclasses.dataclass(frozen=True)
 class _CacheAttention:
-    """Attention context of a decode step (see transformer.Decoder, called unrolled with
+    """Attention context of a decode step (see decoder.Decoder, called unrolled with
     the layer index): every layer writes this call's k/v into time segment `segment` of
     its own buffers at offset `at`, then attends to [prompt ‖ segments 0..segment] with
     `attention.attend_cached`.

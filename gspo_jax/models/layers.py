@@ -1,6 +1,6 @@
 """Flax NNX building blocks of the Qwen decoder: RMSNorm, RoPE, GQA attention, SwiGLU MLP, MoE.
 
-Where it sits: `transformer.Decoder` stacks these; nothing here knows about checkpoints,
+Where it sits: `block.Block` (stacked by `block.Layers`, run by layer_stack.py) uses these; nothing here knows about checkpoints,
 caches as pytrees, or training. Every parameter is an `nnx.Param` carrying its logical
 axis names (metadata `out_sharding`, with eager sharding off) so `sharding.py` can map
 them to mesh axes without touching this file. Parameters live in `param_dtype` and are
@@ -9,10 +9,10 @@ MoE router run in float32.
 
 The attention math itself (which keys a query sees, the kernels) lives in attention.py;
 which of it runs, and what gets cached, is decided by the attention context the decoder
-passes to `Attention` (see transformer.py), not by this module.
+passes to `Attention` (see contexts.py, kv_cache.py), not by this module.
 
 Each module here is one layer's worth of parameters; the decoder stacks them on a leading
-layer axis (`nnx.vmap`) and scans over that axis (transformer.py).
+layer axis (`nnx.vmap`) and scans over that axis (layer_stack.py).
 
 Shape letters: B batch, L query tokens, D model width, H query heads, K kv heads,
 C head dim, F MLP width, E experts, X experts per token (top-k), J = B·L tokens
@@ -136,7 +136,7 @@ class Attention(nnx.Module):
 
     def __call__(self, x_BLD, cos, sin, attention):
         """attention: `attention(q_BLHC, k_BLKC, v_BLKC) -> (out_BLHC, cache_entry)`, the
-        decoder's attention context for this layer (see transformer.py): it gets this
+        decoder's attention context for this layer (see decoder.py): it gets this
         call's normed, rotated queries/keys and values, stores what its cache keeps, and
         attends. Returns (y_BLD, cache_entry)."""
         q, k, v = self.q_proj(x_BLD), self.k_proj(x_BLD), self.v_proj(x_BLD)

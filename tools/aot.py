@@ -1,6 +1,6 @@
 """Compile a run's every jitted function for a TPU slice, without the TPU: does it fit?
 
-    python -m gspo_jax.aot --config=configs/gspo_paper.py --preset=Qwen3-8B \\
+    python -m tools.aot --config=configs/gspo_paper.py --preset=Qwen3-8B \\
         --topology=v5p:4x4x4 --config.response_length=16384 --config.mesh.data=1 \\
         --config.mesh.fsdp=-1 --config.micro_batch_size=64
 
@@ -12,8 +12,8 @@ mesh (`config.mesh`), the parameter / optimizer / batch shardings the trainer us
 lowers and compiles, as `jax.ShapeDtypeStruct`s carrying those shardings, the functions
 one RL step calls:
 
-    sampler prefill   sampling._prefill: one prefill per prompt, the response cache
-    sampler decode    sampling._decode: the while_loop over response_length tokens
+    sampler prefill   sampler._prefill: one prefill per prompt, the response cache
+    sampler decode    sampler._decode: the while_loop over response_length tokens
     logprobs          train_step.make_logprobs_fn: π_old (and π_ref) recompute
     advantages        rollout.make_advantage_fn (or the token-level-KL variant)
     train step        train_step.make_train_step: ppo_epochs × num_mini_batches updates
@@ -41,25 +41,19 @@ import sys
 import time
 from typing import Any
 
-# Compiling needs libtpu, never a TPU: keep jax's runtime on the CPU (a TPU VM's chips stay
-# free for a run), let several compile processes load libtpu at once (it otherwise holds a
-# lockfile), and quiet its probe of the host's TPU metadata.
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
-os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-
 import jax
 import jax.numpy as jnp
 from absl import app, flags
 from ml_collections import config_flags
 
 from gspo_jax import advantages as advantages_lib
-from gspo_jax import config as config_lib
-from gspo_jax import models, optim, rollout, sampling
+from gspo_jax import models
 from gspo_jax import sharding as sharding_lib
 from gspo_jax.models.attention import resolve_impl
-from gspo_jax.train_step import TrainState, batch_ndims, make_logprobs_fn, make_train_step
+from gspo_jax.sampling import sampler
+from gspo_jax.train_step import TrainState, batch_ndims, make_logprobs_fn, make_train_step, optim
+from gspo_jax.trainer import config as config_lib
+from gspo_jax.trainer import rollout
 
 GiB = 2**30
 
@@ -341,7 +335,7 @@ def compile_run(
         tokens_NP = _batch_sds(mesh, (N, P), jnp.int32)
         key = jax.eval_shape(lambda: jax.random.key(0))
         key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=rep)
-        segments = len(sampling._segments(T, sampling._auto_segments(T)))
+        segments = len(sampler._segments(T, sampler._auto_segments(T)))
         prefill_kwargs = {
             "num_samples": G,
             "share_prefix": True,
@@ -352,7 +346,7 @@ def compile_run(
         if "prefill" in functions or "decode" in functions:
             report, compiled = _compile(
                 "sampler prefill",
-                sampling._prefill,
+                sampler._prefill,
                 cfg,
                 params,
                 tokens_NP,
@@ -366,7 +360,7 @@ def compile_run(
                 reports.append(report)
             if compiled is not None:
                 shapes = jax.eval_shape(
-                    lambda p, t, k: sampling._prefill(cfg, p, t, t, k, **prefill_kwargs),
+                    lambda p, t, k: sampler._prefill(cfg, p, t, t, k, **prefill_kwargs),
                     abstract,
                     jax.ShapeDtypeStruct((N, P), jnp.int32),
                     jax.eval_shape(lambda: jax.random.key(0)),
@@ -382,7 +376,7 @@ def compile_run(
             temperature = float(c.sampling.temperature)
             report, _ = _compile(
                 "sampler decode",
-                sampling._decode,
+                sampler._decode,
                 cfg,
                 params,
                 prompt,
@@ -525,6 +519,18 @@ _PROCESSES = flags.DEFINE_integer(
 )
 
 
+def prepare_process() -> None:
+    """Settings of an aot process (its entry point calls this first, before any jax backend
+    starts; importing this module changes nothing): compiling needs libtpu, never a TPU, so
+    jax's runtime stays on the CPU (a TPU VM's chips stay free for a run); several compile
+    processes may load libtpu at once (it otherwise holds a lockfile); and libtpu does not
+    probe the host's TPU metadata."""
+    jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS") or "cpu")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+
+
 def main(argv) -> int:
     del argv
     if not _TOPOLOGY.value:
@@ -560,4 +566,5 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
+    prepare_process()
     app.run(lambda argv: sys.exit(main(argv)))

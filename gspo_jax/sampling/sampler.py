@@ -62,7 +62,7 @@ import numpy as np
 from flax import struct
 
 from gspo_jax import models
-from gspo_jax.draw import next_token
+from gspo_jax.sampling.draw import next_token
 
 __all__ = [
     "DEFAULT_BUCKETS",

@@ -1,6 +1,6 @@
 """Token draws: which distribution a sampled token comes from, and its log-prob.
 
-`sampling._decode` calls `next_token` once per decode step (inside its while_loop):
+`sampler._decode` calls `next_token` once per decode step (inside its while_loop):
 temperature τ, then top-k, then top-p on the logits (`filter_logits`), then one
 categorical draw per row by inverse CDF (`draw_categorical`); greedy (τ = 0) is argmax.
 The log-prob reported with each token is always of the *unfiltered* softmax(logits / τ),

@@ -27,13 +27,20 @@ import orbax.checkpoint as ocp
 import tensorflow_datasets as tfds
 from jax.sharding import Mesh
 
-from gspo_jax import checkpoint, data, models, optim, rollout, sampling, writers
-from gspo_jax import config as config_lib
+from gspo_jax import data, models, sampling
 from gspo_jax import sharding as sharding_lib
-from gspo_jax import state as state_lib
-from gspo_jax import workdir as workdir_lib
 from gspo_jax.rewards import RewardPool, build_reward
-from gspo_jax.train_step import StepConfig, batch_shardings, make_logprobs_fn, make_train_step
+from gspo_jax.train_step import (
+    StepConfig,
+    batch_shardings,
+    make_logprobs_fn,
+    make_train_step,
+    optim,
+)
+from gspo_jax.trainer import checkpoint, rollout, writers
+from gspo_jax.trainer import config as config_lib
+from gspo_jax.trainer import state as state_lib
+from gspo_jax.trainer import workdir as workdir_lib
 
 log = logging.getLogger(__name__)
 

@@ -324,7 +324,7 @@ def _gap_sums(logp_BT, sampler_BT, mask_BT) -> dict:
 def routing_changes(old_MBLX, new_MBLX, attention_mask_BL):
     """(changed, total): of the `total` activated experts (valid token x MoE layer x top-k
     slot), how many the new routing picks that the old one did not pick for the same token
-    and layer (expert sets compared, order ignored; as `models.routing_disagreement`)."""
+    and layer (expert sets compared, order ignored; as `tests/routing_checks.py`)."""
     kept_MBL = jnp.any(new_MBLX[..., :, None] == old_MBLX[..., None, :], axis=-1).sum(-1)
     k = new_MBLX.shape[-1]
     valid_BL = (attention_mask_BL > 0).astype(jnp.float32)

@@ -53,7 +53,7 @@ import orbax.checkpoint as ocp
 
 from gspo_jax import models
 from gspo_jax import sharding as sharding_lib
-from gspo_jax.state import RunState
+from gspo_jax.trainer.state import RunState
 
 log = logging.getLogger(__name__)
 

@@ -30,10 +30,23 @@ from typing import Any
 import jax
 import numpy as np
 
-from gspo_jax import checkpoint, evaluation, experiment, models, preemption, rollout, sft, writers
-from gspo_jax import state as state_lib
-from gspo_jax.experiment import Run
-from gspo_jax.state import RunState
+from gspo_jax import models
+from gspo_jax.trainer import (
+    checkpoint,
+    evaluation,
+    preemption,
+    rollout,
+    writers,
+)
+from gspo_jax.trainer import (
+    setup as experiment,
+)
+from gspo_jax.trainer import state as state_lib
+from gspo_jax.trainer import (
+    warm_start as sft,
+)
+from gspo_jax.trainer.setup import Run
+from gspo_jax.trainer.state import RunState
 
 log = logging.getLogger(__name__)
 

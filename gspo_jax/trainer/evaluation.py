@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from gspo_jax import rollout
 from gspo_jax import sharding as sharding_lib
+from gspo_jax.trainer import rollout
 
 
 def greedy_accuracy(

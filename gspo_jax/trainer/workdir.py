@@ -32,8 +32,8 @@ import os
 
 import jax
 
-from gspo_jax import config as config_lib
 from gspo_jax import sharding as sharding_lib
+from gspo_jax.trainer import config as config_lib
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
 """GSPO vs GRPO at laptop scale: the paper's claims (arXiv 2507.18071 §5.2-§5.4) checked on
 the synthetic task, with the command that regenerates docs/results.md.
 
-  python -m gspo_jax.experiments.gspo_vs_grpo                 # the published run
-  python -m gspo_jax.experiments.gspo_vs_grpo --steps=40 --seeds=2 --results=/tmp/r.md
-  python -m gspo_jax.experiments.gspo_vs_grpo --quick         # minutes: a smoke test
+  python -m experiments.gspo_vs_grpo                 # the published run
+  python -m experiments.gspo_vs_grpo --steps=40 --seeds=2 --results=/tmp/r.md
+  python -m experiments.gspo_vs_grpo --quick         # minutes: a smoke test
 
 Arms (each from scratch, one run per seed, equal rollout budgets: every arm samples
 num_steps x rollout_batch_size x G responses and splits each rollout into 4 mini-batches):
@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-log = logging.getLogger("gspo_jax.experiments")
+log = logging.getLogger("experiments")
 
 EPS_GSPO = (3e-4, 4e-4)  # configs/gspo_paper.py
 UPCYCLE_NOISE = 0.01  # relative per-weight noise that lets the upcycled experts diverge
@@ -134,7 +134,9 @@ def warm_start(model: str, budget: Budget, root: str) -> str:
     warm start (1200 steps) solved 0.5% of 200 held-out problems when we measured it, too
     rare a reward for RL to act on within this budget; the upcycled one starts where the
     dense model does."""
-    from gspo_jax import checkpoint, experiment, train
+    from gspo_jax.trainer import checkpoint
+    from gspo_jax.trainer import loop as train
+    from gspo_jax.trainer import setup as experiment
 
     workdir = os.path.join(root, f"warm_start_{model}")
     hf = os.path.join(workdir, "hf")
@@ -225,7 +227,7 @@ def upcycle(
 
 def run_arm(arm: Arm, seed: int, budget: Budget, root: str, warm: str) -> dict:
     """One training run from the warm start (skipped if its workdir holds a finished run)."""
-    from gspo_jax import train
+    from gspo_jax.trainer import loop as train
 
     workdir = _run_dir(root, arm, seed)
     if os.path.exists(os.path.join(workdir, "summary.json")):
@@ -276,8 +278,10 @@ def noise_floor(root: str, quick: bool) -> list[dict]:
 
     import gspo_jax.rewards.testing  # noqa: F401  (registers test_checksum)
     from configs import gspo_paper
-    from gspo_jax import experiment, rollout, train
     from gspo_jax.train_step import make_train_step
+    from gspo_jax.trainer import loop as train
+    from gspo_jax.trainer import rollout
+    from gspo_jax.trainer import setup as experiment
 
     cached = os.path.join(root, "noise_floor.json")
     if os.path.exists(cached):
@@ -362,7 +366,7 @@ def noise_floor(root: str, quick: bool) -> list[dict]:
 
 
 def _series(workdir: str, key: str) -> tuple[np.ndarray, np.ndarray]:
-    from gspo_jax import writers
+    from gspo_jax.trainer import writers
 
     rows = writers.read_metrics(os.path.join(workdir, "metrics.jsonl"))
     pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
@@ -430,7 +434,7 @@ def plot(root: str, arms: Sequence[Arm], seeds: Sequence[int], model: str, png: 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from gspo_jax.writers import _ema
+    from gspo_jax.trainer.writers import _ema
 
     fig, axes = plt.subplots(2, 3, figsize=(14, 7), squeeze=False)
     for ax, (title, key, smooth) in zip(axes.flat, PLOTS):
@@ -783,7 +787,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     # Seeds of an arm compile the same programs: XLA's persistent cache skips the repeats.
     jax.config.update("jax_compilation_cache_dir", os.path.join(args.workdir, "jax_cache"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-    command = "python -m gspo_jax.experiments.gspo_vs_grpo " + " ".join(
+    command = "python -m experiments.gspo_vs_grpo " + " ".join(
         a for a in (sys.argv[1:] if argv is None else argv) if a != "--report_only"
     )
     if args.report_only:

@@ -35,9 +35,9 @@ import numpy as np
 from gspo_jax import advantages as advantages_lib
 from gspo_jax import objectives, sampling
 from gspo_jax import sharding as sharding_lib
-from gspo_jax.config import advantage_kwargs
 from gspo_jax.rewards import score_batch
 from gspo_jax.rewards.scoring import HARD_FAILURES, FailureLog, raise_all_failed
+from gspo_jax.trainer.config import advantage_kwargs
 
 
 def bucket_prompts(tokens_NP: np.ndarray, mask_NP: np.ndarray, buckets) -> tuple:
@@ -196,7 +196,7 @@ def make_advantage_fn(config, mesh=None):
             return call(token_level, in_tok, args)
         return call(sequence_level, in_seq, (rewards_B, valid_B, running))
 
-    # The jitted function the config uses, positional arguments only (gspo_jax.aot lowers it).
+    # The jitted function the config uses, positional arguments only (tools.aot lowers it).
     fn.jitted = token_level if config.add_token_level_kl else sequence_level
     return fn
 

@@ -29,12 +29,12 @@ import os
 import sys
 import warnings
 
-from gspo_jax import advantages, models, objectives, optim
+from gspo_jax import advantages, models, objectives
 from gspo_jax import sharding as sharding_lib
 from gspo_jax.data.build import DATASETS
 from gspo_jax.data.pipeline import OVERLONG_POLICIES
 from gspo_jax.models.config import ARCHS, ATTENTION_IMPLS, DTYPES, MOE_IMPLS, REMAT_POLICIES
-from gspo_jax.train_step import StepConfig
+from gspo_jax.train_step import StepConfig, optim
 
 
 class ConfigError(ValueError):

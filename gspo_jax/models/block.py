@@ -1,0 +1,90 @@
+"""The NNX modules of the decoder: one layer (`Block`), the stacked layers (`Layers`), the
+embedding and the untied output head.
+
+Every per-layer parameter is stacked on a leading layer axis (logical axis "layers",
+never sharded): `layers/attn/q_proj/kernel` is [layers, D, H, C]. The attention half of a
+layer (its two norms and `Attention`) is stacked over all layers; the MLP half over the
+dense layers (`layers/mlp`, in layer order) and the MoE half over the MoE layers
+(`layers/moe`, in `model_config.moe_layers` order, which is also the order of the routing
+arrays). `Block` is the one place a layer is written down: layer_stack.py merges one from
+each layer's slice of the stacks.
+
+Shape letters: B batch, L tokens, D model width, V vocab, X experts per token.
+"""
+
+from __future__ import annotations
+
+from flax import nnx
+
+from gspo_jax.models.config import ModelConfig
+from gspo_jax.models.layers import MLP, Attention, MoE, RMSNorm, _param
+
+
+class Block(nnx.Module):
+    """Pre-norm decoder layer: x += attn(norm(x)); x += mlp_or_moe(norm(x)).
+
+    One layer's parameters. The decoder keeps them stacked (`Layers`) and merges a Block
+    from each layer's slice inside its scan."""
+
+    def __init__(self, cfg: ModelConfig, is_moe: bool, rngs: nnx.Rngs):
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg)
+        self.attn = Attention(cfg, rngs)
+        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg)
+        self.is_moe = is_moe
+        self.mlp = MoE(cfg, rngs) if is_moe else MLP(cfg, cfg.intermediate_size, rngs)
+
+    def __call__(self, x_BLD, cos, sin, attention, forced_BLX=None):
+        """attention: this layer's context, `(q, k, v) -> (out, cache_entry)`.
+        Returns (x_BLD, cache_entry, expert indices [B, L, X] or None)."""
+        attn_out, cache_entry = self.attn(self.input_norm(x_BLD), cos, sin, attention)
+        x_BLD = x_BLD + attn_out
+        if self.is_moe:
+            mlp_out, idx_BLX = self.mlp(self.post_attn_norm(x_BLD), forced_BLX)
+        else:
+            mlp_out, idx_BLX = self.mlp(self.post_attn_norm(x_BLD)), None
+        return x_BLD + mlp_out, cache_entry, idx_BLX
+
+
+def _stacked(n: int, make, rngs: nnx.Rngs):
+    """`make(rngs)` n times, each parameter stacked on a new leading axis named "layers"
+    (independent random init per layer)."""
+
+    @nnx.split_rngs(splits=n)
+    @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+    def create(rngs):
+        return make(rngs)
+
+    return create(rngs)
+
+
+class Layers(nnx.Module):
+    """Every layer's parameters, stacked: the attention half over all layers, the MLP half
+    over the dense layers and the MoE half over the MoE layers (module docstring)."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        n, m = cfg.num_layers, cfg.num_moe_layers
+        D, eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.input_norm = _stacked(n, lambda r: RMSNorm(D, eps, cfg), rngs)
+        self.attn = _stacked(n, lambda r: Attention(cfg, r), rngs)
+        self.post_attn_norm = _stacked(n, lambda r: RMSNorm(D, eps, cfg), rngs)
+        dense = n - m
+        self.mlp = (
+            _stacked(dense, lambda r: MLP(cfg, cfg.intermediate_size, r), rngs) if dense else None
+        )
+        self.moe = _stacked(m, lambda r: MoE(cfg, r), rngs) if m else None
+
+
+class Embed(nnx.Module):
+    """Token embedding table [V, D]."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        shape = (cfg.vocab_size, cfg.hidden_size)
+        self.embedding = _param(rngs, shape, ("vocab", "embed"), cfg.param_dtype)
+
+
+class LMHead(nnx.Module):
+    """Untied output projection [D, V]."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        shape = (cfg.hidden_size, cfg.vocab_size)
+        self.kernel = _param(rngs, shape, ("embed", "vocab"), cfg.param_dtype)

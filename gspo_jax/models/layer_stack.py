@@ -1,0 +1,278 @@
+"""How the stacked layers are run: scanned in runs of a repeating unit, or unrolled.
+
+The full-sequence pass (train step, log-probs, prefill) applies the stacked layers with
+`jax.lax.scan`, so its compiled program (and compile time) does not grow with depth;
+`model_config.scan_layers=False` runs the same layers in a Python loop instead (MaxText's
+`scan_layers`): a program that grows with depth, but no stacked residuals for the
+backward pass to write and read back (docs/benchmarks.md has the measurements). A model
+whose layers are not all of one kind (Qwen3-MoE's `mlp_only_layers`,
+`decoder_sparse_step`) is cut into runs of a repeating unit (`layer_runs`: e.g. 24 ×
+(dense, MoE) for decoder_sparse_step=2), each run one scan over its unit; order is kept
+exactly. The one-token decode step runs the layers unrolled instead, each with its own
+cache buffer (`apply_layers_unrolled`, `split_layers`): scanned, every step copied each
+layer's weights and cache out of the stacks.
+
+Every function here takes an attention context (models/contexts.py) and hands each layer
+its slice of the context's per-layer data (`context.layer_data`, leading layer axis),
+sliced by the same scan as the weights.
+
+Shape letters: B batch, L tokens, D model width, M MoE layers, X experts per token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from gspo_jax.models.block import Block
+from gspo_jax.models.config import ModelConfig
+
+_SCAN_UNROLL = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerRun:
+    """`repeats` consecutive copies of a unit of layers, applied as one scan.
+
+    start: first layer; kinds: per layer of the unit, True for MoE; dense_start /
+    moe_start: index of the run's first dense / MoE layer in the `mlp` / `moe` stacks.
+    """
+
+    start: int
+    kinds: tuple[bool, ...]
+    repeats: int
+    dense_start: int
+    moe_start: int
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.kinds) * self.repeats
+
+    @property
+    def dense_per_unit(self) -> int:
+        return len(self.kinds) - sum(self.kinds)
+
+    @property
+    def moe_per_unit(self) -> int:
+        return sum(self.kinds)
+
+
+@functools.cache
+def layer_runs(cfg: ModelConfig) -> tuple[LayerRun, ...]:
+    """The layers cut into runs of a repeating unit, fewest traced layers first.
+
+    Each run compiles its unit once, so compile work is Σ unit lengths; this picks the
+    cut minimising it (then the number of runs): all-dense or all-MoE models are one run
+    of a one-layer unit; decoder_sparse_step=2 is one run of (dense, MoE) pairs; an odd
+    mlp_only_layers entry costs a run or two more.
+    """
+    kinds = tuple(cfg.is_moe_layer(i) for i in range(cfg.num_layers))
+    n = len(kinds)
+    # best[i] = (traced layers, runs, (unit length, repeats)) for layers i..n-1
+    best: list = [None] * n + [(0, 0, None)]
+    for i in range(n - 1, -1, -1):
+        for p in range(1, n - i + 1):
+            unit = kinds[i : i + p]
+            r = 1
+            while i + (r + 1) * p <= n and kinds[i + r * p : i + (r + 1) * p] == unit:
+                r += 1
+            for repeats in range(1, r + 1):
+                cost, runs, _ = best[i + p * repeats]
+                candidate = (cost + p, runs + 1, (p, repeats))
+                if best[i] is None or candidate[:2] < best[i][:2]:
+                    best[i] = candidate
+    out, i = [], 0
+    while i < n:
+        p, repeats = best[i][2]
+        before = kinds[:i]
+        out.append(LayerRun(i, kinds[i : i + p], repeats, i - sum(before), sum(before)))
+        i += p * repeats
+    return tuple(out)
+
+
+def _remat_policy(name: str):
+    if name == "dots":
+        return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+    return None  # "full": save nothing but the layer's inputs
+
+
+@functools.cache
+def _block_graph(cfg: ModelConfig, is_moe: bool):
+    """(graphdef, abstract State) of one layer of this kind, built once."""
+    # graph_updates=False: no shardings from a mesh in context (logical names are not mesh
+    # axes; the first call may happen while tracing under jax.set_mesh).
+    return nnx.split(nnx.eval_shape(lambda: Block(cfg, is_moe, nnx.Rngs(0)), graph_updates=False))
+
+
+def _merge_block(cfg: ModelConfig, is_moe: bool, layer_params) -> Block:
+    graphdef, abstract_state = _block_graph(cfg, is_moe)
+    state = jax.tree.map(lambda v: v, abstract_state)  # fresh Variables, cached ones untouched
+    nnx.replace_by_pure_dict(state, layer_params)
+    return nnx.merge(graphdef, state)
+
+
+def _slice_layers(tree, start: int, count: int, total: int, unit: int):
+    """Layers [start, start + count) of arrays with a leading layer axis of `total`, as
+    [count // unit, unit, ...] (no slice when the run covers the whole stack)."""
+
+    def one(a):
+        if count != total:
+            a = jax.lax.slice_in_dim(a, start, start + count, axis=0)
+        return a.reshape(count // unit, unit, *a.shape[1:])
+
+    return jax.tree.map(one, tree)
+
+
+def _unit_fn(run: LayerRun, layer_fn, policy, scanned: bool):
+    """(x, this unit's slices) -> (x, {"entries", "routes"} stacked over the unit's layers):
+    the body of the run's scan. layer_fn(is_moe, layer_params, x, data, forced) runs one
+    layer; with a remat policy each layer is checkpointed on its own."""
+
+    def unit(x, xs_unit):
+        unit_entries, unit_routes = [], []
+        d = e = 0
+        for j, is_moe in enumerate(run.kinds):
+            layer_params = jax.tree.map(lambda a, j=j: a[j], xs_unit["half"])
+            if is_moe:
+                layer_params["mlp"] = jax.tree.map(lambda a, e=e: a[e], xs_unit["moe"])
+                forced = xs_unit["forced"][e] if "forced" in xs_unit else None
+            else:
+                layer_params["mlp"] = jax.tree.map(lambda a, d=d: a[d], xs_unit["mlp"])
+                forced = None
+            data = jax.tree.map(lambda a, j=j: a[j], xs_unit["data"])
+            fn = functools.partial(layer_fn, is_moe)
+            if policy is not False:
+                # Inside a scan the loop already keeps iterations apart, so CSE across the
+                # recomputation is harmless (jax's advice for remat inside scan).
+                fn = jax.checkpoint(fn, policy=policy, prevent_cse=not scanned)
+            x, entry, idx = fn(layer_params, x, data, forced)
+            unit_entries.append(entry)
+            if is_moe:
+                unit_routes.append(idx)
+                e += 1
+            else:
+                d += 1
+        stack = functools.partial(jax.tree.map, lambda *a: jnp.stack(a))
+        routes = stack(*unit_routes) if unit_routes else None
+        return x, {"entries": stack(*unit_entries), "routes": routes}
+
+    return unit
+
+
+def apply_layers(cfg: ModelConfig, stacks: dict, x_BLD, cos, sin, attention, routing, remat):
+    """All layers, run by run (`layer_runs`), each run a scan over its repeated unit.
+
+    Returns (x_BLD, cache entries stacked on a leading layer axis (or None), routing
+    [M, B, L, X] computed or forced)."""
+    n, m = cfg.num_layers, cfg.num_moe_layers
+    policy = _remat_policy(cfg.remat) if remat and cfg.remat != "none" else False
+
+    def layer_fn(is_moe, layer_params, x, data, forced):
+        block = _merge_block(cfg, is_moe, layer_params)
+        return block(x, cos, sin, functools.partial(attention, data), forced)
+
+    entries, routes = [], []
+    for run in layer_runs(cfg):
+        p, pd, pm = len(run.kinds), run.dense_per_unit, run.moe_per_unit
+        half = {k: stacks[k] for k in ("input_norm", "attn", "post_attn_norm")}
+        xs = {
+            "half": _slice_layers(half, run.start, run.num_layers, n, p),
+            "data": _slice_layers(attention.layer_data, run.start, run.num_layers, n, p),
+        }
+        if pd:
+            xs["mlp"] = _slice_layers(stacks["mlp"], run.dense_start, pd * run.repeats, n - m, pd)
+        if pm:
+            xs["moe"] = _slice_layers(stacks["moe"], run.moe_start, pm * run.repeats, m, pm)
+            if routing is not None:
+                xs["forced"] = _slice_layers(routing, run.moe_start, pm * run.repeats, m, pm)
+        scanned = run.repeats > 1 and cfg.scan_layers
+        unit = _unit_fn(run, layer_fn, policy, scanned)
+        if scanned:
+            x_BLD, ys = jax.lax.scan(unit, x_BLD, xs, unroll=_SCAN_UNROLL)
+        else:  # one unit, or `scan_layers=False`: the units in a Python loop
+            per_unit = []
+            for r in range(run.repeats):
+                x_BLD, y = unit(x_BLD, jax.tree.map(lambda a, r=r: a[r], xs))
+                per_unit.append(y)
+            ys = jax.tree.map(lambda *a: jnp.stack(a), *per_unit)
+        flat = functools.partial(jax.tree.map, lambda a: a.reshape(-1, *a.shape[2:]))
+        entries.append(flat(ys["entries"]))
+        if pm:
+            routes.append(flat(ys["routes"]))
+    if len(entries) == 1:
+        entries_out = entries[0]
+    else:
+        entries_out = jax.tree.map(lambda *a: jnp.concatenate(a), *entries)
+    B, L = x_BLD.shape[:2]
+    if routes:
+        routing_out = routes[0] if len(routes) == 1 else jnp.concatenate(routes)
+    else:
+        routing_out = jnp.zeros((0, B, L, cfg.num_experts_per_tok), jnp.int32)
+    return x_BLD, entries_out, routing_out
+
+
+def split_layers(model_config: ModelConfig, params) -> tuple[dict, ...]:
+    """Each layer's own parameters sliced out of the stacks, in the compute dtype: a tuple
+    over layers of {"input_norm", "attn", "post_attn_norm", "mlp"} (for a MoE layer "mlp"
+    holds its MoE block's). Jittable.
+
+    For a loop that runs the layers unrolled at every iteration (the sampler's decode
+    loop): slice once before the loop and pass the result as `layer_params`. XLA does
+    not hoist static slices of the stacks out of a while loop; inside it they copy every
+    layer's weights at every step (measured: the sampler's decode step 1.45x slower).
+    The cast to the compute dtype is the one every layer applies on use (the MoE router
+    excepted: it computes in f32 from the stored weights), done once: a decode step then
+    reads bf16 weights, not f32 master weights, and the copy costs half as much.
+    """
+    stacks = params["layers"]
+    dtype = jnp.dtype(model_config.dtype)
+    out, dense, moe = [], 0, 0
+
+    def at(tree, index):
+        return jax.tree.map(lambda a: a[index].astype(dtype), tree)
+
+    for i in range(model_config.num_layers):
+        layer = {k: at(stacks[k], i) for k in ("input_norm", "attn", "post_attn_norm")}
+        if model_config.is_moe_layer(i):
+            router = stacks["moe"]["router"]
+            layer["mlp"] = at({k: v for k, v in stacks["moe"].items() if k != "router"}, moe)
+            layer["mlp"]["router"] = jax.tree.map(lambda a, m=moe: a[m], router)
+            moe += 1
+        else:
+            layer["mlp"] = at(stacks["mlp"], dense)
+            dense += 1
+        out.append(layer)
+    return tuple(out)
+
+
+def apply_layers_unrolled(cfg: ModelConfig, layer_params, x_BLD, cos, sin, attention, routing):
+    """All layers in a Python loop, layer i's weights `layer_params[i]` (`split_layers`).
+
+    For the decode step (kv_cache.py), whose cache is one buffer per layer: the context is
+    called with the layer's index, reads and writes that layer's buffers only, and the
+    cache entries come back as a tuple over layers. Scanning the decode step over stacked
+    weights and a stacked cache made the sampler's XLA:CPU decode step 1.6x slower (every
+    step sliced each layer out of the stacks); compile time is the differentiated pass's
+    problem, which stays scanned.
+    Returns (x_BLD, tuple of entries, routing [M, B, L, X])."""
+    entries, routes = [], []
+    moe = 0
+    for i in range(cfg.num_layers):
+        is_moe = cfg.is_moe_layer(i)
+        forced = routing[moe] if is_moe and routing is not None else None
+        block = _merge_block(cfg, is_moe, layer_params[i])
+        x_BLD, entry, idx = block(x_BLD, cos, sin, functools.partial(attention, i), forced)
+        entries.append(entry)
+        if is_moe:
+            routes.append(idx)
+            moe += 1
+    B, L = x_BLD.shape[:2]
+    if routes:
+        routing_out = jnp.stack(routes)
+    else:
+        routing_out = jnp.zeros((0, B, L, cfg.num_experts_per_tok), jnp.int32)
+    return x_BLD, tuple(entries), routing_out

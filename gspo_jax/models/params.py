@@ -1,0 +1,107 @@
+"""The parameter tree: creation (random, abstract), logical axes, counts, and merging a
+plain nested dict of arrays into the NNX `Decoder`.
+
+Params are a plain nested dict of arrays (the tree is drawn in models/__init__.py);
+`logical_axes` names each dimension for sharding/rules.py.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+from flax import nnx
+
+from gspo_jax.models.config import ModelConfig
+from gspo_jax.models.decoder import Decoder
+
+
+@functools.cache
+def _graph(cfg: ModelConfig):
+    """(graphdef, abstract State) of the Decoder for this config, built once."""
+    abstract = nnx.eval_shape(lambda: Decoder(cfg, nnx.Rngs(0)), graph_updates=False)
+    return nnx.split(abstract)  # (graph_updates=False: see _block_graph)
+
+
+def merge(cfg: ModelConfig, params) -> Decoder:
+    """Decoder module holding `params` (a nested dict as returned by init_params)."""
+    graphdef, abstract_state = _graph(cfg)
+    _check_params(cfg, params)
+    state = jax.tree.map(lambda v: v, abstract_state)  # fresh Variables, cached ones untouched
+    nnx.replace_by_pure_dict(state, params)
+    return nnx.merge(graphdef, state)
+
+
+def _check_params(cfg: ModelConfig, params) -> None:
+    """Clear error (at trace time) when params do not fit the config's tree and shapes."""
+
+    def paths(tree):
+        flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+        return {"/".join(str(getattr(k, "key", k)) for k in p): tuple(x.shape) for p, x in flat}
+
+    want, got = paths(abstract_params(cfg)), paths(params)
+    if want == got:
+        return
+    missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+    wrong = sorted(k for k in set(want) & set(got) if want[k] != got[k])
+    details = [
+        f"missing {missing[:4]}" if missing else "",
+        f"unexpected {extra[:4]}" if extra else "",
+    ]
+    details += [f"{k} has shape {got[k]}, expected {want[k]}" for k in wrong[:4]]
+    raise ValueError(
+        f"params do not fit this {cfg.arch} ModelConfig: " + "; ".join(d for d in details if d)
+    )
+
+
+def _state_to_dict(state, leaf_fn):
+    """nnx.State -> nested dict, applying leaf_fn to each Variable."""
+    out = {}
+    for key, value in state.items():
+        if isinstance(value, nnx.Variable):
+            out[key] = leaf_fn(value)
+        else:
+            out[key] = _state_to_dict(value, leaf_fn)
+    return out
+
+
+def init_params(model_config: ModelConfig, rng: jax.Array) -> dict:
+    """Random parameters, normal(0, 0.02) for matrices, ones for norms, zeros for biases.
+
+    Jittable with model_config static (give out_shardings to create them sharded).
+    """
+    model = Decoder(model_config, nnx.Rngs(params=rng))
+    return nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+
+def abstract_params(model_config: ModelConfig) -> dict:
+    """ShapeDtypeStructs of the parameters (no allocation)."""
+    return _state_to_dict(_graph(model_config)[1], lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype))
+
+
+def logical_axes(model_config: ModelConfig) -> dict:
+    """Same tree as the params; each leaf a tuple of logical axis names (or None per dim).
+
+    Names: "layers" (the leading axis of every per-layer parameter), "vocab", "embed",
+    "heads", "kv_heads", "mlp", "expert"; None for head_dim, norm scales and the router's
+    expert dim (kept replicated). Map with
+    `jax.tree.map(fn, params, logical_axes(cfg))` (params first, so tuples stay whole).
+    """
+    return _state_to_dict(
+        _graph(model_config)[1], lambda v: tuple(v.get_metadata()["out_sharding"])
+    )
+
+
+def param_count(model_config: ModelConfig, *, active: bool = False) -> int:
+    """Number of parameters; `active=True` counts only top-k of the experts per MoE layer."""
+    total = 0
+    for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_params(model_config))[0]:
+        n = 1
+        for s in leaf.shape:
+            n *= s
+        names = [getattr(p, "key", None) for p in path]
+        is_expert = names[-2:-1] == ["moe"] and names[-1] in ("gate_proj", "up_proj", "down_proj")
+        if active and is_expert:  # expert tensor [M, E, ., .]: only top-k of E are used
+            n = n // model_config.num_experts * model_config.num_experts_per_tok
+        total += n
+    return total

@@ -1,0 +1,66 @@
+"""Parallelism: the device mesh, every sharding of the run, and the multi-process host side.
+
+    mesh.py        the mesh axes (data, fsdp, tensor, expert), their sizes, the mesh
+    rules.py       logical axis names -> mesh axes (LOGICAL_RULES), parameter, optimizer-state
+                   and batch shardings
+    multihost.py   this process's rows <-> global arrays, and the few host collectives
+                   (host_max, host_sum, gather_*, lead_first)
+
+Everything is importable from `gspo_jax.sharding` itself.
+"""
+
+from gspo_jax.sharding.mesh import (
+    BATCH_AXES,
+    MESH_AXES,
+    data_parallel_size_of,
+    make_mesh,
+    mesh_shape,
+)
+from gspo_jax.sharding.multihost import (
+    barrier,
+    gather_json,
+    gather_params,
+    gather_rows,
+    host_max,
+    host_sum,
+    lead_first,
+    process_rows,
+    to_global,
+    to_local,
+)
+from gspo_jax.sharding.rules import (
+    LOGICAL_RULES,
+    batch_sharding,
+    batch_shardings,
+    data_parallel_size,
+    logical_to_spec,
+    optimizer_state_shardings,
+    replicated,
+    tree_shardings,
+)
+
+__all__ = [
+    "BATCH_AXES",
+    "LOGICAL_RULES",
+    "MESH_AXES",
+    "barrier",
+    "batch_sharding",
+    "batch_shardings",
+    "data_parallel_size",
+    "data_parallel_size_of",
+    "gather_json",
+    "gather_params",
+    "gather_rows",
+    "host_max",
+    "host_sum",
+    "lead_first",
+    "logical_to_spec",
+    "make_mesh",
+    "mesh_shape",
+    "optimizer_state_shardings",
+    "process_rows",
+    "replicated",
+    "to_global",
+    "to_local",
+    "tree_shardings",
+]
