@@ -33,7 +33,7 @@ from configs import base
 from gspo_jax import models
 from gspo_jax import sharding as sharding_lib
 from gspo_jax.train_step import TrainState, make_train_step, optim
-from gspo_jax.trainer import config as config_lib
+from gspo_jax.trainer import specs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/ is not installed
 from tools import aot
@@ -81,8 +81,8 @@ def compile_train_step(num_layers: int, args, devices) -> tuple[float, float]:
     config.micro_batch_size = args.micro
     config.prompt_length = args.prompt
     config.response_length = args.response
-    step_config = config_lib.step_config(config, cfg)
-    tx = optim.make_optimizer(config.optim, 100)
+    step_config = specs.step_config(config, cfg)
+    tx = optim.make_optimizer(specs.optim_spec(config))
     n = len(devices)
     mesh = sharding_lib.make_mesh({"data": 1, "fsdp": n, "tensor": 1, "expert": 1}, devices)
     abstract = models.abstract_params(cfg)

@@ -2,7 +2,7 @@
 
     python benchmarks/loop_overlap.py [--steps 14] [--config configs/default.py]
 
-Runs the real loop's pieces (`experiment.setup`, `rollout.collect`, `train.rl_step`, the
+Runs the real loop's pieces (`setup.setup`, `rollouts.collect`, `loop.rl_step`, the
 reporter that writes metrics one step late) for `--steps` RL steps of the default run
 (first two not counted: compiles) and splits each step's wall time into:
 
@@ -27,8 +27,7 @@ import time
 
 from configs import default
 from gspo_jax.trainer import loop as train
-from gspo_jax.trainer import rollout
-from gspo_jax.trainer import setup as experiment
+from gspo_jax.trainer import setup
 
 
 def main():
@@ -41,7 +40,7 @@ def main():
     c.checkpoint.every_steps = 10_000
     c.log.progress_bar = False
     c.warm_start.steps = 0
-    run = experiment.setup(c, tempfile.mkdtemp(prefix="loop_overlap_"))
+    run = setup.setup(c, tempfile.mkdtemp(prefix="loop_overlap_"))
     state = train.init_or_restore(run)
     report = train._Reporter(run, initial=0)
     names = ("step", "sample", "reward", "train", "other", "logging")
@@ -50,7 +49,7 @@ def main():
         t0 = time.perf_counter()
         prompts = next(run.train_iter)
         state = state.replace(data=json.dumps(run.train_iter.get_state()))
-        state, m = train.rl_step(run, state, rollout.collect(run, state, prompts))
+        state, m = train.rl_step(run, state, run.rollouts.collect(state, prompts))
         t1 = time.perf_counter()
         report.step(state.step, m)
         t2 = time.perf_counter()

@@ -45,8 +45,8 @@ import optax
 from configs import base
 from gspo_jax import advantages, data, models, sampling, train_step
 from gspo_jax.train_step import TrainState, make_train_step, optim
-from gspo_jax.trainer import rollout
-from gspo_jax.trainer.config import sampler_kwargs, step_config
+from gspo_jax.trainer import rollout, specs
+from gspo_jax.trainer.specs import step_config
 
 PRESETS = {
     "tiny": {
@@ -203,9 +203,9 @@ class WholeStep:
         self.prompt_tokens = enc["input_ids"].astype(np.int32)
         self.prompt_mask = enc["attention_mask"].astype(np.int32)
         self.step_config = step_config(config, cfg)
-        tx = optim.make_optimizer(config.optim, 1000)
+        tx = optim.make_optimizer(specs.optim_spec(config))
         self.train_step = make_train_step(self.step_config, tx, donate=True)
-        self.advantage_fn = rollout.make_advantage_fn(config)
+        self.advantage_fn = rollout.make_advantage_fn(specs.advantage_spec(config))
         self.eos_ids = tuple(data.stop_token_ids(self.tokenizer))
         params = jax.jit(models.init_params, static_argnums=0)(cfg, jax.random.PRNGKey(0))
         self.state = TrainState(
@@ -225,7 +225,7 @@ class WholeStep:
             key,
             eos_ids=self.eos_ids,
             pad_id=int(self.tokenizer.pad_token_id),
-            **sampler_kwargs(c),
+            **specs.sampler_spec(c).kwargs(),
         )
         return jax.block_until_ready(out)
 
@@ -432,7 +432,7 @@ def bench_shared_prompt(preset, cfg, reps: int, prompt_len: int, response_len: i
         "sampler_logprobs": jnp.asarray(-rng.random((b, t)) * 5, jnp.float32),
         "advantages": jnp.asarray(rng.normal(size=b), jnp.float32),
     }
-    tx = optim.make_optimizer(config.optim, 1000)
+    tx = optim.make_optimizer(specs.optim_spec(config))
     params = jax.jit(models.init_params, static_argnums=0)(cfg, jax.random.PRNGKey(0))
     steps = {}
     for shared in (True, False):

@@ -134,9 +134,8 @@ def warm_start(model: str, budget: Budget, root: str) -> str:
     warm start (1200 steps) solved 0.5% of 200 held-out problems when we measured it, too
     rare a reward for RL to act on within this budget; the upcycled one starts where the
     dense model does."""
-    from gspo_jax.trainer import checkpoint
+    from gspo_jax.trainer import checkpoint, setup
     from gspo_jax.trainer import loop as train
-    from gspo_jax.trainer import setup as experiment
 
     workdir = os.path.join(root, f"warm_start_{model}")
     hf = os.path.join(workdir, "hf")
@@ -146,7 +145,7 @@ def warm_start(model: str, budget: Budget, root: str) -> str:
         _record_seconds(root, "warm_start/moe", time.perf_counter() - t0)
     if not os.path.exists(os.path.join(hf, "config.json")):
         t0 = time.perf_counter()
-        run = experiment.setup(
+        run = setup.setup(
             arm_config(next(a for a in ARMS if a.model == model), 0, budget, root), workdir
         )
         try:
@@ -280,8 +279,7 @@ def noise_floor(root: str, quick: bool) -> list[dict]:
     from configs import gspo_paper
     from gspo_jax.train_step import make_train_step
     from gspo_jax.trainer import loop as train
-    from gspo_jax.trainer import rollout
-    from gspo_jax.trainer import setup as experiment
+    from gspo_jax.trainer import setup
 
     cached = os.path.join(root, "noise_floor.json")
     if os.path.exists(cached):
@@ -307,11 +305,11 @@ def noise_floor(root: str, quick: bool) -> list[dict]:
         c.checkpoint.async_save = False
         c.log.progress_bar = c.log.plot = c.log.tensorboard = False
         workdir = os.path.join(root, "noise_floor", f"{dtype}_{time.time_ns()}")
-        run = experiment.setup(c, workdir)
+        run = setup.setup(c, workdir)
         try:
             state = train.init_or_restore(run)
             outs = [
-                rollout.collect(run, state, next(run.train_iter)) for _ in range(1 if quick else 2)
+                run.rollouts.collect(state, next(run.train_iter)) for _ in range(1 if quick else 2)
             ]
             for source in ("recompute", "whole_batch", "sampler"):
                 sc = dataclasses.replace(
@@ -326,7 +324,7 @@ def noise_floor(root: str, quick: bool) -> list[dict]:
                 for out in outs:
                     if source == "whole_batch":
                         b = out.batch
-                        whole = run.logprobs_fn(
+                        whole = run.rollouts.logprobs_fn(
                             state.train.params,
                             b["tokens"],
                             b["attention_mask"],

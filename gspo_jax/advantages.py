@@ -24,6 +24,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from gspo_jax.registry import Registry
+
 Array = jax.Array
 
 EPS = 1e-6
@@ -46,20 +48,23 @@ class Estimator:
     token: Callable[..., Array] | None = None
 
 
-# name -> Estimator; config validation lists these names.
-ADV_ESTIMATORS: dict[str, Estimator] = {}
+# name -> Estimator (gspo_jax.registry); config validation reads the live names.
+ADV_ESTIMATORS: Registry[Estimator] = Registry("adv_estimator")
 
 
-def _register_estimator(name: str, level: str = "sequence"):
-    """Decorator adding a sequence- or token-level form of estimator `name`."""
+def register_advantage_estimator(name: str, level: str = "sequence"):
+    """Decorator adding the sequence-level (`compute_advantages`) or token-level
+    (`compute_token_advantages`, for add_token_level_kl) form of estimator `name`; a form
+    registered twice raises."""
     if level not in ("sequence", "token"):
         raise ValueError(f"level must be 'sequence' or 'token', got {level!r}")
 
     def decorator(fn):
-        estimator = ADV_ESTIMATORS.setdefault(name, Estimator())
+        estimator = ADV_ESTIMATORS[name] if name in ADV_ESTIMATORS else Estimator()
         if getattr(estimator, level) is not None:
             raise ValueError(f"duplicate {level}-level advantage estimator {name!r}")
         setattr(estimator, level, fn)
+        ADV_ESTIMATORS.add(name, estimator)
         return fn
 
     return decorator
@@ -158,7 +163,7 @@ def update_running_moments(running: RunningMoments, x: Array, valid: Array) -> R
 # ---------------------------------------------------------------------------------------------
 
 
-@_register_estimator("grpo")
+@register_advantage_estimator("grpo")
 def grpo_advantages(rewards_B: Array, valid_B: Array, *, group_size: int, eps: float = EPS):
     """GRPO / GSPO group advantage (GSPO paper eq. for Â_i, §4.1):
 
@@ -170,7 +175,7 @@ def grpo_advantages(rewards_B: Array, valid_B: Array, *, group_size: int, eps: f
     return _zscore(rewards_NG, valid_NG, axis=1, eps=eps).reshape(num_b)
 
 
-@_register_estimator("reinforce")
+@register_advantage_estimator("reinforce")
 def reinforce_advantages(rewards_B: Array, valid_B: Array, *, group_size: int, eps: float = EPS):
     """REINFORCE: Â_i = r_i (the processed reward; use reward_norm / whitening for a baseline)."""
     del valid_B, group_size, eps
@@ -183,10 +188,7 @@ def reinforce_advantages(rewards_B: Array, valid_B: Array, *, group_size: int, e
 
 
 def _check_args(num_b: int, *, group_size, adv_estimator, reward_norm, running) -> None:
-    if adv_estimator not in ADV_ESTIMATORS:
-        raise ValueError(
-            f"unknown adv_estimator {adv_estimator!r}; valid: {sorted(ADV_ESTIMATORS)}"
-        )
+    ADV_ESTIMATORS.get(adv_estimator)  # ValueError listing the valid names
     if reward_norm not in REWARD_NORMS:
         raise ValueError(f"unknown reward_norm {reward_norm!r}; valid: {list(REWARD_NORMS)}")
     if not isinstance(group_size, int) or group_size < 1:
@@ -341,7 +343,7 @@ def token_level_returns(token_rewards_BT: Array, mask_BT: Array, gamma: float = 
     return returns_TB.T
 
 
-@_register_estimator("reinforce", level="token")
+@register_advantage_estimator("reinforce", level="token")
 def reinforce_token_advantages(
     rewards_BT: Array, valid_BT: Array, valid_B: Array, *, group_size: int, gamma, eps=EPS
 ):
@@ -350,7 +352,7 @@ def reinforce_token_advantages(
     return token_level_returns(rewards_BT, valid_BT, gamma)
 
 
-@_register_estimator("grpo", level="token")
+@register_advantage_estimator("grpo", level="token")
 def grpo_token_advantages(
     rewards_BT: Array, valid_BT: Array, valid_B: Array, *, group_size: int, gamma, eps=EPS
 ):

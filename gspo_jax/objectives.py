@@ -16,61 +16,78 @@ NaN). Inputs are replaced by 0 there *before* any arithmetic (the "safe where" p
 NaN/inf reaches the loss, the metrics or the gradients. A sequence whose mask is all zero never
 counts in any denominator.
 
-To add a mode, register a function in `IMPORTANCE_SAMPLING_MODES`, `LOSS_AGG_MODES` or
-`KL_ESTIMATORS` (the decorators below); config validation lists the keys of these registries.
+To add a mode, decorate a function with `register_importance_sampling(name,
+sequence_level=...)`, `register_loss_agg(name)` or `register_kl_estimator(name)`; config
+validation reads the live registries, so the name is valid from then on. A new metric of
+`policy_loss` is declared in `policy_metric_reductions` (how it combines over micro-batches
+and updates, gspo_jax/reductions.py).
 """
 
+import dataclasses
 from collections.abc import Callable
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from gspo_jax.masked import masked_mean, row_mean, safe_count
+from gspo_jax.reductions import MAX, MIN, SEQ_MEAN, SUM, TOKEN_MEAN, Reduction
+from gspo_jax.registry import Registry
 
 Array = jax.Array
 
 # ---------------------------------------------------------------------------------------------
-# Registries.
+# Registries (gspo_jax.registry): a name is valid in a config as soon as it is registered.
 # ---------------------------------------------------------------------------------------------
 
-# name -> fn(logprobs_BT, old_logprobs_BT, mask_BT) -> log_ratio_BT. Inputs are already
-# sanitised (0 at masked positions) and float32; the policy loss exponentiates the result.
-IMPORTANCE_SAMPLING_MODES: dict[str, Callable[[Array, Array, Array], Array]] = {}
-# Modes whose ratio is one number per sequence: metrics (ratio stats, clipfrac_seq) are then
-# reported over sequences rather than tokens.
-SEQUENCE_LEVEL_IS_MODES: set[str] = set()
+
+@dataclasses.dataclass(frozen=True)
+class Ratio:
+    """An importance ratio. `log_ratio(logprobs_BT, old_logprobs_BT, mask_BT) -> log r [B, T]`
+    gets inputs already sanitised (0 at masked positions, f32); the policy loss clamps and
+    exponentiates it. `sequence_level`: one value per sequence (its metrics, ratio statistics
+    and clipfrac_seq, are then over sequences, and GSPO's config checks apply to it)."""
+
+    log_ratio: Callable[[Array, Array, Array], Array]
+    sequence_level: bool
+
+
+RATIOS: Registry[Ratio] = Registry("importance_sampling")
+IMPORTANCE_SAMPLING_MODES = RATIOS  # the config field's name for the same registry
 # name -> fn(masked_loss_BT, mask_BT, *, horizon, num_valid_tokens, num_valid_seqs) -> scalar.
-LOSS_AGG_MODES: dict[str, Callable[..., Array]] = {}
+LOSS_AGG_MODES: Registry[Callable[..., Array]] = Registry("loss_agg_mode")
 # name -> fn(log_ratio_BT) -> kl_BT, with log_ratio = logprobs − ref_logprobs.
-KL_ESTIMATORS: dict[str, Callable[[Array], Array]] = {}
-
-
-def _register(registry: dict, name: str):
-    def decorator(fn):
-        if name in registry:
-            raise ValueError(f"duplicate registration of {name!r}")
-        registry[name] = fn
-        return fn
-
-    return decorator
+KL_ESTIMATORS: Registry[Callable[[Array], Array]] = Registry("kl_estimator")
 
 
 def register_importance_sampling(name: str, *, sequence_level: bool):
-    """Decorator adding a log-ratio function to `IMPORTANCE_SAMPLING_MODES`."""
+    """Decorator registering a log-ratio function as importance_sampling `name`."""
 
     def decorator(fn):
-        _register(IMPORTANCE_SAMPLING_MODES, name)(fn)
-        if sequence_level:
-            SEQUENCE_LEVEL_IS_MODES.add(name)
+        RATIOS.add(name, Ratio(fn, sequence_level))
         return fn
 
     return decorator
 
 
-def _check_mode(kind: str, name: Any, registry) -> None:
-    if name not in registry:
-        raise ValueError(f"unknown {kind} {name!r}; valid: {sorted(registry)}")
+def register_loss_agg(name: str):
+    """Decorator registering an aggregation `fn(loss_BT, mask_BT, *, horizon,
+    num_valid_tokens, num_valid_seqs) -> scalar` as loss_agg_mode `name`."""
+    return LOSS_AGG_MODES.decorator(name)
+
+
+def register_kl_estimator(name: str):
+    """Decorator registering `fn(log_ratio_BT) -> kl_BT` as kl_estimator `name`."""
+    return KL_ESTIMATORS.decorator(name)
+
+
+def is_sequence_level(importance_sampling: str) -> bool:
+    """Whether the registered ratio `importance_sampling` is one value per sequence."""
+    return RATIOS.get(importance_sampling).sequence_level
+
+
+def sequence_level_modes() -> tuple[str, ...]:
+    """The registered sequence-level ratios, read live (GSPO and its relatives)."""
+    return tuple(sorted(name for name, ratio in RATIOS.items() if ratio.sequence_level))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -130,7 +147,7 @@ def _num_valid_seqs(mask_BT: Array) -> Array:
     return jnp.sum((_seq_token_counts(mask_BT) > 0).astype(jnp.float32))
 
 
-@_register(LOSS_AGG_MODES, "token-mean")
+@register_loss_agg("token-mean")
 def _agg_token_mean(loss_BT, mask_BT, *, horizon, num_valid_tokens, num_valid_seqs):
     """Σ_{b,t} m·L / Σ_{b,t} m."""
     del horizon, num_valid_seqs
@@ -138,7 +155,7 @@ def _agg_token_mean(loss_BT, mask_BT, *, horizon, num_valid_tokens, num_valid_se
     return jnp.sum(loss_BT) / safe_count(denom)
 
 
-@_register(LOSS_AGG_MODES, "seq-mean-token-sum")
+@register_loss_agg("seq-mean-token-sum")
 def _agg_seq_mean_token_sum(loss_BT, mask_BT, *, horizon, num_valid_tokens, num_valid_seqs):
     """(1/#valid seqs) Σ_b Σ_t m·L."""
     del horizon, num_valid_tokens
@@ -146,7 +163,7 @@ def _agg_seq_mean_token_sum(loss_BT, mask_BT, *, horizon, num_valid_tokens, num_
     return jnp.sum(loss_BT) / safe_count(denom)
 
 
-@_register(LOSS_AGG_MODES, "seq-mean-token-mean")
+@register_loss_agg("seq-mean-token-mean")
 def _agg_seq_mean_token_mean(loss_BT, mask_BT, *, horizon, num_valid_tokens, num_valid_seqs):
     """(1/#valid seqs) Σ_b (Σ_t m·L / Σ_t m)."""
     del horizon, num_valid_tokens
@@ -155,7 +172,7 @@ def _agg_seq_mean_token_mean(loss_BT, mask_BT, *, horizon, num_valid_tokens, num
     return jnp.sum(per_seq_B) / safe_count(denom)
 
 
-@_register(LOSS_AGG_MODES, "seq-mean-token-sum-norm")
+@register_loss_agg("seq-mean-token-sum-norm")
 def _agg_seq_mean_token_sum_norm(loss_BT, mask_BT, *, horizon, num_valid_tokens, num_valid_seqs):
     """(1/#valid seqs) Σ_b Σ_t m·L / horizon  (Dr. GRPO's constant normaliser)."""
     del num_valid_tokens
@@ -187,7 +204,7 @@ def aggregate_loss(
     denominator gives loss 0. Masked positions of `loss_BT` are ignored in value; for clean
     gradients, compute `loss_BT` from inputs already sanitised at masked positions.
     """
-    _check_mode("loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
+    aggregate = LOSS_AGG_MODES.get(loss_agg_mode)
     if loss_BT.ndim != 2 or mask_BT.shape != loss_BT.shape:
         raise ValueError(
             f"aggregate_loss: loss_BT {loss_BT.shape} and mask_BT {mask_BT.shape} must both be "
@@ -199,7 +216,7 @@ def aggregate_loss(
         horizon = loss_BT.shape[-1]
     elif isinstance(horizon, int | float) and horizon <= 0:
         raise ValueError(f"aggregate_loss: horizon must be > 0, got {horizon}")
-    return LOSS_AGG_MODES[loss_agg_mode](
+    return aggregate(
         loss_BT,
         mask_BT,
         horizon=horizon,
@@ -235,19 +252,19 @@ def entropy_loss(
 # ---------------------------------------------------------------------------------------------
 
 
-@_register(KL_ESTIMATORS, "k1")
+@register_kl_estimator("k1")
 def _kl_k1(log_ratio_BT: Array) -> Array:
     """k1 = log π_θ − log π_ref."""
     return log_ratio_BT
 
 
-@_register(KL_ESTIMATORS, "k2")
+@register_kl_estimator("k2")
 def _kl_k2(log_ratio_BT: Array) -> Array:
     """k2 = ½ (log π_θ − log π_ref)²."""
     return 0.5 * jnp.square(log_ratio_BT)
 
 
-@_register(KL_ESTIMATORS, "k3")
+@register_kl_estimator("k3")
 def _kl_k3(log_ratio_BT: Array) -> Array:
     """k3 = exp(log π_ref − log π_θ) − (log π_ref − log π_θ) − 1  (≥ 0)."""
     neg_BT = -log_ratio_BT
@@ -255,7 +272,7 @@ def _kl_k3(log_ratio_BT: Array) -> Array:
     return jnp.expm1(neg_BT) - neg_BT
 
 
-@_register(KL_ESTIMATORS, "low_var_kl")
+@register_kl_estimator("low_var_kl")
 def _kl_low_var(log_ratio_BT: Array) -> Array:
     """k3 with the log-ratio clamped to [−20, 20] and the result clamped to [−10, 10] (verl)."""
     return jnp.clip(_kl_k3(jnp.clip(log_ratio_BT, -20.0, 20.0)), -10.0, 10.0)
@@ -266,16 +283,21 @@ def kl_penalty(
 ) -> Array:
     """Per-token KL(π_θ ‖ π_ref) estimate [B, T] from samples of π_θ (Schulman's k1/k2/k3).
 
-    With d = log π_θ − log π_ref:
-      k1 = d                      (unbiased, high variance, can be negative)
-      k2 = ½ d²
-      k3 = exp(−d) + d − 1        (unbiased, ≥ 0)
+    With d = log π_θ − log π_ref, over samples y ~ π_θ:
+      k1 = d                      unbiased as a value (high variance, can be negative); as a
+                                  loss its expected gradient is E[∇ log π_θ] = 0
+      k2 = ½ d²                   biased as a value; as a loss its expected gradient
+                                  E[d ∇ log π_θ] is that of KL(π_θ ‖ π_ref) itself
+      k3 = exp(−d) + d − 1        unbiased as a value, ≥ 0; as a loss its expected gradient
+                                  is −E_{π_ref}[∇ log π_θ] = ∇ KL(π_ref ‖ π_θ), the forward
+                                  KL's gradient
       low_var_kl = clip(k3(clip(d, −20, 20)), −10, 10)   (verl's bounded k3)
+    (In the train step the samples come from π_old, so these hold up to that off-policy gap.)
 
     `mask` (optional, [B, T]): positions with mask 0 give 0 and carry no gradient, even when
     their inputs are -inf/NaN.
     """
-    _check_mode("kl estimator", estimator, KL_ESTIMATORS)
+    kl = KL_ESTIMATORS.get(estimator)
     if logprobs.shape != ref_logprobs.shape:
         raise ValueError(
             f"kl_penalty: logprobs {logprobs.shape} and ref_logprobs {ref_logprobs.shape} differ"
@@ -283,21 +305,15 @@ def kl_penalty(
     logprobs = logprobs.astype(jnp.float32)
     ref_logprobs = ref_logprobs.astype(jnp.float32)
     if mask is None:
-        return KL_ESTIMATORS[estimator](logprobs - ref_logprobs)
+        return kl(logprobs - ref_logprobs)
     valid = jnp.asarray(mask) > 0
     log_ratio = jnp.where(valid, logprobs, 0.0) - jnp.where(valid, ref_logprobs, 0.0)
-    return jnp.where(valid, KL_ESTIMATORS[estimator](log_ratio), 0.0)
+    return jnp.where(valid, kl(log_ratio), 0.0)
 
 
 # ---------------------------------------------------------------------------------------------
 # The policy loss.
 # ---------------------------------------------------------------------------------------------
-
-
-def _require_nonnegative(name: str, value: Any) -> None:
-    # Only checkable when concrete; traced values are the caller's responsibility.
-    if isinstance(value, int | float) and value < 0:
-        raise ValueError(f"policy_loss: {name} must be >= 0, got {value}")
 
 
 def policy_loss(
@@ -340,75 +356,54 @@ def policy_loss(
       clip_low, clip_high: ε_low, ε_high. Paper: 3e-4 / 4e-4 (GSPO), 0.2 / 0.27 (GRPO).
       horizon, num_valid_tokens, num_valid_seqs: see `aggregate_loss`.
       log_ratio_clamp: the log-ratio is clamped to ±this before exp (the token log-ratio, or
-        log s_i for seq modes) so an extreme policy drift cannot overflow; its gradient is 0
-        beyond the clamp. None disables.
+        log s_i — the mean, never a sum — for seq modes) so an extreme policy drift cannot
+        overflow; its gradient is 0 beyond the clamp. None disables.
 
     Returns:
-      (loss, metrics). metrics is a flat dict of f32 scalars over this call's valid data:
-      clipfrac (valid tokens whose clipped term is active, = clipfrac_low + clipfrac_high),
-      clipfrac_low (r < 1 − clip_low with A < 0), clipfrac_high (r > 1 + clip_high with A > 0),
+      (loss, metrics). metrics is a flat dict of f32 scalars over this call's valid data, each
+      declared in `policy_metric_reductions`:
+      clipfrac (valid tokens whose clipped term is active — the clip binds, which depends on
+      the advantage's sign — = clipfrac_low + clipfrac_high), clipfrac_low (r < 1 − clip_low
+      with A < 0), clipfrac_high (r > 1 + clip_high with A > 0), clipfrac_range (valid tokens
+      whose ratio is outside [1 − clip_low, 1 + clip_high], whatever the advantage's sign),
       clipfrac_seq (valid sequences with ≥ 1 clipped token; clipfrac_seq_low / _high: with ≥ 1
-      token clipped on that side — in `seq` mode every token of a sequence shares its
-      clip state, so these are the sequence-level clip fractions), dual_clipfrac (valid tokens
-      capped by the dual clip), ratio_min / ratio_mean / ratio_max (over valid tokens for token
-      modes, over valid sequences for sequence modes; 1.0 when nothing is valid),
-      approx_kl (masked mean of old − logp, k1 of KL(π_old ‖ π_θ)), approx_kl_k3 (masked mean
-      of r_t − 1 − log r_t with the token ratio), pg_loss (= loss), num_valid_tokens and
-      num_valid_seqs (local counts, for weighting metrics across micro-batches).
+      token clipped on that side — in `seq` mode every token of a sequence shares its clip
+      state, so these are the sequence-level clip fractions), clipfrac_seq_range (valid
+      sequences with ≥ 1 token out of range), dual_clipfrac (valid tokens capped by the dual
+      clip), ratio_min / ratio_mean / ratio_max (over valid tokens for token modes, over valid
+      sequences for sequence modes; 1.0 when nothing is valid), approx_kl (masked mean of
+      old − logp, k1 of KL(π_old ‖ π_θ)), approx_kl_k3 (masked mean of r_t − 1 − log r_t with
+      the token ratio), pg_loss (= loss), num_valid_tokens and num_valid_seqs (local counts,
+      for weighting metrics across micro-batches).
     """
-    _check_mode("importance_sampling", importance_sampling, IMPORTANCE_SAMPLING_MODES)
-    _check_mode("loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
-    if logprobs.ndim != 2:
-        raise ValueError(f"policy_loss: logprobs must be [B, T], got shape {logprobs.shape}")
-    for name, x in (("old_logprobs", old_logprobs), ("mask", mask)):
-        if x.shape != logprobs.shape:
-            raise ValueError(
-                f"policy_loss: {name} has shape {x.shape}, expected logprobs' {logprobs.shape}"
-            )
-    num_b, num_t = logprobs.shape
-    if advantages.shape == (num_b,):
-        advantages = advantages[:, None]
-    elif advantages.shape != (num_b, num_t):
-        raise ValueError(
-            f"policy_loss: advantages has shape {advantages.shape}, expected [B]=({num_b},) "
-            f"or [B, T]=({num_b}, {num_t})"
-        )
-    _require_nonnegative("clip_low", clip_low)
-    _require_nonnegative("clip_high", clip_high)
+    ratio = RATIOS.get(importance_sampling)
+    _check_policy_args(logprobs, old_logprobs, advantages, mask, clip_low, clip_high)
     if dual_clip_loss and isinstance(dual_clip_ratio, int | float) and dual_clip_ratio <= 1.0:
         raise ValueError(f"policy_loss: dual_clip_ratio must be > 1, got {dual_clip_ratio}")
-
     mask_BT = jnp.asarray(mask, jnp.float32)
     valid_BT = mask_BT > 0
     # Safe where: garbage (-inf, NaN) at masked positions is replaced before any arithmetic, so
     # neither values nor gradients (0 · inf) can become NaN.
     logp_BT = jnp.where(valid_BT, logprobs.astype(jnp.float32), 0.0)
     old_BT = jax.lax.stop_gradient(jnp.where(valid_BT, old_logprobs.astype(jnp.float32), 0.0))
-    adv_BT = jnp.where(valid_BT, jnp.broadcast_to(advantages, (num_b, num_t)), 0.0)
+    adv_BT = advantages[:, None] if advantages.ndim == 1 else advantages
+    adv_BT = jnp.where(valid_BT, jnp.broadcast_to(adv_BT, logp_BT.shape), 0.0)
     adv_BT = jax.lax.stop_gradient(adv_BT.astype(jnp.float32))
 
-    log_ratio_BT = IMPORTANCE_SAMPLING_MODES[importance_sampling](logp_BT, old_BT, mask_BT)
+    log_ratio_BT = ratio.log_ratio(logp_BT, old_BT, mask_BT)
     if log_ratio_clamp is not None:
         log_ratio_BT = jnp.clip(log_ratio_BT, -log_ratio_clamp, log_ratio_clamp)
     ratio_BT = jnp.where(valid_BT, jnp.exp(log_ratio_BT), 1.0)
-
-    # max(−A·r, −A·clip(r)) written as a select on *when* the clipped term wins, so the metric
-    # and the gradient agree exactly (the clipped term carries no gradient).
-    clipped_low_BT = valid_BT & (adv_BT < 0) & (ratio_BT < 1.0 - clip_low)
-    clipped_high_BT = valid_BT & (adv_BT > 0) & (ratio_BT > 1.0 + clip_high)
-    clipped_BT = clipped_low_BT | clipped_high_BT
-    clipped_ratio_BT = jnp.clip(ratio_BT, 1.0 - clip_low, 1.0 + clip_high)
-    loss_BT = jnp.where(clipped_BT, -adv_BT * clipped_ratio_BT, -adv_BT * ratio_BT)
+    loss_BT, flags = _clipped_loss(ratio_BT, adv_BT, valid_BT, clip_low, clip_high)
     if dual_clip_loss:
         # verl/ROLL dual clip: a negative-advantage token whose ratio exploded is capped at
         # −A·c (constant, no gradient) instead of growing without bound.
         cap_BT = -adv_BT * dual_clip_ratio
-        dual_BT = valid_BT & (adv_BT < 0) & (loss_BT > cap_BT)
-        loss_BT = jnp.where(dual_BT, cap_BT, loss_BT)
+        flags["dual"] = valid_BT & (adv_BT < 0) & (loss_BT > cap_BT)
+        loss_BT = jnp.where(flags["dual"], cap_BT, loss_BT)
     else:
-        dual_BT = jnp.zeros_like(valid_BT)
+        flags["dual"] = jnp.zeros_like(valid_BT)
     loss_BT = jnp.where(valid_BT, loss_BT, 0.0)
-
     loss = aggregate_loss(
         loss_BT,
         mask_BT,
@@ -417,35 +412,74 @@ def policy_loss(
         num_valid_tokens=num_valid_tokens,
         num_valid_seqs=num_valid_seqs,
     )
-
-    metrics = _policy_metrics(
-        importance_sampling=importance_sampling,
-        loss=loss,
-        logp_BT=logp_BT,
-        old_BT=old_BT,
-        mask_BT=mask_BT,
-        ratio_BT=ratio_BT,
-        clipped_low_BT=clipped_low_BT,
-        clipped_high_BT=clipped_high_BT,
-        dual_BT=dual_BT,
-        log_ratio_clamp=log_ratio_clamp,
-    )
+    clamp = 20.0 if log_ratio_clamp is None else log_ratio_clamp
+    metrics = _policy_metrics(ratio, loss, logp_BT, old_BT, mask_BT, ratio_BT, flags, clamp)
     return loss, metrics
 
 
-def _policy_metrics(
-    *,
-    importance_sampling,
-    loss,
-    logp_BT,
-    old_BT,
-    mask_BT,
-    ratio_BT,
-    clipped_low_BT,
-    clipped_high_BT,
-    dual_BT,
-    log_ratio_clamp,
-) -> dict[str, Array]:
+def _check_policy_args(logprobs, old_logprobs, advantages, mask, clip_low, clip_high) -> None:
+    """Shapes ([B, T] everywhere, advantages [B] or [B, T]) and the clip range's sign."""
+    if logprobs.ndim != 2:
+        raise ValueError(f"policy_loss: logprobs must be [B, T], got shape {logprobs.shape}")
+    for name, x in (("old_logprobs", old_logprobs), ("mask", mask)):
+        if x.shape != logprobs.shape:
+            raise ValueError(
+                f"policy_loss: {name} has shape {x.shape}, expected logprobs' {logprobs.shape}"
+            )
+    num_b, num_t = logprobs.shape
+    if advantages.shape not in ((num_b,), (num_b, num_t)):
+        raise ValueError(
+            f"policy_loss: advantages has shape {advantages.shape}, expected [B]=({num_b},) "
+            f"or [B, T]=({num_b}, {num_t})"
+        )
+    for name, value in (("clip_low", clip_low), ("clip_high", clip_high)):
+        # Only checkable when concrete; traced values are the caller's responsibility.
+        if isinstance(value, int | float) and value < 0:
+            raise ValueError(f"policy_loss: {name} must be >= 0, got {value}")
+
+
+def _clipped_loss(ratio_BT, adv_BT, valid_BT, clip_low, clip_high):
+    """max(−A·r, −A·clip(r)) written as a select on *when* the clipped term wins, so the clip
+    metric and the gradient agree exactly (the clipped term carries no gradient). Returns
+    (loss [B, T], {"low", "high": the clip binds on that side; "range": r out of range})."""
+    flags = {
+        "low": valid_BT & (adv_BT < 0) & (ratio_BT < 1.0 - clip_low),
+        "high": valid_BT & (adv_BT > 0) & (ratio_BT > 1.0 + clip_high),
+        "range": valid_BT & ((ratio_BT < 1.0 - clip_low) | (ratio_BT > 1.0 + clip_high)),
+    }
+    clipped_BT = flags["low"] | flags["high"]
+    clipped_ratio_BT = jnp.clip(ratio_BT, 1.0 - clip_low, 1.0 + clip_high)
+    loss_BT = jnp.where(clipped_BT, -adv_BT * clipped_ratio_BT, -adv_BT * ratio_BT)
+    return loss_BT, flags
+
+
+def policy_metric_reductions(importance_sampling: str) -> dict[str, Reduction]:
+    """How each metric of `policy_loss` combines over micro-batches and updates
+    (gspo_jax.reductions); per-update ones are also logged as updates/<name>."""
+    per_seq = is_sequence_level(importance_sampling)
+    return {
+        "pg_loss": SUM,  # with global denominators, the micro-batches' losses add up
+        "clipfrac": TOKEN_MEAN.logged(),
+        "clipfrac_low": TOKEN_MEAN,
+        "clipfrac_high": TOKEN_MEAN,
+        "clipfrac_range": TOKEN_MEAN.logged(),
+        "clipfrac_seq": SEQ_MEAN.logged(),
+        "clipfrac_seq_low": SEQ_MEAN,
+        "clipfrac_seq_high": SEQ_MEAN,
+        "clipfrac_seq_range": SEQ_MEAN.logged(),
+        "dual_clipfrac": TOKEN_MEAN,
+        "ratio_min": MIN.logged(),
+        "ratio_mean": (SEQ_MEAN if per_seq else TOKEN_MEAN).logged(),
+        "ratio_max": MAX.logged(),
+        "approx_kl": TOKEN_MEAN.logged(),
+        "approx_kl_k3": TOKEN_MEAN,
+        "num_valid_tokens": SUM,
+        "num_valid_seqs": SUM,
+    }
+
+
+def _policy_metrics(ratio: Ratio, loss, logp_BT, old_BT, mask_BT, ratio_BT, flags, clamp):
+    """The metrics `policy_loss` documents, from its intermediates (no gradient)."""
     sg = jax.lax.stop_gradient
     logp_BT, ratio_BT = sg(logp_BT), sg(ratio_BT)
     valid_BT = mask_BT > 0
@@ -456,43 +490,36 @@ def _policy_metrics(
     def tok_frac(flag_BT):
         return jnp.sum(flag_BT.astype(jnp.float32)) / safe_count(n_tok)
 
-    clipped_BT = clipped_low_BT | clipped_high_BT
-
     def seq_frac(flag_BT):
         flag_B = jnp.any(flag_BT, axis=-1) & valid_B
         return jnp.sum(flag_B.astype(jnp.float32)) / safe_count(n_seq)
 
-    if importance_sampling in SEQUENCE_LEVEL_IS_MODES:
+    if ratio.sequence_level:
         # One ratio per sequence: the max over its valid tokens is that value, exactly.
-        values, valid, count = (
-            jnp.max(jnp.where(valid_BT, ratio_BT, -jnp.inf), axis=-1),
-            valid_B,
-            n_seq,
-        )
+        values = jnp.max(jnp.where(valid_BT, ratio_BT, -jnp.inf), axis=-1)
+        valid, count = valid_B, n_seq
         values = jnp.where(valid, values, 1.0)
     else:
         values, valid, count = ratio_BT, valid_BT, n_tok
     any_valid = count > 0
-    ratio_min = jnp.where(any_valid, jnp.min(jnp.where(valid, values, jnp.inf)), 1.0)
-    ratio_max = jnp.where(any_valid, jnp.max(jnp.where(valid, values, -jnp.inf)), 1.0)
-    ratio_mean = jnp.where(any_valid, masked_mean(values, valid.astype(jnp.float32)), 1.0)
-
     token_log_ratio_BT = jnp.where(valid_BT, logp_BT - old_BT, 0.0)
-    clamp = 20.0 if log_ratio_clamp is None else log_ratio_clamp
     # k3 of KL(π_old ‖ π_θ) from samples of π_old: r − 1 − log r with r = π_θ / π_old.
     k3_BT = _kl_k3(-jnp.clip(token_log_ratio_BT, -clamp, clamp))
+    clipped_BT = flags["low"] | flags["high"]
     metrics = {
         "pg_loss": loss,
         "clipfrac": tok_frac(clipped_BT),
-        "clipfrac_low": tok_frac(clipped_low_BT),
-        "clipfrac_high": tok_frac(clipped_high_BT),
+        "clipfrac_low": tok_frac(flags["low"]),
+        "clipfrac_high": tok_frac(flags["high"]),
+        "clipfrac_range": tok_frac(flags["range"]),
         "clipfrac_seq": seq_frac(clipped_BT),
-        "clipfrac_seq_low": seq_frac(clipped_low_BT),
-        "clipfrac_seq_high": seq_frac(clipped_high_BT),
-        "dual_clipfrac": tok_frac(dual_BT),
-        "ratio_min": ratio_min,
-        "ratio_mean": ratio_mean,
-        "ratio_max": ratio_max,
+        "clipfrac_seq_low": seq_frac(flags["low"]),
+        "clipfrac_seq_high": seq_frac(flags["high"]),
+        "clipfrac_seq_range": seq_frac(flags["range"]),
+        "dual_clipfrac": tok_frac(flags["dual"]),
+        "ratio_min": jnp.where(any_valid, jnp.min(jnp.where(valid, values, jnp.inf)), 1.0),
+        "ratio_mean": jnp.where(any_valid, masked_mean(values, valid.astype(jnp.float32)), 1.0),
+        "ratio_max": jnp.where(any_valid, jnp.max(jnp.where(valid, values, -jnp.inf)), 1.0),
         "approx_kl": masked_mean(-token_log_ratio_BT, mask_BT),
         "approx_kl_k3": masked_mean(k3_BT, mask_BT),
         "num_valid_tokens": n_tok,

@@ -7,7 +7,9 @@ import pytest
 from tiny_flags import main_command
 
 from configs import base, common, default, grpo_paper, gspo_paper
-from gspo_jax.trainer.config import ConfigError, ConfigWarning, batch_sizes, mesh_shape, validate
+from gspo_jax import sampling
+from gspo_jax.trainer.config import ConfigError, ConfigWarning, mesh_shape, validate
+from gspo_jax.trainer.specs import batch_sizes
 
 ROLL_FIELDS = (
     "adv_estimator",
@@ -214,7 +216,7 @@ def test_sampler_logprobs_with_filtering_warns_and_greedy_fails():
     c = base.get_config()
     c.old_logprobs_source = "sampler"
     c.sampling.top_k = 20
-    with pytest.warns(ConfigWarning, match="biased"):
+    with pytest.warns(sampling.BiasedPiOldWarning, match="biased"):
         validate(c)
     c.sampling.top_k = None
     c.sampling.temperature = 0.0
@@ -396,7 +398,7 @@ def test_a_reward_registered_in_the_config_file_is_an_error_with_workers():
         c.reward.num_workers = 0  # in-process scoring: any registered callable works
         _validate_quietly(c)
     finally:
-        registry._REGISTRY.pop("test_cfg_file_reward")
+        registry.REWARDS.remove("test_cfg_file_reward")
 
 
 def test_missing_paths_name_their_field(tmp_path):
@@ -446,7 +448,7 @@ def test_model_config_carries_every_numerics_field(hf, tmp_path):
     the model (scan_layers=False differs from ModelConfig's default),
     from scratch and from a checkpoint (the scratch path once dropped attention_impl)."""
     from gspo_jax import data
-    from gspo_jax.trainer import config as config_lib
+    from gspo_jax.trainer import specs
 
     c = default.get_config()
     if hf:
@@ -455,8 +457,8 @@ def test_model_config_carries_every_numerics_field(hf, tmp_path):
         param_dtype="bfloat16", dtype="bfloat16", remat="dots", moe_impl="dense",
         attention_impl="splash", scan_layers=False,
     )  # fmt: skip
-    cfg = config_lib.model_config(c, None if hf else data.make_char_tokenizer(str(tmp_path)))
-    got = {k: getattr(cfg, k) for k in config_lib.model_numerics(c)}
+    cfg = specs.model_config(c, None if hf else data.make_char_tokenizer(str(tmp_path)))
+    got = {k: getattr(cfg, k) for k in specs.model_numerics(c)}
     assert got == {
         "param_dtype": "bfloat16",
         "dtype": "bfloat16",

@@ -114,7 +114,7 @@ def test_config_errors():
         data.generate_problems(data.ArithmeticConfig(name="t", digits=(1,), num_train=100))
     with pytest.raises(ValueError, match="unknown op '/'"):
         data.generate_problems(data.ArithmeticConfig(name="t", ops=("/",), digits=(2,)))
-    with pytest.raises(ValueError, match="Unknown dataset"):
+    with pytest.raises(ValueError, match="unknown dataset"):
         data.build_dataset("nope", data_dir="/tmp/unused")
     with pytest.raises(ValueError, match="Unknown config 'add9'"):
         data.build_dataset("arithmetic", "add9", data_dir="/tmp/unused")

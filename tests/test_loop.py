@@ -1,4 +1,4 @@
-"""The RL loop's pieces on their own: setup -> RunState -> rollout.collect -> rl_step, and the
+"""The RL loop's pieces on their own: setup -> RunState -> rollouts.collect -> rl_step, and the
 checkpoint of a RunState (docs/architecture.md, "One RL step")."""
 
 import dataclasses
@@ -12,9 +12,8 @@ import pytest
 from test_train import _tiny_config
 
 from gspo_jax.train_step import batch_ndims
-from gspo_jax.trainer import checkpoint, rollout
+from gspo_jax.trainer import checkpoint, rollout, setup
 from gspo_jax.trainer import loop as train
-from gspo_jax.trainer import setup as experiment
 
 
 @pytest.fixture(scope="module")
@@ -22,16 +21,27 @@ def pieces(tmp_path_factory):
     root = tmp_path_factory.mktemp("loop")
     config = _tiny_config(root / "data")
     config.checkpoint.async_save = False
-    run = experiment.setup(config, str(root / "run"))
-    yield run
+    run = setup.setup(config, str(root / "run"))
+    # The config, for the tests' own arithmetic (the Trainer keeps none).
+    yield _WithConfig(run, config)
     run.close()
+
+
+class _WithConfig:
+    """A Trainer with its config beside it (the tests' own expectations read it)."""
+
+    def __init__(self, trainer, config):
+        self._trainer, self.config = trainer, config
+
+    def __getattr__(self, name):
+        return getattr(self._trainer, name)
 
 
 @pytest.fixture(scope="module")
 def first(pieces):
     """The initial state and the first rollout collected from it."""
     state = train.init_or_restore(pieces)
-    return state, rollout.collect(pieces, state, next(pieces.train_iter))
+    return state, pieces.rollouts.collect(state, next(pieces.train_iter))
 
 
 def test_collect_returns_the_declared_train_batch(pieces, first):
@@ -43,7 +53,7 @@ def test_collect_returns_the_declared_train_batch(pieces, first):
     tokens = out.batch["tokens"]
     assert tokens.shape[0] == n * g and out.batch["response_mask"].shape == (n * g, 12)
     for name, array in out.batch.items():
-        assert array.sharding == pieces.batch_shardings[name], name
+        assert array.sharding == pieces.rollouts.batch_shardings[name], name
     # The G responses of a prompt share its (left-padded) prompt columns.
     prompt_len = tokens.shape[1] - c.response_length
     prompts = np.asarray(tokens[:, :prompt_len]).reshape(n, g, prompt_len)
@@ -62,10 +72,10 @@ def test_collect_returns_the_declared_train_batch(pieces, first):
 def test_collect_is_a_function_of_the_state_and_the_prompts(pieces, first):
     state, out = first
     # The same state and prompts draw the same responses (the key is fold_in(rng, step)).
-    again = rollout.collect(pieces, state, _first_batch(pieces))
+    again = pieces.rollouts.collect(state, _first_batch(pieces))
     np.testing.assert_array_equal(again.batch["tokens"], out.batch["tokens"])
     # Another RL step of the same state draws other responses.
-    other = rollout.collect(pieces, state.replace(step=1), _first_batch(pieces))
+    other = pieces.rollouts.collect(state.replace(step=1), _first_batch(pieces))
     assert not np.array_equal(other.batch["tokens"], out.batch["tokens"])
 
 
@@ -83,7 +93,7 @@ def test_rl_step_applies_the_mini_batch_updates(pieces, first):
     # so give this one advantages that move the policy.
     num_rows = out.batch["advantages"].shape[0]
     advantages = np.where(np.arange(num_rows) % 2, 1.0, -1.0).astype(np.float32)
-    advantages = jax.device_put(advantages, pieces.batch_shardings["advantages"])
+    advantages = jax.device_put(advantages, pieces.rollouts.batch_shardings["advantages"])
     out = dataclasses.replace(out, batch={**out.batch, "advantages": advantages})
     before = jax.tree.map(np.asarray, state.train.params)
     new, metrics = train.rl_step(pieces, state, out)
@@ -164,7 +174,7 @@ def test_evaluation_scores_exactly_the_first_num_prompts(pieces, num_prompts, ba
     scorer = rollout.Scorer(build_reward("test_const"), "zero")
     got = evaluation.greedy_accuracy(
         sample_greedy,
-        pieces.eval_data,
+        pieces.evaluator.eval_data,
         pieces.tokenizer,
         scorer,
         pieces.mesh,
@@ -172,7 +182,7 @@ def test_evaluation_scores_exactly_the_first_num_prompts(pieces, num_prompts, ba
         batch_size=batch_size,
         buckets=pieces.config.sampling.prompt_buckets,
     )
-    references = pieces.eval_data.arrays["reference"][:num_prompts].astype(float)
+    references = pieces.evaluator.eval_data.arrays["reference"][:num_prompts].astype(float)
     assert got["eval/num_prompts"] == num_prompts
     np.testing.assert_allclose(got["eval/accuracy"], references.mean(), rtol=1e-6)
     assert got["eval/length_mean"] == 2

@@ -1,8 +1,8 @@
 """One whole RL step is the same on every mesh: sample -> rewards -> advantages -> train step.
 
-Each layout is a real run's pieces: `experiment.setup(config, workdir, devices=...)` with
+Each layout is a real run's pieces: `setup.setup(config, workdir, devices=...)` with
 `config.mesh` set, the Hugging Face fixture loaded by `train.init_or_restore`, one rollout
-from `rollout.collect` (the real f32 sampler with the step's fixed key, a fixed reward of the
+from `rollouts.collect` (the real f32 sampler with the step's fixed key, a fixed reward of the
 response text so advantages and gradients are non-zero, π_old recomputed, the jitted
 advantage function) and `train.rl_step` on it (4 mini-batches, AdamW) once per (ratio,
 aggregation) mode. Every layout is compared with the one-device run of the same config:
@@ -36,10 +36,8 @@ from configs import default
 from gspo_jax import advantages as advantages_lib
 from gspo_jax import objectives, sharding
 from gspo_jax.train_step import make_train_step
-from gspo_jax.trainer import config as config_lib
 from gspo_jax.trainer import loop as train
-from gspo_jax.trainer import rollout
-from gspo_jax.trainer import setup as experiment
+from gspo_jax.trainer import rollout, setup, specs
 
 DENSE, MOE = "tests/fixtures/models/qwen3", "tests/fixtures/models/qwen3_moe"
 TOL = 1e-5  # f32
@@ -97,11 +95,11 @@ def _with_modes(config, ratio: str, agg: str):
 
 def _one_step(workdir, config, devices, modes) -> dict:
     """The rollout of RL step 0 and, per (ratio, agg) mode, the step's metrics and params."""
-    run = experiment.setup(config, str(workdir), devices=devices)
+    run = setup.setup(config, str(workdir), devices=devices)
     try:
         state = train.init_or_restore(run)
         prompts = next(run.train_iter)
-        out = rollout.collect(run, state, prompts)
+        out = run.rollouts.collect(state, prompts)
         result = {
             "tokens": np.asarray(out.batch["tokens"]),
             "rewards": out.rewards,
@@ -110,7 +108,7 @@ def _one_step(workdir, config, devices, modes) -> dict:
         }
         for ratio, agg in modes:
             variant = _with_modes(config, ratio, agg)
-            step_config = config_lib.step_config(variant, run.model_config)
+            step_config = specs.step_config(variant, run.model_config)
             # What setup builds for `variant` (make_train_step with the run's shardings).
             step = make_train_step(
                 step_config, run.tx, state_shardings=run.state_shardings.train, mesh=run.mesh
@@ -191,7 +189,7 @@ def _check_layouts(tmp_path, model: str, layouts: dict, modes) -> list[str]:
 
 @pytest.mark.parametrize("token_level", [False, True], ids=["per-response", "per-token"])
 def test_advantage_function_declares_its_layout_and_matches_one_device(token_level):
-    """`make_advantage_fn(config, mesh)`: advantages over the batch axes, the running
+    """`make_advantage_fn(spec, mesh)`: advantages over the batch axes, the running
     statistics replicated, inputs in any layout moved there; the values of one device."""
     c = default.get_config()
     c.num_return_sequences_in_group = 4
@@ -207,13 +205,15 @@ def test_advantage_function_declares_its_layout_and_matches_one_device(token_lev
         "mask": (np.arange(6) < rng.integers(1, 7, (32, 1))).astype(np.float32),
     }
     running = advantages_lib.init_running_moments()
-    want, want_running = rollout.make_advantage_fn(c)(rewards, valid, running, **kwargs)
+    want, want_running = rollout.make_advantage_fn(specs.advantage_spec(c))(
+        rewards, valid, running, **kwargs
+    )
     assert np.ptp(np.asarray(want)) > 1
     for mesh in (
         sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1, "expert": 1}, jax.devices()[:1]),
         sharding.make_mesh({"data": 2, "fsdp": 4, "tensor": 1, "expert": 1}),
     ):
-        fn = rollout.make_advantage_fn(c, mesh)
+        fn = rollout.make_advantage_fn(specs.advantage_spec(c), mesh)
         # π_old replicated, as a jit that did not declare its layout may leave it: moved.
         moved = {**kwargs, "old_logprobs": jax.device_put(old, sharding.replicated(mesh))}
         got, got_running = fn(rewards, valid, running, **moved)

@@ -19,8 +19,7 @@ import gspo_jax.rewards.testing  # noqa: F401  (registers test_checksum)
 from configs import gspo_paper
 from gspo_jax.train_step import make_train_step
 from gspo_jax.trainer import loop as train
-from gspo_jax.trainer import rollout
-from gspo_jax.trainer import setup as experiment
+from gspo_jax.trainer import setup
 
 EPS_LOW, EPS_HIGH = 3e-4, 4e-4  # configs/gspo_paper.py
 
@@ -47,10 +46,10 @@ def bf16_run(tmp_path_factory):
     c.warm_start.steps = 0
     c.checkpoint.async_save = False
     c.log.progress_bar = c.log.plot = c.log.tensorboard = False
-    run = experiment.setup(c, str(root / "run"))
+    run = setup.setup(c, str(root / "run"))
     state = train.init_or_restore(run)
-    rollouts = [rollout.collect(run, state, next(run.train_iter)) for _ in range(2)]
-    yield run, state, rollouts
+    rollouts = [run.rollouts.collect(state, next(run.train_iter)) for _ in range(2)]
+    yield run, state, rollouts, c
     run.close()
 
 
@@ -75,9 +74,9 @@ def _deviation(m, updates) -> float:
 
 
 def test_bf16_at_lr0_nothing_clips_and_ratios_stay_within_eps_over_10(bf16_run):
-    run, state, rollouts = bf16_run
-    assert run.model_config.dtype == "bfloat16" and run.config.old_logprobs_source == "recompute"
-    updates = range(run.config.num_mini_batches)
+    run, state, rollouts, config = bf16_run
+    assert run.model_config.dtype == "bfloat16" and config.old_logprobs_source == "recompute"
+    updates = range(config.num_mini_batches)
     for out in rollouts:
         assert np.ptp(np.asarray(out.batch["advantages"])) > 0.1
         m = _step(run, state, out)
@@ -92,15 +91,15 @@ def test_bf16_at_lr0_nothing_clips_and_ratios_stay_within_eps_over_10(bf16_run):
 def test_a_whole_batch_pi_old_pass_in_bf16_exceeds_the_clip_range(bf16_run):
     """What π_old was before: one pass over the whole batch (other shapes than the updates'
     micro-batches). Fed to the step as given log-probs, the lr-0 ratios leave [1 − ε, 1 + ε]."""
-    run, state, rollouts = bf16_run
+    run, state, rollouts, config = bf16_run
     out = rollouts[0]
     b = out.batch
-    whole = run.logprobs_fn(
-        state.train.params, b["tokens"], b["attention_mask"], run.config.response_length
+    whole = run.rollouts.logprobs_fn(
+        state.train.params, b["tokens"], b["attention_mask"], config.response_length
     )[0]
     given = dataclasses.replace(out, batch={**b, "sampler_logprobs": whole})
     m = _step(run, state, given, old_logprobs_source="sampler")
-    assert _deviation(m, range(run.config.num_mini_batches)) > EPS_HIGH
+    assert _deviation(m, range(config.num_mini_batches)) > EPS_HIGH
     assert max(m[f"updates/clipfrac_seq/{u}"] for u in range(4)) > 0
 
 
@@ -108,7 +107,7 @@ def test_sampler_pi_old_reports_the_train_inference_mismatch(bf16_run):
     """old_logprobs_source="sampler" (paper §5.4): the first update's ratios are
     exp(mean_t(log π_train − log π_sampler)), so the logged noise floor follows the logged
     per-sequence gap: ratio_noise_floor = max_i |exp(g_i) − 1| with |g_i| ≤ seq gap max."""
-    run, state, rollouts = bf16_run
+    run, state, rollouts, _ = bf16_run
     m = _step(run, state, rollouts[0], old_logprobs_source="sampler")
     gap = m["sampler/seq_logprob_gap_max"]
     assert gap > 0

@@ -29,7 +29,7 @@ def test_registries_hold_the_documented_modes():
     assert set(obj.IMPORTANCE_SAMPLING_MODES) == set(IS_MODES)
     assert set(obj.LOSS_AGG_MODES) == set(AGG_MODES)
     assert {"k1", "k2", "k3", "low_var_kl"} <= set(obj.KL_ESTIMATORS)
-    assert obj.SEQUENCE_LEVEL_IS_MODES == {"seq", "seq_token"}
+    assert obj.sequence_level_modes() == ("seq", "seq_token")
 
 
 def _loss_and_grad(logprobs, old, adv, mask, **kwargs):
@@ -506,7 +506,7 @@ def test_unknown_modes_and_bad_shapes_raise_clear_errors():
         obj.policy_loss(x, x, jnp.zeros(2), x, **base, loss_agg_mode="mean")
     with pytest.raises(ValueError, match=r"loss_agg_mode 'sum'"):
         obj.aggregate_loss(x, x, "sum")
-    with pytest.raises(ValueError, match=r"kl estimator 'k4'.*k3"):
+    with pytest.raises(ValueError, match=r"kl_estimator 'k4'.*k3"):
         obj.kl_penalty(x, x, "k4")
     with pytest.raises(ValueError, match="advantages has shape"):
         obj.policy_loss(x, x, jnp.zeros(3), x, **base)

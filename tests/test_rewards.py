@@ -346,7 +346,7 @@ def temp_names():
     names = []
     yield names
     for name in names:
-        registry._REGISTRY.pop(name, None)
+        registry.REWARDS.remove(name)
 
 
 def test_builtin_rewards_registered():

@@ -286,19 +286,24 @@ def test_draw_categorical_matches_softmax():
 # --------------------------------------------------------------------- compile reuse
 
 
+def trace_counts() -> dict[str, int]:
+    """Compiled versions of the sampler's two jitted stages (a new one = a recompile)."""
+    return {"prefill": sampler._prefill._cache_size(), "decode": sampler._decode._cache_size()}
+
+
 def test_prompts_of_a_known_bucket_do_not_recompile(fixture_models, sampling_prompts, tempered):
     cfg, params, _ = fixture_models("qwen3")
     tokens, mask = sampling_prompts
-    before = sampling.trace_counts()
+    before = trace_counts()
     shorter = mask.copy()
     shorter[:, :-5] = 0  # real lengths 5 instead of up to 11: same bucket 16
     out = _sample(cfg, params, (tokens, shorter), jax.random.key(1))
     assert out.prompt_tokens.shape == (4 * G, BUCKET)
-    assert sampling.trace_counts() == before
+    assert trace_counts() == before
     # A longer prompt needs the next bucket (capped at the width 20): a new trace each.
     longer = np.ones_like(mask)
     _sample(cfg, params, (tokens + 1, longer), jax.random.key(1))
-    after = sampling.trace_counts()
+    after = trace_counts()
     assert after["prefill"] == before["prefill"] + 1 and after["decode"] == before["decode"] + 1
 
 
@@ -348,10 +353,10 @@ def test_bad_options_raise_before_compiling(fixture_models, change, message):
     cfg, params, ref = fixture_models("qwen3")
     tokens, mask = ref["gen_prompt_tokens"], ref["gen_prompt_mask"]
     kw = {"num_samples": 2, "max_new_tokens": T, "eos_ids": (2,)} | change
-    before = sampling.trace_counts()
+    before = trace_counts()
     with pytest.raises((ValueError, TypeError), match=message):
         sampling.sample(cfg, params, tokens, mask, jax.random.key(0), **kw)
-    assert sampling.trace_counts() == before
+    assert trace_counts() == before
 
 
 def test_bad_prompts_raise(fixture_models):
@@ -397,7 +402,7 @@ def test_bad_prompt_ids_and_mask_values_raise_before_compiling(fixture_models):
         (tokens, mask * 2, r"value\(s\) other than 0 and 1"),
     ]
     cases[0][0][row, 0] = cfg.vocab_size  # at a masked position
-    before = sampling.trace_counts()
+    before = trace_counts()
     for t, m, message in cases:
         for to_device in (False, True):
             t_, m_ = (jax.numpy.asarray(t), jax.numpy.asarray(m)) if to_device else (t, m)
@@ -405,7 +410,7 @@ def test_bad_prompt_ids_and_mask_values_raise_before_compiling(fixture_models):
                 sampling.sample(
                     cfg, params, t_, m_, jax.random.key(0), num_samples=2, max_new_tokens=T
                 )
-    assert sampling.trace_counts() == before
+    assert trace_counts() == before
     # A float mask of exact zeros and ones is a mask.
     out = sampling.sample(
         cfg,

@@ -12,7 +12,7 @@ from tiny_flags import TINY_MODEL, main_command, metrics_by_step
 from configs import default
 from gspo_jax.rewards import build_reward
 from gspo_jax.trainer import loop as train
-from gspo_jax.trainer import rollout
+from gspo_jax.trainer import rollout, specs
 
 # A tiny version of the default run: 2-layer d=32 model, 4 prompts x 4 samples.
 TINY = [
@@ -149,7 +149,7 @@ def test_invalid_rewards_follow_the_rule():
     # "mask": invalid responses get advantage 0 and do not enter their group's statistics.
     c = default.get_config()
     c.num_return_sequences_in_group = 3
-    adv, _ = rollout.make_advantage_fn(c)(r_mask, v_mask, None)
+    adv, _ = rollout.make_advantage_fn(specs.advantage_spec(c))(r_mask, v_mask, None)
     adv = np.asarray(adv)
     assert adv[1] == adv[2] == adv[3] == 0
     # Group 0 has one valid member (std 0): advantage 0. Group 1: rewards (0, 0.5).

@@ -5,7 +5,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 import pytest
@@ -13,7 +12,7 @@ import pytest
 from configs import base as base_config
 from gspo_jax import models, sharding
 from gspo_jax.train_step import StepConfig, TrainState, make_logprobs_fn, make_train_step
-from gspo_jax.trainer.config import step_config
+from gspo_jax.trainer.specs import step_config
 
 FIXTURE = "tests/fixtures/models/qwen3"
 N, G, P, T = 4, 4, 6, 8  # prompts, group, prompt tokens, response tokens
@@ -60,18 +59,19 @@ def _state(params, tx):
 
 
 def _optim(lr=1e-2, max_grad_norm=1.0):
-    return ml_collections.ConfigDict(
-        {
-            "learning_rate": lr,
-            "schedule": "constant",
-            "warmup_steps": 0,
-            "end_lr_ratio": 0.1,
-            "weight_decay": 0.0,
-            "b1": 0.9,
-            "b2": 0.999,
-            "eps": 1e-8,
-            "max_grad_norm": max_grad_norm,
-        }
+    from gspo_jax.train_step.optim import OptimSpec
+
+    return OptimSpec(
+        learning_rate=lr,
+        schedule="constant",
+        warmup_steps=0,
+        end_lr_ratio=0.1,
+        weight_decay=0.0,
+        b1=0.9,
+        b2=0.999,
+        eps=1e-8,
+        max_grad_norm=max_grad_norm,
+        total_updates=100,
     )
 
 
@@ -79,7 +79,7 @@ def _optim(lr=1e-2, max_grad_norm=1.0):
 def _tx(lr=1e-2):
     from gspo_jax.train_step.optim import make_optimizer
 
-    return make_optimizer(_optim(lr), 100)
+    return make_optimizer(_optim(lr))
 
 
 @functools.cache

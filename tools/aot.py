@@ -53,7 +53,7 @@ from gspo_jax.models.attention import resolve_impl
 from gspo_jax.sampling import sampler
 from gspo_jax.train_step import TrainState, batch_ndims, make_logprobs_fn, make_train_step, optim
 from gspo_jax.trainer import config as config_lib
-from gspo_jax.trainer import rollout
+from gspo_jax.trainer import rollout, specs
 
 GiB = 2**30
 
@@ -149,17 +149,15 @@ def model_config_for(config, preset: str | None) -> models.ModelConfig:
     if preset:
         if preset not in PRESETS:
             raise ValueError(f"--preset={preset!r}: known presets {sorted(PRESETS)}")
-        return models.ModelConfig.from_hf_config(
-            PRESETS[preset], **config_lib.model_numerics(config)
-        )
+        return models.ModelConfig.from_hf_config(PRESETS[preset], **specs.model_numerics(config))
     if m.hf_path:
-        return config_lib.model_config(config, tokenizer=None)
+        return specs.model_config(config, tokenizer=None)
     import tempfile
 
     from gspo_jax import data
 
     with tempfile.TemporaryDirectory() as tmp:  # the scratch model's vocabulary
-        return config_lib.model_config(config, data.make_char_tokenizer(tmp))
+        return specs.model_config(config, data.make_char_tokenizer(tmp))
 
 
 @dataclasses.dataclass
@@ -317,9 +315,8 @@ def compile_run(
     N, G = c.rollout_batch_size, c.num_return_sequences_in_group
     B, P, T = N * G, c.prompt_length, c.response_length
     L = P + T
-    step_config = config_lib.step_config(c, cfg)
-    total_updates = c.num_steps * c.ppo_epochs * c.num_mini_batches
-    tx = optim.make_optimizer(c.optim, total_updates)
+    step_config = specs.step_config(c, cfg)
+    tx = optim.make_optimizer(specs.optim_spec(c))
     abstract = models.abstract_params(cfg)
     param_sh = sharding_lib.tree_shardings(abstract, models.logical_axes(cfg), mesh)
     opt_sh = sharding_lib.optimizer_state_shardings(tx, abstract, param_sh, mesh)
@@ -414,7 +411,7 @@ def compile_run(
             args = [rewards, valid, running]
             if c.add_token_level_kl:
                 args += [_batch_sds(mesh, (B, T), jnp.float32)] * 3
-            fn = rollout.make_advantage_fn(c, mesh).jitted
+            fn = rollout.make_advantage_fn(specs.advantage_spec(c), mesh).jitted
             report, _ = _compile("advantages", fn, *args, resident=idle)
             reports.append(report)
         if "train_step" in functions:
@@ -486,7 +483,7 @@ def describe(config, cfg, topology: str, devices) -> str:
     c = config
     mesh = config_lib.mesh_shape(c, len(devices))
     impl = resolve_impl(cfg.attention_impl, dtype=cfg.dtype, platform="tpu")
-    sizes = config_lib.batch_sizes(c)
+    sizes = specs.batch_sizes(c)
     n = models.param_count(cfg)
     size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
     return (

@@ -11,7 +11,14 @@ from gspo_jax.data.arithmetic import (
     SyntheticArithmetic,
     generate_problems,
 )
-from gspo_jax.data.build import DATASETS, DatasetSpec, build_dataset, get_builder, get_spec
+from gspo_jax.data.build import (
+    DATASETS,
+    DatasetSpec,
+    build_dataset,
+    get_builder,
+    get_spec,
+    register_dataset,
+)
 from gspo_jax.data.gsm8k import Gsm8kLocal, check_gsm8k_manual_dir, read_gsm8k_jsonl
 from gspo_jax.data.pipeline import (
     ANSWER_PREFIX,
@@ -82,6 +89,7 @@ __all__ = [
     "prepare_sft",
     "read_gsm8k_jsonl",
     "read_shard",
+    "register_dataset",
     "render_prompt",
     "resolve_shard",
     "stop_token_ids",

@@ -29,6 +29,7 @@ import tensorflow_datasets as tfds
 
 from gspo_jax.data.arithmetic import ArithmeticConfig, SyntheticArithmetic
 from gspo_jax.data.gsm8k import GSM8K_SPLIT_FILES, Gsm8kLocal, check_gsm8k_manual_dir
+from gspo_jax.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -59,15 +60,29 @@ class DatasetSpec:
     manual_files: tuple[str, ...] = ()
 
 
-DATASETS = {
-    "arithmetic": DatasetSpec(
+# name -> DatasetSpec (gspo_jax.registry); `config.data.name` accepts the live names.
+DATASETS: Registry[DatasetSpec] = Registry("dataset")
+
+
+def register_dataset(name: str, spec: DatasetSpec) -> DatasetSpec:
+    """Makes `spec` available as `config.data.name=name` (a TFDS builder in array_record
+    format, and which record fields are the reference and the supervised target)."""
+    return DATASETS.add(name, spec)
+
+
+register_dataset(
+    "arithmetic",
+    DatasetSpec(
         builder=SyntheticArithmetic,
         reference_key="answer",
         answer_key="answer",
         target_template="#### {answer}",
         check_manual_dir=None,
     ),
-    "gsm8k": DatasetSpec(
+)
+register_dataset(
+    "gsm8k",
+    DatasetSpec(
         builder=Gsm8kLocal,
         reference_key="final_answer",
         answer_key="answer",  # The worked solution already ends in "#### <number>".
@@ -75,13 +90,12 @@ DATASETS = {
         check_manual_dir=check_gsm8k_manual_dir,
         manual_files=tuple(GSM8K_SPLIT_FILES.values()),
     ),
-}
+)
 
 
 def get_spec(name: str) -> DatasetSpec:
-    if name not in DATASETS:
-        raise ValueError(f"Unknown dataset {name!r}; known: {sorted(DATASETS)}.")
-    return DATASETS[name]
+    """The registered dataset `name`; ValueError listing the valid names if there is none."""
+    return DATASETS.get(name)
 
 
 def get_builder(

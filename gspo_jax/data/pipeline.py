@@ -141,7 +141,7 @@ def resolve_shard(
 
 def _read_records(source: Sequence[Any], index_K: np.ndarray) -> list[dict[str, Any]]:
     indices = index_K.tolist()
-    # TFDS array_record sources decode a batch of records ~4x faster than one at a time.
+    # TFDS array_record sources decode a batch of records much faster than one at a time.
     getitems = getattr(source, "__getitems__", None)
     records = getitems(indices) if getitems is not None else [source[i] for i in indices]
     return [decode_record(r) for r in records]

@@ -223,9 +223,38 @@ def load_pretrained(
         hf_config, param_dtype=dtype, dtype=compute_dtype or dtype, **config_overrides
     )
     weight_map = _weight_map(path)
-    specs = _tensor_specs(cfg)
-    wanted = {name: (spec, e) for spec in specs for e, name in enumerate(spec.hf_names)}
+    wanted = {
+        name: (spec, e) for spec in _tensor_specs(cfg) for e, name in enumerate(spec.hf_names)
+    }
+    _check_tensor_names(path, cfg, weight_map, wanted)
+    np_dtype = np.dtype(jax.numpy.dtype(dtype))
+    placer = _Placer(cfg, shardings, np_dtype)
+    expert_buffers: dict[tuple, list] = {}  # (path, layer) -> [experts [E, ., .], filled]
+    by_file: dict[str, list[str]] = {}
+    for name in wanted:
+        by_file.setdefault(weight_map[name], []).append(name)
+    for file_name, names in sorted(by_file.items()):
+        file = path / file_name
+        with _open(file) as f:
+            available = set(f.keys())
+            for name in names:
+                spec, e = wanted[name]
+                hf_array = _read_tensor(f, file, name, spec, cfg, available)
+                if spec.kind != "experts":
+                    placer.place(spec, _to_ours(spec, hf_array).astype(np_dtype))
+                    continue
+                key = (spec.path, spec.index)
+                buf = expert_buffers.setdefault(key, [np.empty(spec.shape, np_dtype), 0])
+                buf[0][e] = _to_ours(spec, hf_array)
+                buf[1] += 1
+                if buf[1] == len(spec.hf_names):
+                    placer.place(spec, expert_buffers.pop(key)[0])
+    return cfg, placer.params
 
+
+def _check_tensor_names(path: Path, cfg: ModelConfig, weight_map: dict, wanted: dict) -> None:
+    """Every tensor the model needs is in the checkpoint and nothing else is (but what HF
+    checkpoints may carry harmlessly: rotary caches, a tied model's duplicate head)."""
     missing = [name for name in wanted if name not in weight_map]
     if missing:
         raise KeyError(
@@ -246,73 +275,61 @@ def load_pretrained(
             f"with this config.json does not use, e.g. {sorted(unexpected)[:5]}"
         )
 
-    np_dtype = np.dtype(jax.numpy.dtype(dtype))
-    flat_shardings = {}
-    if shardings is not None:
-        for kp, s in jax.tree_util.tree_flatten_with_path(shardings)[0]:
-            flat_shardings[tuple(getattr(k, "key", getattr(k, "idx", None)) for k in kp)] = s
-    abstract = {
-        tuple(getattr(k, "key", None) for k in kp): leaf
-        for kp, leaf in jax.tree_util.tree_flatten_with_path(abstract_params(cfg))[0]
-    }
-    params: dict = {}
-    stacks: dict[tuple, jax.Array] = {}  # path -> stacked leaf being filled, layer by layer
-    expert_buffers: dict[tuple, list] = {}  # (path, layer) -> [experts [E, ., .], filled]
 
-    def place(spec: TensorSpec, value: np.ndarray):
-        sharding = flat_shardings.get(spec.path)
+def _read_tensor(f, file: Path, name: str, spec, cfg: ModelConfig, available) -> np.ndarray:
+    """Tensor `name` of an open safetensors file, its shape and dtype checked first."""
+    if name not in available:
+        raise KeyError(f"tensor {name!r} is not in {str(file)!r} (index says it is)")
+    tensor_slice = f.get_slice(name)
+    shape, file_dtype = tuple(tensor_slice.get_shape()), tensor_slice.get_dtype()
+    if shape != spec.hf_shape:
+        raise ValueError(
+            f"tensor {name!r} in {str(file)!r} has shape {list(shape)}, expected "
+            f"{list(spec.hf_shape)} for this config.json ({cfg.arch})"
+        )
+    if file_dtype not in _FLOAT_DTYPES:
+        raise ValueError(
+            f"tensor {name!r} in {str(file)!r} has dtype {file_dtype}, expected "
+            f"a float dtype {_FLOAT_DTYPES}"
+        )
+    try:
+        return f.get_tensor(name)
+    except Exception as err:
+        raise ValueError(f"cannot read tensor {name!r} from {str(file)!r}: {err}") from err
+
+
+class _Placer:
+    """Puts each converted tensor into the params tree, in its sharding: a stacked
+    per-layer parameter is allocated once (sharded) and filled layer by layer in place."""
+
+    def __init__(self, cfg: ModelConfig, shardings, np_dtype):
+        self.np_dtype = np_dtype
+        self.shardings = {}
+        if shardings is not None:
+            for kp, s in jax.tree_util.tree_flatten_with_path(shardings)[0]:
+                self.shardings[tuple(getattr(k, "key", getattr(k, "idx", None)) for k in kp)] = s
+        self.abstract = {
+            tuple(getattr(k, "key", None) for k in kp): leaf
+            for kp, leaf in jax.tree_util.tree_flatten_with_path(abstract_params(cfg))[0]
+        }
+        self.params: dict = {}
+        self.stacks: dict[tuple, jax.Array] = {}  # path -> stacked leaf being filled
+
+    def place(self, spec: TensorSpec, value: np.ndarray) -> None:
+        sharding = self.shardings.get(spec.path)
         if spec.index is None:
             array = jax.device_put(value, sharding) if sharding is not None else jnp.asarray(value)
         else:
-            array = stacks.get(spec.path)
+            array = self.stacks.get(spec.path)
             if array is None:
-                array = jnp.zeros(abstract[spec.path].shape, np_dtype, device=sharding)
+                shape = self.abstract[spec.path].shape
+                array = jnp.zeros(shape, self.np_dtype, device=sharding)
             array = _write_layer(array, value, spec.index)
-            stacks[spec.path] = array
-        node = params
+            self.stacks[spec.path] = array
+        node = self.params
         for key in spec.path[:-1]:
             node = node.setdefault(key, {})
         node[spec.path[-1]] = array
-
-    by_file: dict[str, list[str]] = {}
-    for name in wanted:
-        by_file.setdefault(weight_map[name], []).append(name)
-    for file_name, names in sorted(by_file.items()):
-        file = path / file_name
-        with _open(file) as f:
-            available = set(f.keys())
-            for name in names:
-                spec, e = wanted[name]
-                if name not in available:
-                    raise KeyError(f"tensor {name!r} is not in {str(file)!r} (index says it is)")
-                tensor_slice = f.get_slice(name)
-                shape, file_dtype = tuple(tensor_slice.get_shape()), tensor_slice.get_dtype()
-                if shape != spec.hf_shape:
-                    raise ValueError(
-                        f"tensor {name!r} in {str(file)!r} has shape {list(shape)}, expected "
-                        f"{list(spec.hf_shape)} for this config.json ({cfg.arch})"
-                    )
-                if file_dtype not in _FLOAT_DTYPES:
-                    raise ValueError(
-                        f"tensor {name!r} in {str(file)!r} has dtype {file_dtype}, expected "
-                        f"a float dtype {_FLOAT_DTYPES}"
-                    )
-                try:
-                    hf_array = f.get_tensor(name)
-                except Exception as err:
-                    raise ValueError(
-                        f"cannot read tensor {name!r} from {str(file)!r}: {err}"
-                    ) from err
-                if spec.kind != "experts":
-                    place(spec, _to_ours(spec, hf_array).astype(np_dtype))
-                    continue
-                key = (spec.path, spec.index)
-                buf = expert_buffers.setdefault(key, [np.empty(spec.shape, np_dtype), 0])
-                buf[0][e] = _to_ours(spec, hf_array)
-                buf[1] += 1
-                if buf[1] == len(spec.hf_names):
-                    place(spec, expert_buffers.pop(key)[0])
-    return cfg, params
 
 
 @functools.cache

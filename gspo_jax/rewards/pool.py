@@ -16,9 +16,8 @@ reward, by name, using the parent's sys.path. Rewards therefore reach workers by
 (`Reward` pickles as its spec plus those modules) and must be registered in an
 importable module, not in `__main__` (a clear error says so). POSIX only. Workers exit
 when the pool closes (at interpreter exit at the latest), and on their own within about
-a second if the parent dies without closing it. Costs measured on the 2-core dev box:
-starting a worker ~0.2 s (in the background while the others work); ~15-40 us per item
-more than in-process scoring (a 1024-item `math` batch: ~36 ms on 2 workers vs ~20 ms).
+a second if the parent dies without closing it. What a worker costs against in-process
+scoring (start-up, per item) is measured in docs/benchmarks.md, "Reward workers".
 
 `timeout_s` is per item: the wall time from when a worker could start the item (its
 previous result, or the chunk's dispatch, as seen by the parent) to its result.
@@ -285,100 +284,17 @@ class RewardPool:
             return (*outputs, self.num_restarts - restarts_before)
 
     def _score(self, reward, prompts, completions, references, timeout_s):
-        num_items = len(prompts)
-        status_B = np.full(num_items, -1, np.int8)
-        totals_B = np.zeros(num_items, np.float64)
-        values_BK = np.zeros((num_items, len(reward.names)), np.float64)
-        messages: dict[int, str] = {}
-        queue = collections.deque(range(num_items))
-        remaining = num_items
-
-        def record(index, status, total, values, text):
-            nonlocal remaining
-            status_B[index] = status
-            totals_B[index] = total
-            values_BK[index] = values
-            if text is not None and len(messages) < MAX_MESSAGES:
-                messages[index] = text
-            remaining -= 1
-
-        def fail_current(worker, status, text):
-            # The first pending item is the one the worker was running; the rest were
-            # never started and go back to the front of the queue, in order.
-            record(worker.pending.popleft(), status, 0.0, 0.0, text)
-            queue.extendleft(reversed(worker.pending))
-            worker.pending.clear()
-            self._replace(worker)
-
-        while remaining:
-            now = time.monotonic()
-            for worker in self._workers:
-                if worker.state == "idle" and queue:
-                    size = -(-len(queue) // (2 * self.num_workers))
-                    chunk = [queue.popleft() for _ in range(min(MAX_CHUNK, size))]
-                    items = [(i, prompts[i], completions[i], references[i]) for i in chunk]
-                    worker.conn.send((reward.spec, reward.modules, items))
-                    worker.state, worker.last_event = "busy", now
-                    worker.pending = collections.deque(chunk)
-
+        batch = _Batch(len(prompts), len(reward.names))
+        while batch.remaining:
+            self._dispatch(batch, reward, prompts, completions, references)
             watched = [w for w in self._workers if w.state in ("busy", "booting")]
             # Unscored items are queued (and idle workers were just given some) or
             # pending on a busy worker, so something is always being watched.
             assert watched, "reward pool has unscored items but no busy or booting worker"
-            deadlines = [now + _POLL_S]  # wake up anyway to notice dead workers
-            for worker in watched:
-                if worker.state == "booting":
-                    deadlines.append(worker.last_event + self.startup_timeout_s)
-                elif timeout_s is not None:
-                    deadlines.append(worker.last_event + timeout_s)
-            multiprocessing.connection.wait(
-                [w.conn for w in watched], timeout=max(0.0, min(deadlines) - now)
-            )
-
+            self._wait(watched, timeout_s)
             now = time.monotonic()
             for worker in watched:
-                # Liveness first: a worker found dead has flushed everything it sent,
-                # so draining after the check cannot miss a result it sent before dying.
-                alive = worker.alive()
-                died = False
-                try:
-                    while worker.conn.poll():
-                        message = worker.conn.recv()
-                        if message[0] == "result":
-                            _, index, status, total, values, text = message
-                            worker.pending.remove(index)
-                            record(index, status, total, values, text)
-                            worker.last_event = now
-                        elif message[0] == "ready":
-                            worker.state, worker.last_event = "idle", now
-                        elif message[0] == "setup_error":
-                            raise RuntimeError(
-                                f"reward worker could not build reward {reward.spec!r} "
-                                f"(is it registered in an importable module?): {message[1]}"
-                            )
-                except (EOFError, OSError):
-                    died = True
-                if alive and not died:
-                    if worker.state == "busy" and not worker.pending:
-                        worker.state = "idle"
-                    continue
-                if worker.state == "booting":
-                    worker.kill()
-                    raise RuntimeError(
-                        "reward worker process exited during start-up with exit code "
-                        f"{worker.process.returncode}; see its stderr above"
-                    )
-                if worker.pending:
-                    worker.kill()  # reap it so the exit code is known
-                    fail_current(
-                        worker,
-                        STATUS_ERROR,
-                        f"worker process died (exit code {worker.process.returncode}) "
-                        "while scoring this item",
-                    )
-                else:
-                    self._replace(worker)
-
+                self._collect(worker, batch, reward, now)
             for worker in list(self._workers):
                 elapsed = now - worker.last_event
                 if worker.state == "booting" and elapsed > self.startup_timeout_s:
@@ -386,8 +302,110 @@ class RewardPool:
                         f"reward worker did not start within {self.startup_timeout_s} s"
                     )
                 if worker.state == "busy" and timeout_s is not None and elapsed >= timeout_s:
-                    fail_current(worker, STATUS_TIMEOUT, f"timed out after {timeout_s} s")
-        return status_B, totals_B, values_BK, messages
+                    self._fail_current(
+                        worker, batch, STATUS_TIMEOUT, f"timed out after {timeout_s} s"
+                    )
+        return batch.status_B, batch.totals_B, batch.values_BK, batch.messages
+
+    def _dispatch(self, batch, reward, prompts, completions, references) -> None:
+        """Give every idle worker a chunk of the queue (chunks shrink as it empties)."""
+        now = time.monotonic()
+        for worker in self._workers:
+            if worker.state == "idle" and batch.queue:
+                size = -(-len(batch.queue) // (2 * self.num_workers))
+                chunk = [batch.queue.popleft() for _ in range(min(MAX_CHUNK, size))]
+                items = [(i, prompts[i], completions[i], references[i]) for i in chunk]
+                worker.conn.send((reward.spec, reward.modules, items))
+                worker.state, worker.last_event = "busy", now
+                worker.pending = collections.deque(chunk)
+
+    def _wait(self, watched, timeout_s) -> None:
+        """Until a watched worker sends something, or the nearest deadline (a start-up or
+        an item's timeout), or a short poll that notices dead workers."""
+        now = time.monotonic()
+        deadlines = [now + _POLL_S]
+        for worker in watched:
+            if worker.state == "booting":
+                deadlines.append(worker.last_event + self.startup_timeout_s)
+            elif timeout_s is not None:
+                deadlines.append(worker.last_event + timeout_s)
+        multiprocessing.connection.wait(
+            [w.conn for w in watched], timeout=max(0.0, min(deadlines) - now)
+        )
+
+    def _collect(self, worker, batch, reward, now) -> None:
+        """Read what `worker` sent; a worker that died fails its current item (its other
+        pending items go back to the queue) and is replaced."""
+        # Liveness first: a worker found dead has flushed everything it sent,
+        # so draining after the check cannot miss a result it sent before dying.
+        alive = worker.alive()
+        died = False
+        try:
+            while worker.conn.poll():
+                message = worker.conn.recv()
+                if message[0] == "result":
+                    _, index, status, total, values, text = message
+                    worker.pending.remove(index)
+                    batch.record(index, status, total, values, text)
+                    worker.last_event = now
+                elif message[0] == "ready":
+                    worker.state, worker.last_event = "idle", now
+                elif message[0] == "setup_error":
+                    raise RuntimeError(
+                        f"reward worker could not build reward {reward.spec!r} "
+                        f"(is it registered in an importable module?): {message[1]}"
+                    )
+        except (EOFError, OSError):
+            died = True
+        if alive and not died:
+            if worker.state == "busy" and not worker.pending:
+                worker.state = "idle"
+            return
+        if worker.state == "booting":
+            worker.kill()
+            raise RuntimeError(
+                "reward worker process exited during start-up with exit code "
+                f"{worker.process.returncode}; see its stderr above"
+            )
+        if worker.pending:
+            worker.kill()  # reap it so the exit code is known
+            self._fail_current(
+                worker,
+                batch,
+                STATUS_ERROR,
+                f"worker process died (exit code {worker.process.returncode}) "
+                "while scoring this item",
+            )
+        else:
+            self._replace(worker)
+
+    def _fail_current(self, worker, batch, status, text) -> None:
+        """The first pending item is the one the worker was running; the rest were never
+        started and go back to the front of the queue, in order. The worker is replaced."""
+        batch.record(worker.pending.popleft(), status, 0.0, 0.0, text)
+        batch.queue.extendleft(reversed(worker.pending))
+        worker.pending.clear()
+        self._replace(worker)
+
+
+class _Batch:
+    """One `score` call's items: results so far, the queue of unstarted items."""
+
+    def __init__(self, num_items: int, num_terms: int):
+        self.status_B = np.full(num_items, -1, np.int8)
+        self.totals_B = np.zeros(num_items, np.float64)
+        self.values_BK = np.zeros((num_items, num_terms), np.float64)
+        self.messages: dict[int, str] = {}
+        self.queue = collections.deque(range(num_items))
+        self.remaining = num_items
+
+    def record(self, index, status, total, values, text) -> None:
+        self.status_B[index] = status
+        self.totals_B[index] = total
+        self.values_BK[index] = values
+        if text is not None and len(self.messages) < MAX_MESSAGES:
+            self.messages[index] = text
+        self.remaining -= 1
 
 
 _DEFAULT_POOL: RewardPool | None = None

@@ -26,10 +26,13 @@ import math
 import re
 from collections.abc import Callable
 
+from gspo_jax.registry import Registry
+
 RewardFn = Callable[[str, str, str], float]
 
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
-_REGISTRY: dict[str, RewardFn] = {}
+# name -> reward function (gspo_jax.registry); config validation reads the live names.
+REWARDS: Registry[RewardFn] = Registry("reward")
 
 
 def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
@@ -46,31 +49,20 @@ def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
     def decorator(fn: RewardFn) -> RewardFn:
         if not callable(fn):
             raise TypeError(f"register_reward({name!r}) needs a callable, got {fn!r}")
-        old = _REGISTRY.get(name)
-        if old is not None and old is not fn and _qualified(old) != _qualified(fn):
-            raise ValueError(
-                f"reward {name!r} is already registered to {_qualified(old)}; "
-                f"cannot register {_qualified(fn)} under the same name"
-            )
-        _REGISTRY[name] = fn
-        return fn
+        return REWARDS.add(name, fn)
 
     return decorator
 
 
-def _qualified(fn: Callable) -> str:
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
-
-
 def list_rewards() -> list[str]:
     """The registered reward names, sorted."""
-    return sorted(_REGISTRY)
+    return sorted(REWARDS)
 
 
 def get_reward_fn(name: str) -> RewardFn:
     """The function registered under `name`; ValueError listing the known names if none."""
     try:
-        return _REGISTRY[name]
+        return REWARDS[name]
     except (KeyError, TypeError):
         raise ValueError(
             f"unknown reward {name!r}; registered rewards: {', '.join(list_rewards())}"
@@ -79,7 +71,7 @@ def get_reward_fn(name: str) -> RewardFn:
 
 def name_of(fn: Callable) -> str | None:
     """The name `fn` is registered under, or None."""
-    for name, registered in _REGISTRY.items():
+    for name, registered in REWARDS.items():
         if registered is fn:
             return name
     return None
@@ -161,7 +153,7 @@ def build_reward(spec: str) -> Reward:
                 ) from None
             if not math.isfinite(weight):
                 raise ValueError(f"weight of term {term!r} of reward spec {spec!r} must be finite")
-        if name not in _REGISTRY:
+        if name not in REWARDS:
             raise ValueError(
                 f"unknown reward {name!r} in term {term!r} of reward spec {spec!r}; "
                 f"registered rewards: {', '.join(list_rewards())}"
@@ -170,7 +162,7 @@ def build_reward(spec: str) -> Reward:
             raise ValueError(f"reward {name!r} appears twice in reward spec {spec!r}")
         names.append(name)
         weights.append(weight)
-    fns = tuple(_REGISTRY[n] for n in names)
+    fns = tuple(REWARDS[n] for n in names)
     modules = tuple(dict.fromkeys(getattr(fn, "__module__", "__main__") for fn in fns))
     canonical = ",".join(f"{n}:{w!r}" for n, w in zip(names, weights))
     return Reward(canonical, tuple(names), tuple(weights), fns, modules)

@@ -121,6 +121,38 @@ def score_batch(
     """
     start = time.perf_counter()
     num_items = len(completions)
+    use_processes = _check_batch(
+        prompts, completions, references, timeout_s, use_processes, fail_value
+    )
+    reward = registry.as_reward(reward_fn)
+    if reward is None and use_processes:
+        raise TypeError(
+            f"reward_fn {reward_fn!r} is not registered: worker processes look rewards up "
+            "by name, so register it with @register_reward in an importable module (or "
+            "score in-process with timeout_s=None)"
+        )
+    term_names = reward.names if reward is not None else ("reward",)
+    if use_processes and num_items:
+        if pool is None:
+            pool = get_default_pool(num_workers)
+        status_B, totals_B, values_BK, messages, restarts = pool.score(
+            reward, prompts, completions, references, timeout_s=timeout_s
+        )
+    else:
+        target = reward if reward is not None else reward_fn
+        status_B, totals_B, values_BK, messages = _score_in_process(
+            target, len(term_names), prompts, completions, references
+        )
+        restarts = 0
+    stats = _stats(status_B, values_BK, term_names, messages, restarts)
+    stats["time_s"] = time.perf_counter() - start
+    rewards_B = np.where(stats["ok_B"], totals_B, fail_value).astype(np.float32)
+    return rewards_B, stats
+
+
+def _check_batch(prompts, completions, references, timeout_s, use_processes, fail_value):
+    """The arguments of `score_batch`, checked; returns whether to use worker processes."""
+    num_items = len(completions)
     for name, seq in (("prompts", prompts), ("references", references)):
         if len(seq) != num_items:
             raise ValueError(f"{name} has {len(seq)} items but completions has {num_items}")
@@ -143,42 +175,35 @@ def score_batch(
             "use_processes=False cannot enforce timeout_s: pass timeout_s=None for "
             "in-process scoring, or use_processes=True"
         )
+    return use_processes
 
-    reward = registry.as_reward(reward_fn)
-    if reward is None and use_processes:
-        raise TypeError(
-            f"reward_fn {reward_fn!r} is not registered: worker processes look rewards up "
-            "by name, so register it with @register_reward in an importable module (or "
-            "score in-process with timeout_s=None)"
-        )
-    term_names = reward.names if reward is not None else ("reward",)
-    if use_processes and num_items:
-        if pool is None:
-            pool = get_default_pool(num_workers)
-        status_B, totals_B, values_BK, messages, restarts = pool.score(
-            reward, prompts, completions, references, timeout_s=timeout_s
-        )
-    else:
-        status_B = np.zeros(num_items, np.int8)
-        totals_B = np.zeros(num_items, np.float64)
-        values_BK = np.zeros((num_items, len(term_names)), np.float64)
-        messages, restarts = {}, 0
-        target = reward if reward is not None else reward_fn
-        for i in range(num_items):
-            status, total, values, text = evaluate_item(
-                target, prompts[i], completions[i], references[i]
-            )
-            status_B[i], totals_B[i], values_BK[i] = status, total, values
-            if text is not None and len(messages) < MAX_MESSAGES:
-                messages[i] = text
 
+def _score_in_process(target, num_terms, prompts, completions, references):
+    """(status [B], totals [B], per-term values [B, K], messages) scored in this process."""
+    num_items = len(completions)
+    status_B = np.zeros(num_items, np.int8)
+    totals_B = np.zeros(num_items, np.float64)
+    values_BK = np.zeros((num_items, num_terms), np.float64)
+    messages = {}
+    for i in range(num_items):
+        status, total, values, text = evaluate_item(
+            target, prompts[i], completions[i], references[i]
+        )
+        status_B[i], totals_B[i], values_BK[i] = status, total, values
+        if text is not None and len(messages) < MAX_MESSAGES:
+            messages[i] = text
+    return status_B, totals_B, values_BK, messages
+
+
+def _stats(status_B, values_BK, term_names, messages, restarts) -> dict:
+    """`score_batch`'s stats (its docstring) from the items' status codes."""
+    num_items = len(status_B)
     ok_B = status_B == STATUS_OK
-    rewards_B = np.where(ok_B, totals_B, fail_value).astype(np.float32)
     flags = {
         f"{STATUS_NAMES[code]}_B": status_B == code
         for code in (STATUS_ERROR, STATUS_TIMEOUT, STATUS_NONFINITE, STATUS_NONNUMERIC)
     }
-    stats = {
+    return {
         "num_items": num_items,
         "num_ok": int(ok_B.sum()),
         "num_errors": int(flags["error_B"].sum()),
@@ -195,9 +220,7 @@ def score_batch(
             for k, name in enumerate(term_names)
         },
         "messages": messages,
-        "time_s": time.perf_counter() - start,
     }
-    return rewards_B, stats
 
 
 def summarize(stats: dict, prefix: str = "reward/") -> dict[str, float]:

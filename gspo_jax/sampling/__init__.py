@@ -14,7 +14,6 @@ from gspo_jax.sampling.sampler import (
     SamplerState,
     choose_bucket,
     sample,
-    trace_counts,
     warn_if_biased_pi_old,
 )
 
@@ -25,6 +24,5 @@ __all__ = [
     "SamplerState",
     "choose_bucket",
     "sample",
-    "trace_counts",
     "warn_if_biased_pi_old",
 ]

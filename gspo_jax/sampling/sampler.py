@@ -41,7 +41,7 @@ longest real prompt, capped at the input width (the rule of `train.bucket_prompt
 compiled shapes come from `buckets` ∪ {input width}. `DEFAULT_BUCKETS` are the powers of two
 16 … 32768. Both jitted functions are module level with the model config and sampling options
 static, so jax's cache reuses them: a new prompt batch of a known bucket never recompiles
-(end ids and the pad id are data, not static). `trace_counts()` counts traces (tests use it).
+(end ids and the pad id are data, not static).
 
 Shape letters: N prompts, G samples per prompt, B = N·G rows (the G samples of a prompt
 contiguous), P prompt slots (the bucket), T response tokens (= max_new_tokens), V vocab,
@@ -51,7 +51,6 @@ prefix is shared, Q = B when it is not.
 
 from __future__ import annotations
 
-import collections
 import functools
 import math
 import warnings
@@ -71,21 +70,11 @@ __all__ = [
     "SamplerState",
     "choose_bucket",
     "sample",
-    "trace_counts",
     "warn_if_biased_pi_old",
 ]
 
 F32 = jnp.float32
 DEFAULT_BUCKETS = tuple(2**i for i in range(4, 16))  # 16, 32, …, 32768
-
-# Traces of the two jitted stages, by name (a retrace = a compile): tests check bucket reuse.
-_TRACES: collections.Counter = collections.Counter()
-
-
-def trace_counts() -> dict[str, int]:
-    """How many times `_prefill` / `_decode` have been traced in this process."""
-    return dict(_TRACES)
-
 
 # --------------------------------------------------------------------------------- pytrees
 
@@ -184,7 +173,6 @@ def _prefill(
 ):
     """Prompt cache, initial state (nothing generated yet) and the first-token logits
     ([N, V] shared, [B, V] not shared), plus the prompts repeated G times."""
-    _TRACES["prefill"] += 1
     cfg, G, T = model_config, num_samples, max_new_tokens
     B = tokens_NP.shape[0] * G
     tokens_BP = jnp.repeat(tokens_NP, G, axis=0)
@@ -224,7 +212,6 @@ def _decode(
 ):
     """First token from the prefill logits, then the while_loop; returns (final state,
     response mask [B, T], truncated [B])."""
-    _TRACES["decode"] += 1
     cfg = model_config
     B, T = state.tokens.shape
 

@@ -1,4 +1,5 @@
-"""The optax chain built from `config.optim`: clip-by-global-norm, then AdamW on a schedule.
+"""The optax chain of the train step: clip-by-global-norm, then AdamW on a schedule
+(`OptimSpec`, built from `config.optim` by trainer/specs.py).
 
 The schedule counts optimizer updates (one per mini-batch), not RL steps: with the paper's 4
 mini-batches per rollout and ppo_epochs=1, an RL step advances it by 4.
@@ -6,22 +7,40 @@ mini-batches per rollout and ppo_epochs=1, an RL step advances it by 4.
 
 from __future__ import annotations
 
+import dataclasses
+
 import optax
 
 SCHEDULES = ("constant", "cosine")
 
 
-def learning_rate_schedule(optim_config, total_updates: int) -> optax.Schedule:
+@dataclasses.dataclass(frozen=True)
+class OptimSpec:
+    """AdamW's settings (configs/base.py's `optim.*`) and the run's number of updates."""
+
+    learning_rate: float  # peak
+    schedule: str  # SCHEDULES
+    warmup_steps: int  # linear warm-up, in optimizer updates
+    end_lr_ratio: float  # cosine floor as a fraction of the peak
+    weight_decay: float
+    b1: float
+    b2: float
+    eps: float
+    max_grad_norm: float | None  # None or 0: no clipping
+    total_updates: int  # the schedule's length: RL steps x ppo_epochs x num_mini_batches
+
+
+def learning_rate_schedule(spec: OptimSpec) -> optax.Schedule:
     """Linear warm-up to the peak, then constant or cosine decay to end_lr_ratio * peak."""
-    peak = optim_config.learning_rate
-    warmup = max(int(optim_config.warmup_steps), 0)
-    if optim_config.schedule not in SCHEDULES:
-        raise ValueError(f"optim.schedule={optim_config.schedule!r} is not one of {SCHEDULES}")
-    if optim_config.schedule == "constant":
+    peak = spec.learning_rate
+    warmup = max(int(spec.warmup_steps), 0)
+    if spec.schedule not in SCHEDULES:
+        raise ValueError(f"optim.schedule={spec.schedule!r} is not one of {SCHEDULES}")
+    if spec.schedule == "constant":
         after = optax.constant_schedule(peak)
     else:
-        decay_steps = max(total_updates - warmup, 1)
-        after = optax.cosine_decay_schedule(peak, decay_steps, alpha=optim_config.end_lr_ratio)
+        decay_steps = max(spec.total_updates - warmup, 1)
+        after = optax.cosine_decay_schedule(peak, decay_steps, alpha=spec.end_lr_ratio)
     if warmup == 0:
         return after
     # Start at peak / warmup (not 0) so the very first update is not wasted.
@@ -29,19 +48,13 @@ def learning_rate_schedule(optim_config, total_updates: int) -> optax.Schedule:
     return optax.join_schedules([ramp, after], [warmup])
 
 
-def make_optimizer(optim_config, total_updates: int) -> optax.GradientTransformation:
+def make_optimizer(spec: OptimSpec) -> optax.GradientTransformation:
     """clip_by_global_norm(max_grad_norm) -> adamw(schedule, b1, b2, eps, weight_decay)."""
-    schedule = learning_rate_schedule(optim_config, total_updates)
+    schedule = learning_rate_schedule(spec)
     parts = []
-    if optim_config.max_grad_norm:
-        parts.append(optax.clip_by_global_norm(optim_config.max_grad_norm))
+    if spec.max_grad_norm:
+        parts.append(optax.clip_by_global_norm(spec.max_grad_norm))
     parts.append(
-        optax.adamw(
-            schedule,
-            b1=optim_config.b1,
-            b2=optim_config.b2,
-            eps=optim_config.eps,
-            weight_decay=optim_config.weight_decay,
-        )
+        optax.adamw(schedule, b1=spec.b1, b2=spec.b2, eps=spec.eps, weight_decay=spec.weight_decay)
     )
     return optax.chain(*parts)

@@ -2,8 +2,8 @@
 
 One call consumes one rollout batch of B = N·G responses:
 
-  π_old pass (old_logprobs_source="recompute", or any MoE model): the loss's own forward
-      at the incoming params, on the very micro-batches the updates will use
+  π_old (old_policy.py): the sampler's log-probs, or this step's own π_old pass — the
+      loss's forward at the incoming params on the very micro-batches the updates use
   for epoch in range(ppo_epochs):                  # lax.scan over E·M updates
     for mini-batch m in range(num_mini_batches):   # one optimizer update each
       for micro-batch k:                           # lax.scan, gradient accumulation
@@ -13,27 +13,24 @@ One call consumes one rollout batch of B = N·G responses:
 
 Denominators (valid tokens / valid sequences) are those of the whole mini-batch, so the loss
 and gradient of a mini-batch do not depend on how it is split into micro-batches or over how
-many devices it is sharded (docs/architecture.md, "One RL step"). From the second mini-batch on, params differ from
-π_old, so ratios leave 1 and the clip range acts (paper §5.1 splits each rollout into 4).
+many devices it is sharded (docs/architecture.md, "One RL step"). From the second
+mini-batch on, params differ from π_old, so ratios leave 1 and the clip range acts (paper
+§5.1 splits each rollout into 4).
 
 Mini-batch m holds rows {m, m+M, m+2M, ...} (and micro-batches likewise stride through a
-mini-batch): every device then holds an equal share of every mini-batch, so no rows move
-between devices. Advantages are precomputed, so groups need not stay together.
+mini-batch: split.py): every device then holds an equal share of every mini-batch, so no
+rows move between devices. Advantages are precomputed, so groups need not stay together.
 
-π_old and the ratio's noise floor. With old_logprobs_source="recompute", π_old is computed
-here, by `response_logprobs` on the same micro-batch shapes and shardings as the loss's
-forward, at the params the step starts from. The first update's forward then computes the
-same numbers bit for bit, so its ratios are exactly 1: with bf16 compute a differently
-shaped π_old pass (the whole batch at once) differs by up to ~6e-2 per token, which moved
-GSPO's sequence ratios by up to 1.9e-2 at learning rate 0, ~50 times its clip range, and
-clipped 56% of sequences (docs/results.md, "Noise floor"). With old_logprobs_source="sampler" (paper §5.4) π_old is the sampler's log-probs:
-the first update's ratios then measure the train/inference mismatch, reported as
-`ratio_noise_floor` and `sampler/*` (from the first update's forward on mini-batch 0).
+The first update's ratios: with π_old recomputed they are exactly 1 (old_policy.py says
+why); with the sampler's log-probs they measure the train/inference mismatch, reported as
+`ratio_noise_floor` and `sampler/*` (from the first update's forward on mini-batch 0). On a
+Mixture-of-Experts model each update reports `expert_change`, the fraction of activated
+experts (token x MoE layer x top-k slot) that the current router chooses differently from
+π_old's (with Routing Replay, paper §5.3: would choose).
 
-On a Mixture-of-Experts model the π_old pass also returns π_old's routing: Routing Replay
-(paper §5.3) forces it in every update's forward, and each update reports `expert_change`,
-the fraction of activated experts (token x MoE layer x top-k slot) that the current router
-chooses differently from π_old's (with replay: would choose).
+Metrics: each is declared with how it combines over micro-batches and updates
+(`metric_reductions`, gspo_jax/reductions.py); the step consumes the declarations
+generically.
 
 Shapes: B responses, P prompt tokens (left padded), T response tokens, L = P + T,
 U = ppo_epochs · num_mini_batches updates, D model width.
@@ -66,8 +63,19 @@ import optax
 from gspo_jax import logprobs as logprobs_lib
 from gspo_jax import models, objectives
 from gspo_jax import sharding as sharding_lib
-from gspo_jax.masked import masked_mean, row_mean
+from gspo_jax.masked import masked_mean
 from gspo_jax.models.attention import resolve_impl
+from gspo_jax.train_step import old_policy
+from gspo_jax.train_step.metrics import (
+    combine_micro,
+    finish_micro,
+    gap_sums,
+    init_micro,
+    metric_reductions,
+    routing_changes,
+    step_metrics,
+)
+from gspo_jax.train_step.split import num_micro, strided_split
 
 
 @flax.struct.dataclass
@@ -113,10 +121,9 @@ class StepConfig:
         return self.model.num_moe_layers > 0
 
     @property
-    def old_policy_pass(self) -> bool:
-        """Whether the step runs the π_old pass: to recompute π_old, or for π_old's MoE
-        routing (replayed, and compared with every update's)."""
-        return self.old_logprobs_source == "recompute" or self.is_moe
+    def num_updates(self) -> int:
+        """Optimizer updates per RL step: ppo_epochs × num_mini_batches."""
+        return self.ppo_epochs * self.num_mini_batches
 
 
 def shared_group(step_config: StepConfig, splits: int) -> int:
@@ -153,37 +160,6 @@ def batch_ndims(step_config: StepConfig) -> dict[str, int]:
     if step_config.use_kl_loss:
         ndims["ref_logprobs"] = 2
     return ndims
-
-
-# Metrics of one micro-batch are combined over micro-batches by these rules; anything not
-# listed is a mean over valid tokens. (ratio_mean is over sequences in sequence-level IS
-# modes: see _seq_weighted.)
-_SEQ_WEIGHTED = ("clipfrac_seq", "clipfrac_seq_low", "clipfrac_seq_high")
-_MIN_KEYS = ("ratio_min",)
-_MAX_KEYS = ("ratio_max", "gap_max", "gap_seq_max")
-_SUMMED = (
-    "num_valid_tokens",
-    "num_valid_seqs",
-    "loss",
-    "pg_loss",
-    "kl_loss",
-    "entropy_loss",
-    "gap_abs_sum",
-    "experts_changed",
-    "experts_total",
-)
-# Per-update values returned as `updates/<key>` arrays [U] (the rest: means over updates).
-PER_UPDATE_KEYS = (
-    "ratio_min",
-    "ratio_mean",
-    "ratio_max",
-    "clipfrac",
-    "clipfrac_seq",
-    "approx_kl",
-    "grad_norm",
-    "loss",
-    "expert_change",
-)
 
 
 def response_logprobs(
@@ -301,7 +277,7 @@ def _micro_loss(
     metrics["entropy_loss"] = entropy_loss
     metrics["entropy"] = masked_mean(jax.lax.stop_gradient(entropy_BT), mask_BT)
     metrics["loss"] = loss
-    metrics.update(_gap_sums(jax.lax.stop_gradient(logp_BT), mb["sampler_logprobs"], mask_BT))
+    metrics.update(gap_sums(jax.lax.stop_gradient(logp_BT), mb["sampler_logprobs"], mask_BT))
     if step_config.is_moe:
         old_MBLX = jnp.moveaxis(mb["old_routing"], 0, 1)
         changed, total = routing_changes(old_MBLX, routing_MBLX, mb["attention_mask"])
@@ -309,148 +285,42 @@ def _micro_loss(
     return loss, metrics
 
 
-def _gap_sums(logp_BT, sampler_BT, mask_BT) -> dict:
-    """|trainer − sampler| log-prob sums and maxima of a micro-batch (combined by _SUMMED /
-    _MAX_KEYS): per token, and per sequence of the mean over its tokens (log s_i's shift)."""
-    valid_BT = mask_BT > 0
-    diff_BT = jnp.where(valid_BT, logp_BT - sampler_BT, 0.0)
-    return {
-        "gap_abs_sum": jnp.sum(jnp.abs(diff_BT)),
-        "gap_max": jnp.max(jnp.abs(diff_BT)),
-        "gap_seq_max": jnp.max(jnp.abs(row_mean(diff_BT, mask_BT))),
-    }
+def _pass_logprobs(step_config: StepConfig, group: int, params, mb):
+    """The π_old pass's forward of one micro-batch: the loss's own (`response_logprobs`)."""
+    logp_BT, _, routing_MBLX = response_logprobs(
+        step_config,
+        params,
+        mb["tokens"],
+        mb["attention_mask"],
+        mb["response_mask"].shape[1],
+        group=group,
+    )
+    return logp_BT, routing_MBLX
 
 
-def routing_changes(old_MBLX, new_MBLX, attention_mask_BL):
-    """(changed, total): of the `total` activated experts (valid token x MoE layer x top-k
-    slot), how many the new routing picks that the old one did not pick for the same token
-    and layer (expert sets compared, order ignored; as `tests/routing_checks.py`)."""
-    kept_MBL = jnp.any(new_MBLX[..., :, None] == old_MBLX[..., None, :], axis=-1).sum(-1)
-    k = new_MBLX.shape[-1]
-    valid_BL = (attention_mask_BL > 0).astype(jnp.float32)
-    total = k * new_MBLX.shape[0] * jnp.sum(valid_BL)
-    changed = total - jnp.sum(kept_MBL.astype(jnp.float32) * valid_BL[None])
-    return changed, total
-
-
-def _seq_weighted(step_config: StepConfig) -> tuple[str, ...]:
-    if step_config.importance_sampling in objectives.SEQUENCE_LEVEL_IS_MODES:
-        return (*_SEQ_WEIGHTED, "ratio_mean")
-    return _SEQ_WEIGHTED
-
-
-def _combine_micro(acc: dict, new: dict, new_tokens, new_seqs, seq_weighted) -> dict:
-    """Fold one micro-batch's metrics into running weighted sums / mins / maxes."""
-    out = {}
-    for key, value in new.items():
-        value = jnp.asarray(value, jnp.float32)
-        if key in _SUMMED:
-            out[key] = acc[key] + value
-        elif key in _MIN_KEYS:
-            out[key] = jnp.minimum(acc[key], jnp.where(new_tokens > 0, value, jnp.inf))
-        elif key in _MAX_KEYS:
-            out[key] = jnp.maximum(acc[key], jnp.where(new_tokens > 0, value, -jnp.inf))
-        elif key in seq_weighted:
-            out[key] = acc[key] + value * new_seqs
-        else:
-            out[key] = acc[key] + value * new_tokens
-    return out
-
-
-def _finish_micro(acc: dict, seq_weighted) -> dict:
-    tokens = jnp.maximum(acc["num_valid_tokens"], 1.0)
-    seqs = jnp.maximum(acc["num_valid_seqs"], 1.0)
-    out = {}
-    for key, value in acc.items():
-        if key in _SUMMED or key in _MIN_KEYS or key in _MAX_KEYS:
-            out[key] = value
-        elif key in seq_weighted:
-            out[key] = value / seqs
-        else:
-            out[key] = value / tokens
-    out["gap_mean"] = out.pop("gap_abs_sum") / tokens
-    if "experts_total" in out:
-        out["expert_change"] = out.pop("experts_changed") / jnp.maximum(
-            out.pop("experts_total"), 1.0
-        )
-    return out
-
-
-def _strided_split(x, parts: int):
-    """[B, ...] -> [parts, B/parts, ...] with part p = rows p, p+parts, p+2·parts, ..."""
-    b = x.shape[0]
-    return jnp.swapaxes(x.reshape((b // parts, parts) + x.shape[1:]), 0, 1)
-
-
-def _strided_merge(x):
-    """The inverse of `_strided_split`: [parts, B/parts, ...] -> [B, ...]."""
-    return jnp.swapaxes(x, 0, 1).reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
-
-
-def _num_micro(step_config: StepConfig, mini_size: int) -> int:
-    return mini_size // (step_config.micro_batch_size or mini_size)
-
-
-def _old_policy_pass(step_config: StepConfig, params, mini_batches) -> dict:
-    """log π_old [Mn, mini, T] (and, MoE, π_old's routing [Mn, mini, M, L, X]) of every row,
-    laid out as `mini_batches`: the loss's forward (`response_logprobs`, the same micro-batch
-    shapes and layout as `_mini_batch_grads`) at `params`, so the first update recomputes
-    exactly these numbers."""
-    inputs = {k: mini_batches[k] for k in ("tokens", "attention_mask", "response_mask")}
-    num_micro = _num_micro(step_config, inputs["tokens"].shape[1])
-    group = shared_group(step_config, step_config.num_mini_batches * num_micro)
-
-    def one_micro(mb):
-        logp_BT, _, routing_MBLX = response_logprobs(
-            step_config,
-            params,
-            mb["tokens"],
-            mb["attention_mask"],
-            mb["response_mask"].shape[1],
-            group=group,
-        )
-        out = {"old_logprobs": logp_BT}
-        if step_config.is_moe:
-            out["old_routing"] = jnp.moveaxis(routing_MBLX, 0, 1)
-        return out
-
-    def one_mini(mini):
-        micro_batches = jax.tree.map(lambda x: _strided_split(x, num_micro), mini)
-        if num_micro == 1:
-            out = jax.tree.map(
-                lambda x: x[None], one_micro(jax.tree.map(lambda x: x[0], micro_batches))
-            )
-        else:
-            out = jax.lax.map(one_micro, micro_batches)
-        return jax.tree.map(_strided_merge, out)
-
-    return jax.lax.map(one_mini, inputs)
+def _micro_batching(step_config: StepConfig, mini_size: int) -> tuple[int, int]:
+    """(micro-batches per mini-batch, `shared_group` of a micro-batch): the same for the π_old
+    pass and the updates, so the first update recomputes π_old bit for bit."""
+    micro = num_micro(step_config.micro_batch_size, mini_size)
+    return micro, shared_group(step_config, step_config.num_mini_batches * micro)
 
 
 def _mini_batch_grads(step_config: StepConfig, params, mini):
     """Accumulated gradient and metrics of one mini-batch over its micro-batches."""
-    num_micro = _num_micro(step_config, mini["tokens"].shape[0])
+    micro, group = _micro_batching(step_config, mini["tokens"].shape[0])
     mask_BT = mini["response_mask"]
     num_valid_tokens = jnp.sum(mask_BT)
     num_valid_seqs = jnp.sum(jnp.any(mask_BT > 0, axis=-1).astype(jnp.float32))
-    seq_weighted = _seq_weighted(step_config)
-    group = shared_group(step_config, step_config.num_mini_batches * num_micro)
+    reductions = metric_reductions(step_config)
     loss_fn = functools.partial(_micro_loss, step_config, group=group)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-    micro_batches = jax.tree.map(lambda x: _strided_split(x, num_micro), mini)
+    micro_batches = jax.tree.map(lambda x: strided_split(x, micro), mini)
     # Initial accumulators come from the metric names of one (abstract) call.
-    metrics_shape = jax.eval_shape(
+    names = jax.eval_shape(
         lambda: loss_fn(params, jax.tree.map(lambda x: x[0], micro_batches), 1.0, 1.0)[1]
     )
-    init_metrics = {}
-    for key in metrics_shape:
-        if key in _MIN_KEYS:
-            init_metrics[key] = jnp.array(jnp.inf, jnp.float32)
-        elif key in _MAX_KEYS:
-            init_metrics[key] = jnp.array(-jnp.inf, jnp.float32)
-        else:
-            init_metrics[key] = jnp.zeros((), jnp.float32)
+    init_metrics = init_micro(reductions, names)
     zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
 
     def body(carry, mb):
@@ -460,16 +330,39 @@ def _mini_batch_grads(step_config: StepConfig, params, mini):
         mb_mask = mb["response_mask"]
         mb_tokens = jnp.sum(mb_mask)
         mb_seqs = jnp.sum(jnp.any(mb_mask > 0, axis=-1).astype(jnp.float32))
-        metrics_acc = _combine_micro(metrics_acc, metrics, mb_tokens, mb_seqs, seq_weighted)
+        metrics_acc = combine_micro(metrics_acc, metrics, mb_tokens, mb_seqs, reductions)
         return (grads_acc, metrics_acc), None
 
-    if num_micro == 1:
+    if micro == 1:
         (grads, metrics), _ = body(
             (zero_grads, init_metrics), jax.tree.map(lambda x: x[0], micro_batches)
         )
     else:
         (grads, metrics), _ = jax.lax.scan(body, (zero_grads, init_metrics), micro_batches)
-    return grads, _finish_micro(metrics, seq_weighted)
+    return grads, finish_micro(metrics, reductions)
+
+
+def _update(step_config: StepConfig, tx, mini_batches, carry, u):
+    """Optimizer update u on mini-batch u mod num_mini_batches. A non-finite gradient, or a
+    finite one the optimizer turned into a non-finite update (a NaN learning rate, eps = 0),
+    never reaches the params or the moments: the update is skipped and counted."""
+    step, params, opt_state = carry
+    mini = jax.tree.map(lambda x: x[u % step_config.num_mini_batches], mini_batches)
+    grads, metrics = _mini_batch_grads(step_config, params, mini)
+    grad_norm = optax.tree.norm(grads)
+    updates, new_opt_state = tx.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    raw_update_norm = optax.tree.norm(updates)
+    finite = jnp.isfinite(grad_norm) & jnp.isfinite(raw_update_norm)
+    params = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_params, params)
+    opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_opt_state, opt_state)
+    metrics = dict(
+        metrics,
+        grad_norm=grad_norm,
+        update_norm=jnp.where(finite, raw_update_norm, 0.0),
+        skipped=1.0 - finite.astype(jnp.float32),
+    )
+    return (step + finite.astype(step.dtype), params, opt_state), metrics
 
 
 def train_step(step_config: StepConfig, tx: optax.GradientTransformation, state: TrainState, batch):
@@ -477,8 +370,9 @@ def train_step(step_config: StepConfig, tx: optax.GradientTransformation, state:
 
     Returns the new state (its `step` counts the updates applied, skipped ones excluded)
     and a flat dict of f32 values:
-      means over updates of the loss's metrics (objectives.policy_loss), grad_norm,
-        update_norm and, MoE, expert_change;
+      the loss's metrics (objectives.policy_loss) and the step's (loss, kl_loss, entropy,
+        grad_norm, update_norm, MoE expert_change), each reduced over the updates as
+        `metric_reductions` declares (most: the mean);
       skipped_updates (a count); optimizer_step (the new state's update counter: the
         learning-rate schedule's position);
       ratio_noise_floor: max |r − 1| at the first update, whose params are π_old's (0 when
@@ -486,70 +380,28 @@ def train_step(step_config: StepConfig, tx: optax.GradientTransformation, state:
       sampler/logprob_gap_mean, sampler/logprob_gap_max (|log π_trainer − log π_sampler|
         per token) and sampler/seq_logprob_gap_max (per sequence, of the token mean: the
         shift of log s_i), from the first update's forward on mini-batch 0;
-      updates/<key> arrays [U] of PER_UPDATE_KEYS, one value per update.
+      updates/<key> arrays [U], one value per update, of every metric declared per update.
     """
-    num_mini = step_config.num_mini_batches
-    num_updates = step_config.ppo_epochs * num_mini
-    mini_batches = jax.tree.map(lambda x: _strided_split(x, num_mini), batch)
-    if step_config.old_policy_pass:
-        old = _old_policy_pass(step_config, state.params, mini_batches)
-        if step_config.old_logprobs_source == "sampler":
-            old["old_logprobs"] = mini_batches["sampler_logprobs"]
-        mini_batches = {**mini_batches, **old}
-    else:
-        mini_batches = {**mini_batches, "old_logprobs": mini_batches["sampler_logprobs"]}
-
-    def update(carry, u):
-        step, params, opt_state = carry
-        mini = jax.tree.map(lambda x: x[u % num_mini], mini_batches)
-        grads, metrics = _mini_batch_grads(step_config, params, mini)
-        grad_norm = optax.tree.norm(grads)
-        updates, new_opt_state = tx.update(grads, opt_state, params)
-        new_params = optax.apply_updates(params, updates)
-        # A non-finite gradient, or a finite one the optimizer turned into a non-finite
-        # update (a NaN learning rate, eps = 0), never reaches the params or the moments.
-        raw_update_norm = optax.tree.norm(updates)
-        finite = jnp.isfinite(grad_norm) & jnp.isfinite(raw_update_norm)
-        params = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_params, params)
-        opt_state = jax.tree.map(
-            lambda new, old: jnp.where(finite, new, old), new_opt_state, opt_state
-        )
-        update_norm = jnp.where(finite, raw_update_norm, 0.0)
-        metrics = dict(
-            metrics,
-            grad_norm=grad_norm,
-            update_norm=update_norm,
-            skipped=1.0 - finite.astype(jnp.float32),
-        )
-        return (step + finite.astype(step.dtype), params, opt_state), metrics
-
+    mini_batches = jax.tree.map(lambda x: strided_split(x, step_config.num_mini_batches), batch)
+    micro, group = _micro_batching(step_config, mini_batches["tokens"].shape[1])
+    pass_fn = functools.partial(
+        old_policy.old_policy_pass,
+        step_config,
+        micro_logprobs=functools.partial(_pass_logprobs, step_config, group),
+        num_micro=micro,
+    )
+    mini_batches = old_policy.attach(step_config, state.params, mini_batches, pass_fn)
+    update = functools.partial(_update, step_config, tx, mini_batches)
     carry = (state.step, state.params, state.opt_state)
-    if num_updates == 1:  # one update per rollout: no loop (its carry copied the state)
+    if step_config.num_updates == 1:  # one update per rollout: no loop (its carry copied the state)
         (step, params, opt_state), metrics = update(carry, 0)
         per_update = jax.tree.map(lambda x: x[None], metrics)
     else:
-        (step, params, opt_state), per_update = jax.lax.scan(update, carry, jnp.arange(num_updates))
-    metrics = {
-        "sampler/logprob_gap_mean": per_update.pop("gap_mean")[0],
-        "sampler/logprob_gap_max": per_update.pop("gap_max")[0],
-        "sampler/seq_logprob_gap_max": per_update.pop("gap_seq_max")[0],
-        "ratio_noise_floor": jnp.maximum(
-            per_update["ratio_max"][0] - 1.0, 1.0 - per_update["ratio_min"][0]
-        ),
-    }
-    for key, values in per_update.items():
-        if key in _MIN_KEYS:
-            metrics[key] = jnp.min(values)
-        elif key in _MAX_KEYS:
-            metrics[key] = jnp.max(values)
-        elif key == "skipped":
-            metrics["skipped_updates"] = jnp.sum(values)
-        else:
-            metrics[key] = jnp.mean(values)
+        (step, params, opt_state), per_update = jax.lax.scan(
+            update, carry, jnp.arange(step_config.num_updates)
+        )
+    metrics = step_metrics(step_config, per_update)
     metrics["optimizer_step"] = step.astype(jnp.float32)
-    for key in PER_UPDATE_KEYS:
-        if key in per_update:
-            metrics[f"updates/{key}"] = per_update[key]
     return TrainState(step=step, params=params, opt_state=opt_state), metrics
 
 

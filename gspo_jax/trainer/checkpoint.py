@@ -305,7 +305,7 @@ def _quiet_orbax_failures():
     callback threads that fire after orbax closed its loop, some seconds later) and "Task
     exception was never retrieved" (at garbage collection). The caller reports the one-line
     reason; this holds the rest back (logged at DEBUG level) and, after a failure, keeps
-    dropping that one late error for good (`_drop_late_event_loop_errors`). Yields a status
+    dropping that one late error until the run ends (`_drop_late_event_loop_errors`). Yields a status
     whose `failed` the caller sets when it caught a failure itself."""
     hook, stderr = sys.unraisablehook, sys.stderr
     loggers = [logging.getLogger(name) for name in ("absl", "asyncio")]
@@ -345,13 +345,19 @@ def _quiet_orbax_failures():
             )
 
 
+# The unraisable hook `_drop_late_event_loop_errors` wrapped, while its filter is installed.
+_hook_before_filter = None
+
+
 def _drop_late_event_loop_errors() -> None:
-    """From now on, drop (only) the "Event loop is closed" errors that a failed restore's
-    tensorstore callbacks raise when they fire after orbax closed its loop, possibly seconds
-    later; every other unraisable exception still reaches the previous hook."""
-    previous = sys.unraisablehook
-    if getattr(previous, "gspo_jax_filter", False):
+    """Until `release_process_hooks` (a run's end), drop (only) the "Event loop is closed"
+    errors that a failed restore's tensorstore callbacks raise when they fire after orbax
+    closed its loop, possibly seconds later; every other unraisable exception still reaches
+    the previous hook."""
+    global _hook_before_filter
+    if _hook_before_filter is not None:
         return
+    previous = sys.unraisablehook
 
     def hook(unraisable):
         error = unraisable.exc_value
@@ -360,7 +366,17 @@ def _drop_late_event_loop_errors() -> None:
         previous(unraisable)
 
     hook.gspo_jax_filter = True
+    _hook_before_filter = previous
     sys.unraisablehook = hook
+
+
+def release_process_hooks() -> None:
+    """Put back the unraisable hook a failed restore's filter replaced (if it is still the
+    one in place): the run that needed it is over (`Trainer.close`)."""
+    global _hook_before_filter
+    if _hook_before_filter is not None and getattr(sys.unraisablehook, "gspo_jax_filter", False):
+        sys.unraisablehook = _hook_before_filter
+    _hook_before_filter = None
 
 
 # ------------------------------------------------------------------------------ digests

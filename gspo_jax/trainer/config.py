@@ -1,27 +1,25 @@
-"""The experiment config: start-up validation, and its translation into the pieces' arguments.
+"""Start-up validation of the experiment config: every field checked before anything is
+compiled or loaded, with one line naming it.
 
-`configs/base.py` holds every field and its default; nothing else defines a default. This
-module is the one place a config is read into the arguments of the pieces it drives:
+`configs/base.py` holds every field and its default; nothing else defines a default.
 
   validate(config)                     before anything is compiled or loaded
-  model_config(config, tokenizer)      the policy architecture (scratch or Hugging Face)
-  check_model_against_tokenizer(...)   tokenizer ids inside the model's vocabulary
-  step_config(config, model_config)    the train step's static StepConfig
-  advantage_kwargs(config)             compute_advantages' options (ROLL's names)
-  sampler_kwargs(config, greedy=)      sampling.sample's options
-  batch_sizes(config)                  responses, mini-batch and micro-batch sizes
+  check_model_against_tokenizer(...)   tokenizer ids inside the model's vocabulary (once the
+                                       model config is read)
+  mesh_shape(config, num_devices)      config.mesh resolved, as a ConfigError
 
-Valid names are read from the registries that define them (objectives, advantages, optim,
-models, data), never restated here. Errors name the field and list the valid values; every
-number must be finite and in its range (NaN compares False, so it is named here instead of
-becoming a NaN loss). Settings that are legal but far from the paper's (GSPO with a
-GRPO-sized clip range, GSPO with a token-sum aggregation) warn with the paper's values, and
-so does an option set while its switch is off (docs/failures.md).
+Valid names are read live from the registries that define them (objectives, advantages,
+optim, models, data, rewards), never restated here: a name registered after import is valid
+too. Errors name the field and list the valid values; every number must be finite and in its
+range (NaN compares False, so it is named here instead of becoming a NaN loss). Settings
+that are legal but far from the paper's (GSPO with a GRPO-sized clip range, GSPO with a
+token-sum or token-mean aggregation) warn with the paper's values, and so does an option set
+while its switch is off (docs/failures.md). The translation into the stages' arguments is
+specs.py's.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.machinery
 import math
 import numbers
@@ -34,7 +32,8 @@ from gspo_jax import sharding as sharding_lib
 from gspo_jax.data.build import DATASETS
 from gspo_jax.data.pipeline import OVERLONG_POLICIES
 from gspo_jax.models.config import ARCHS, ATTENTION_IMPLS, DTYPES, MOE_IMPLS, REMAT_POLICIES
-from gspo_jax.train_step import StepConfig, optim
+from gspo_jax.train_step import old_policy, optim
+from gspo_jax.trainer.specs import batch_sizes, normalize_reward_norm, scratch_model_config
 
 
 class ConfigError(ValueError):
@@ -45,18 +44,9 @@ class ConfigWarning(UserWarning):
     """A config is legal but departs from the paper's settings in a way worth knowing."""
 
 
-SEQ_MODES = tuple(sorted(objectives.SEQUENCE_LEVEL_IS_MODES))
-OLD_LOGPROBS_SOURCES = ("recompute", "sampler")
 INVALID_REWARD_RULES = ("mask", "zero")
 # GSPO's paper clip range is 3e-4 / 4e-4 (§5.1); anything this large is GRPO-sized.
 GSPO_CLIP_WARN = 0.01
-
-
-def normalize_reward_norm(value: str | None) -> str | None:
-    """ROLL writes `reward_norm: null`; on the command line that arrives as "None"/"none"."""
-    if value is None or str(value).lower() in ("none", "null", ""):
-        return None
-    return value
 
 
 def _choice(name: str, value, valid) -> None:
@@ -135,14 +125,6 @@ def _get(config, dotted: str):
     return node
 
 
-def batch_sizes(config) -> dict[str, int]:
-    """The derived sizes of one RL step: responses, mini-batch and micro-batch."""
-    responses = config.rollout_batch_size * config.num_return_sequences_in_group
-    mini = responses // config.num_mini_batches
-    micro = config.micro_batch_size or mini
-    return {"responses": responses, "mini_batch": mini, "micro_batch": micro}
-
-
 def validate(config, *, num_devices: int | None = None, num_processes: int = 1) -> None:
     """Raise ConfigError for a config that cannot run; warn for one far from the paper.
 
@@ -151,14 +133,26 @@ def validate(config, *, num_devices: int | None = None, num_processes: int = 1) 
       num_devices: devices of the global mesh (default: only checks not needing it).
       num_processes: JAX processes; each must get a whole number of prompts.
     """
-    # -- mode names ------------------------------------------------------------------------
-    _choice("importance_sampling", config.importance_sampling, objectives.IMPORTANCE_SAMPLING_MODES)
+    _check_names(config)
+    _check_sizes(config, num_devices, num_processes)
+    _ranges(config)
+    _check_model(config)
+    _check_data(config)
+    _check_rewards(config)
+    _check_pi_old(config)
+    _warn_far_from_paper(config)
+    _warn_options_without_switch(config, normalize_reward_norm(config.reward_norm))
+
+
+def _check_names(config) -> None:
+    """Every mode name is registered (read live: a name registered after import counts)."""
+    _choice("importance_sampling", config.importance_sampling, objectives.RATIOS)
     _choice("loss_agg_mode", config.loss_agg_mode, objectives.LOSS_AGG_MODES)
     _choice("kl_estimator", config.kl_estimator, objectives.KL_ESTIMATORS)
     _choice("adv_estimator", config.adv_estimator, advantages.ADV_ESTIMATORS)
     reward_norm = normalize_reward_norm(config.reward_norm)
     _choice("reward_norm", reward_norm, [None, *[n for n in advantages.REWARD_NORMS if n]])
-    _choice("old_logprobs_source", config.old_logprobs_source, OLD_LOGPROBS_SOURCES)
+    _choice("old_logprobs_source", config.old_logprobs_source, old_policy.SOURCES)
     _choice("invalid_reward", config.invalid_reward, INVALID_REWARD_RULES)
     _choice("optim.schedule", config.optim.schedule, optim.SCHEDULES)
     _choice("model.arch", config.model.arch, ARCHS)
@@ -169,7 +163,11 @@ def validate(config, *, num_devices: int | None = None, num_processes: int = 1) 
     _choice("model.attention_impl", config.model.attention_impl, ATTENTION_IMPLS)
     _choice("data.name", config.data.name, sorted(DATASETS))
 
-    # -- sizes -----------------------------------------------------------------------------
+
+def _check_sizes(config, num_devices: int | None, num_processes: int) -> None:
+    """Positive sizes that split: responses into mini-batches, mini-batches into
+    micro-batches, micro-batches over the data-parallel devices, prompts over processes;
+    group statistics need a group."""
     for name in (
         "num_steps",
         "rollout_batch_size",
@@ -182,48 +180,27 @@ def validate(config, *, num_devices: int | None = None, num_processes: int = 1) 
         _positive_int(config, name)
     if config.micro_batch_size is not None:
         _positive_int(config, "micro_batch_size")
-
     n, g = config.rollout_batch_size, config.num_return_sequences_in_group
     sizes = batch_sizes(config)
-    responses = sizes["responses"]
+    responses, mini = sizes["responses"], sizes["mini_batch"]
     if responses % config.num_mini_batches:
         raise ConfigError(
             f"rollout_batch_size x num_return_sequences_in_group = {n} x {g} = {responses} "
             f"responses do not split into num_mini_batches={config.num_mini_batches} "
             "equal mini-batches"
         )
-    mini = sizes["mini_batch"]
     if config.micro_batch_size is not None and mini % config.micro_batch_size:
         raise ConfigError(
             f"a mini-batch of {responses} / {config.num_mini_batches} = {mini} responses does "
             f"not split into micro_batch_size={config.micro_batch_size} micro-batches"
         )
-    if num_devices is not None:
-        data_parallel = _data_parallel_size(config, num_devices)
-        if sizes["micro_batch"] % data_parallel:
-            raise ConfigError(
-                f"a micro-batch of {sizes['micro_batch']} responses does not split over the "
-                f"{data_parallel} data-parallel devices (mesh.data x fsdp x expert) of {num_devices}"
-            )
     if n % num_processes:
         raise ConfigError(
             f"rollout_batch_size={n} prompts do not split over {num_processes} JAX processes"
         )
-    if num_processes > 1 and num_devices is not None:
-        # Each process feeds its own prompt rows to its own devices (no replication across
-        # hosts), so prompt batches must split over every data-parallel device.
-        data_parallel = _data_parallel_size(config, num_devices)
-        for name, rows in (
-            ("rollout_batch_size", n),
-            ("eval.batch_size", config.eval.batch_size),
-        ):
-            if rows % data_parallel:
-                raise ConfigError(
-                    f"config.{name}={rows} prompts do not split over the {data_parallel} "
-                    f"data-parallel devices of {num_processes} processes"
-                )
-
-    # -- group statistics need a group -----------------------------------------------------
+    if num_devices is not None:
+        _check_devices(config, sizes["micro_batch"], num_devices, num_processes)
+    reward_norm = normalize_reward_norm(config.reward_norm)
     if g < 2 and config.adv_estimator == "grpo":
         raise ConfigError(
             f"adv_estimator='grpo' normalises within each group, which needs "
@@ -232,14 +209,44 @@ def validate(config, *, num_devices: int | None = None, num_processes: int = 1) 
     if g < 2 and reward_norm == "group":
         raise ConfigError(f"reward_norm='group' needs num_return_sequences_in_group >= 2 (got {g})")
 
-    # -- ranges ------------------------------------------------------------------------------
-    _ranges(config)
-    _check_model(config)
-    _check_data(config)
-    _check_rewards(config)
 
-    # -- legal, but worth a warning ------------------------------------------------------------
-    if config.importance_sampling in SEQ_MODES:
+def _check_devices(config, micro: int, num_devices: int, num_processes: int) -> None:
+    data_parallel = _data_parallel_size(config, num_devices)
+    if micro % data_parallel:
+        raise ConfigError(
+            f"a micro-batch of {micro} responses does not split over the "
+            f"{data_parallel} data-parallel devices (mesh.data x fsdp x expert) of {num_devices}"
+        )
+    if num_processes > 1:
+        # Each process feeds its own prompt rows to its own devices (no replication across
+        # hosts), so prompt batches must split over every data-parallel device.
+        for name, rows in (
+            ("rollout_batch_size", config.rollout_batch_size),
+            ("eval.batch_size", config.eval.batch_size),
+        ):
+            if rows % data_parallel:
+                raise ConfigError(
+                    f"config.{name}={rows} prompts do not split over the {data_parallel} "
+                    f"data-parallel devices of {num_processes} processes"
+                )
+
+
+def _check_pi_old(config) -> None:
+    """The π_old source against the rollout's sampling (train_step/old_policy.py): greedy
+    is an error, top-k / top-p a warning (BiasedPiOldWarning)."""
+    s = config.sampling
+    try:
+        old_policy.check_source(
+            config.old_logprobs_source, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p
+        )
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _warn_far_from_paper(config) -> None:
+    """Legal settings far from the paper's, each with the paper's value."""
+    g = config.num_return_sequences_in_group
+    if config.importance_sampling in objectives.sequence_level_modes():
         if max(config.clip_low, config.clip_high) >= GSPO_CLIP_WARN:
             _warn(
                 f"GSPO (importance_sampling={config.importance_sampling!r}) with clip range "
@@ -253,17 +260,12 @@ def validate(config, *, num_devices: int | None = None, num_processes: int = 1) 
                 "length; the paper's objective (§4.1) averages sequences with 1/|y_i| length "
                 "normalisation: loss_agg_mode='seq-mean-token-mean'."
             )
-    if config.old_logprobs_source == "sampler":
-        if config.sampling.temperature == 0:
-            raise ConfigError(
-                "old_logprobs_source='sampler' needs sampling.temperature > 0: greedy decoding "
-                "has no sampling distribution to serve as pi_old"
-            )
-        if config.sampling.top_k is not None or config.sampling.top_p is not None:
+        if config.loss_agg_mode == "token-mean":
             _warn(
-                "old_logprobs_source='sampler' with top_k/top_p: the sampler's log-probs are "
-                "of the unfiltered softmax(logits / temperature), but tokens were drawn from "
-                "the filtered distribution, so the importance ratio is biased."
+                "GSPO with loss_agg_mode='token-mean' weights each sequence's ratio term by "
+                "its number of tokens (a mean over the batch's tokens), which is not the "
+                "paper's objective (§4.1: (1/G) Σ_i over sequences): longer responses pull "
+                "harder. Use loss_agg_mode='seq-mean-token-mean'."
             )
     if config.sampling.temperature == 0 and g > 1:
         _warn(
@@ -274,7 +276,6 @@ def validate(config, *, num_devices: int | None = None, num_processes: int = 1) 
         _warn("use_kl_loss=True with kl_loss_coef=0 adds nothing")
     if config.add_token_level_kl and config.token_level_kl_coef == 0:
         _warn("add_token_level_kl=True with token_level_kl_coef=0 adds nothing")
-    _warn_options_without_switch(config, reward_norm)
 
 
 # An option -> (the switch that makes it matter, a test of whether the switch is on, its
@@ -419,7 +420,7 @@ def _check_model(config) -> None:
             )
         _positive_int(config, "model.moe_intermediate_size")
     try:
-        _scratch_model_config(config, vocab_size=1, eos_token_ids=(), pad_token_id=None)
+        scratch_model_config(config, vocab_size=1, eos_token_ids=(), pad_token_id=None)
     except ValueError as e:
         raise ConfigError(str(e).replace("ModelConfig.", "config.model.")) from None
 
@@ -515,69 +516,6 @@ def mesh_shape(config, num_devices: int) -> dict[str, int]:
         raise ConfigError(str(e)) from None
 
 
-# ------------------------------------------------------------------------------ translation
-
-
-def model_numerics(config) -> dict:
-    """The run's numerics, applied to any architecture (a checkpoint's, a preset's)."""
-    m = config.model
-    return {
-        "param_dtype": m.param_dtype,
-        "dtype": m.dtype,
-        "remat": m.remat,
-        "moe_impl": m.moe_impl,
-        "attention_impl": m.attention_impl,
-        "scan_layers": m.scan_layers,
-    }
-
-
-def model_config(config, tokenizer) -> models.ModelConfig:
-    """The policy's architecture and numerics.
-
-    With `model.hf_path`: the checkpoint's config.json, with the run's `model_numerics`.
-    Otherwise the scratch model of `model.*`, its vocabulary and special tokens taken from
-    the tokenizer.
-    """
-    m = config.model
-    if m.hf_path:
-        hf = models.ModelConfig.from_hf_config(models.read_hf_config(m.hf_path))
-        return dataclasses.replace(hf, **model_numerics(config))
-    from gspo_jax import data
-
-    return _scratch_model_config(
-        config,
-        vocab_size=len(tokenizer),
-        eos_token_ids=tuple(data.stop_token_ids(tokenizer)),
-        pad_token_id=tokenizer.pad_token_id,
-    )
-
-
-def _scratch_model_config(config, **tokens) -> models.ModelConfig:
-    """The scratch architecture of `model.*`; `tokens`: vocab_size and the special ids."""
-    m = config.model
-    moe = m.arch == "qwen3_moe"
-    return models.ModelConfig(
-        arch=m.arch,
-        hidden_size=m.hidden_size,
-        intermediate_size=m.intermediate_size,
-        num_layers=m.num_layers,
-        num_heads=m.num_heads,
-        num_kv_heads=m.num_kv_heads,
-        head_dim=m.head_dim,
-        rope_theta=m.rope_theta,
-        tie_word_embeddings=m.tie_word_embeddings,
-        qkv_bias=m.arch == "qwen2",
-        qk_norm=m.arch != "qwen2",
-        num_experts=m.num_experts if moe else 0,
-        num_experts_per_tok=m.num_experts_per_tok if moe else 0,
-        moe_intermediate_size=m.moe_intermediate_size if moe else 0,
-        norm_topk_prob=moe,
-        max_position_embeddings=max(4096, config.prompt_length + config.response_length),
-        **model_numerics(config),
-        **tokens,
-    )
-
-
 def check_model_against_tokenizer(config, model_config: models.ModelConfig, tokenizer) -> None:
     """The tokenizer's ids, the model's vocabulary and the run's lengths agree (run when the
     model config is read, before any data or weights). A token id >= vocab_size has no
@@ -608,61 +546,3 @@ def check_model_against_tokenizer(config, model_config: models.ModelConfig, toke
             f"config.prompt_length + config.response_length = {length} exceeds the "
             f"{where}'s max_position_embeddings={model_config.max_position_embeddings}"
         )
-
-
-def step_config(config, model_config: models.ModelConfig) -> StepConfig:
-    """The train step's static configuration (part of its compilation key)."""
-    temperature = config.sampling.temperature
-    return StepConfig(
-        model=model_config,
-        importance_sampling=config.importance_sampling,
-        clip_low=float(config.clip_low),
-        clip_high=float(config.clip_high),
-        dual_clip_loss=bool(config.dual_clip_loss),
-        dual_clip_ratio=float(config.dual_clip_ratio),
-        loss_agg_mode=config.loss_agg_mode,
-        horizon=int(config.response_length),
-        ppo_epochs=int(config.ppo_epochs),
-        num_mini_batches=int(config.num_mini_batches),
-        micro_batch_size=config.micro_batch_size,
-        use_kl_loss=bool(config.use_kl_loss),
-        kl_loss_coef=float(config.kl_loss_coef),
-        kl_estimator=config.kl_estimator,
-        entropy_coef=float(config.entropy_coef),
-        # log-probs are of softmax(logits / τ), as sampled; greedy (τ = 0) scores with τ = 1
-        temperature=float(temperature) if temperature > 0 else 1.0,
-        logprob_chunk_size=int(config.logprob_chunk_size),
-        old_logprobs_source=config.old_logprobs_source,
-        routing_replay=bool(config.model.routing_replay),
-        token_advantages=bool(config.add_token_level_kl),
-        group_size=int(config.num_return_sequences_in_group),
-        shared_prompt=bool(config.shared_prompt),
-    )
-
-
-def advantage_kwargs(config) -> dict:
-    """`advantages.compute_advantages` / `compute_token_advantages` options (ROLL's names)."""
-    return {
-        "group_size": config.num_return_sequences_in_group,
-        "adv_estimator": config.adv_estimator,
-        "reward_clip": config.reward_clip,
-        "reward_norm": normalize_reward_norm(config.reward_norm),
-        "reward_shift": config.reward_shift,
-        "reward_scale": config.reward_scale,
-        "whiten_advantages": config.whiten_advantages,
-        "advantage_clip": config.advantage_clip,
-    }
-
-
-def sampler_kwargs(config, *, greedy: bool = False) -> dict:
-    """`sampling.sample` options: the rollout's (G samples at config.sampling.*) or, with
-    greedy, one temperature-0 response per prompt (evaluation)."""
-    s = config.sampling
-    return {
-        "num_samples": 1 if greedy else config.num_return_sequences_in_group,
-        "max_new_tokens": config.response_length,
-        "temperature": 0.0 if greedy else s.temperature,
-        "top_k": None if greedy else s.top_k,
-        "top_p": None if greedy else s.top_p,
-        "buckets": tuple(s.prompt_buckets),
-    }

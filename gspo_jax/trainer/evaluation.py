@@ -1,6 +1,7 @@
 """Greedy evaluation on the held-out split: the accuracy curve of every run.
 
-`train.py` calls `greedy_accuracy` at RL step 0, every `eval.every_steps` and at the end.
+The loop calls its `Evaluator` (built by setup.py) at RL step 0, every `eval.every_steps`
+and at the end; it runs `greedy_accuracy`.
 Each prompt gets one greedy response (temperature 0); its accuracy is the configured
 accuracy reward (0/1), with a failed verification counted as wrong. The prompts are the first
 `eval.num_prompts` of the split whatever the number of processes: every process walks the
@@ -10,10 +11,45 @@ combined across processes.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
 import numpy as np
 
 from gspo_jax import sharding as sharding_lib
 from gspo_jax.trainer import rollout
+from gspo_jax.trainer.specs import EvalSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluator:
+    """Held-out evaluation of a policy: `evaluator(params) -> {eval/...}`.
+
+    sample_greedy(params, prompt_tokens, prompt_mask, key) -> SampleOutput of one greedy
+    response per prompt; eval_data: the whole prepared held-out split."""
+
+    spec: EvalSpec
+    sample_greedy: Callable
+    eval_data: Any
+    tokenizer: Any
+    accuracy: rollout.Scorer
+    mesh: Any
+    buckets: tuple[int, ...]
+
+    def __call__(self, params) -> dict[str, float]:
+        key = jax.random.PRNGKey(0)  # greedy decoding draws nothing
+        return greedy_accuracy(
+            lambda tokens, mask: self.sample_greedy(params, tokens, mask, key),
+            self.eval_data,
+            self.tokenizer,
+            self.accuracy,
+            self.mesh,
+            num_prompts=self.spec.num_prompts,
+            batch_size=self.spec.batch_size,
+            buckets=self.buckets,
+        )
 
 
 def greedy_accuracy(

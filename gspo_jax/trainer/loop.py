@@ -4,11 +4,11 @@
 importable, so a Colab or a test runs the same loop. It is built from small pieces, each
 usable on its own (docs/architecture.md):
 
-  experiment.setup(config, workdir) -> Run     the fixed pieces: mesh, model, data, jitted fns
-  init_or_restore(run) -> RunState             the changing state (state.py)
-  rollout.collect(run, state, batch) -> Rollout  sample, score, π_old / π_ref, advantages
-  rl_step(run, state, rollout) -> (state, metrics)  the jitted train step on that rollout
-  evaluate(run, state)                          greedy held-out accuracy
+  setup.setup(config, workdir) -> Trainer      the fixed pieces: mesh, model, data, stages
+  init_or_restore(trainer) -> RunState         the changing state (state.py)
+  trainer.rollouts.collect(state, prompts)     sample, score, π_ref, advantages -> Rollout
+  rl_step(trainer, state, rollout)             the jitted train step on that rollout
+  trainer.evaluator(params)                    greedy held-out accuracy
 
 Resume order (automatic): the workdir's latest checkpoint -> config.model.hf_path -> scratch
 initialisation (+ the supervised warm start, saved as checkpoint 0). A killed run restarted
@@ -31,21 +31,11 @@ import jax
 import numpy as np
 
 from gspo_jax import models
-from gspo_jax.trainer import (
-    checkpoint,
-    evaluation,
-    preemption,
-    rollout,
-    writers,
-)
-from gspo_jax.trainer import (
-    setup as experiment,
-)
+from gspo_jax.trainer import checkpoint, preemption, writers
 from gspo_jax.trainer import state as state_lib
-from gspo_jax.trainer import (
-    warm_start as sft,
-)
-from gspo_jax.trainer.setup import Run
+from gspo_jax.trainer import warm_start as warm_start_lib
+from gspo_jax.trainer.rollout import Rollout
+from gspo_jax.trainer.setup import Trainer, setup
 from gspo_jax.trainer.state import RunState
 
 log = logging.getLogger(__name__)
@@ -74,75 +64,88 @@ def run(
     started with a config that differs in fields that change the run (workdir.py).
     A signal-stopped run's summary has `preempted` (the signal's name) and `stopped_after`.
     """
-    pieces = experiment.setup(config, workdir, allow_config_change=allow_config_change)
+    trainer = setup(config, workdir, allow_config_change=allow_config_change)
     try:
         # The model's shard_map regions (splash attention, per-device MoE) read the mesh in
         # context when the jitted functions are traced.
-        with jax.set_mesh(pieces.mesh):
-            summary = train(pieces, init_or_restore(pieces), stop_after=stop_after)
+        with jax.set_mesh(trainer.mesh):
+            summary = train(trainer, init_or_restore(trainer), stop_after=stop_after)
     finally:
-        pieces.close()
-    if pieces.is_lead:
-        with open(os.path.join(pieces.workdir, "summary.json"), "w") as f:
+        trainer.close()
+    if trainer.is_lead:
+        with open(os.path.join(trainer.workdir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2, default=str)
     return summary
 
 
-def train(run: Run, state: RunState, *, stop_after: int | None = None) -> dict[str, Any]:
-    """The loop, from `state` to config.num_steps RL steps (see `run`)."""
-    c = run.config
+def train(trainer: Trainer, state: RunState, *, stop_after: int | None = None) -> dict[str, Any]:
+    """The loop, from `state` to the schedule's num_steps RL steps (see `run`)."""
+    schedule = trainer.schedule
     log.info("starting at RL step %d from %s", state.step, state.origin)
     summary: dict[str, Any] = {"origin": state.origin, "start_step": state.step}
-    report = _Reporter(run, initial=state.step)
+    report = _Reporter(trainer, initial=state.step)
     if state.step == 0:
-        first = evaluate(run, state)
+        first = trainer.evaluator(state.train.params)
         report.write(0, first)
         summary["eval_start"] = first["eval/accuracy"]
-    saved = state.step if state.step in run.manager.all_steps() else None
+    saved = state.step if state.step in trainer.manager.all_steps() else None
     with preemption.StopOnSignal() as signals:
-        while state.step < c.num_steps:
+        while state.step < schedule.num_steps:
             if signum := signals.requested():
-                _stop_on_signal(run, state, signum, summary, saved=saved == state.step)
+                _stop_on_signal(trainer, state, signum, summary, saved=saved == state.step)
                 break
-            t0 = time.perf_counter()
-            prompts = next(run.train_iter)
-            state = state.replace(data=json.dumps(run.train_iter.get_state()))
-            state, metrics = rl_step(run, state, rollout.collect(run, state, prompts))
-            metrics["time/step_s"] = time.perf_counter() - t0
-            done, last = state.step, state.step == c.num_steps
+            state, metrics = _one_step(trainer, state)
+            done, last = state.step, state.step == schedule.num_steps
             stopping = stop_after is not None and done >= stop_after and not last
-            if last or _every(done, c.eval.every_steps):
-                metrics.update(evaluate(run, state))
+            if last or _every(done, trainer.evaluator.spec.every_steps):
+                metrics.update(trainer.evaluator(state.train.params))
                 summary["eval_end"] = metrics["eval/accuracy"]
-            saving = last or stopping or _every(done, c.checkpoint.every_steps)
+            saving = last or stopping or _every(done, schedule.checkpoint_every)
             if saving:
-                checkpoint.save(run.manager, state)
+                checkpoint.save(trainer.manager, state)
                 saved = done
             # A checkpointed step's row is written now: a restart from it repeats no row.
             report.step(done, metrics, flush=saving)
-            checkpoint.check(run.manager)  # a failed asynchronous save stops the run here
+            checkpoint.check(trainer.manager)  # a failed asynchronous save stops the run here
             if stopping:
                 summary["stopped_after"] = done
                 break
     report.close()
-    checkpoint.finish(run.manager)
-    if state.step < c.num_steps:
+    checkpoint.finish(trainer.manager)
+    if state.step < schedule.num_steps:
         return summary  # stopped early: no export, no plot, as a preempted job
-    if c.checkpoint.export_hf:
-        path = os.path.join(run.workdir, "hf")
+    return summary | _finish(trainer, state)
+
+
+def _one_step(trainer: Trainer, state: RunState) -> tuple[RunState, dict]:
+    """RL step `state.step`: the next prompts, their rollout, the train step."""
+    t0 = time.perf_counter()
+    prompts = next(trainer.train_iter)
+    state = state.replace(data=json.dumps(trainer.train_iter.get_state()))
+    state, metrics = rl_step(trainer, state, trainer.rollouts.collect(state, prompts))
+    metrics["data/epoch"] = float(trainer.train_iter.epoch)
+    metrics["time/step_s"] = time.perf_counter() - t0
+    return state, metrics
+
+
+def _finish(trainer: Trainer, state: RunState) -> dict[str, Any]:
+    """A finished run's outputs: the Hugging Face export and the plot of its curves."""
+    out = {}
+    if trainer.schedule.export_hf:
+        path = os.path.join(trainer.workdir, "hf")
         params = state.train.params
-        summary["export"] = checkpoint.export_hf(run.model_config, run.tokenizer, params, path)
-    run.writer.close()
-    if run.is_lead and c.log.plot and os.path.exists(run.writer.path):
-        png = os.path.join(run.workdir, "curves.png")
-        summary["plot"] = writers.plot_curves(run.writer.path, png)
-    return summary
+        out["export"] = checkpoint.export_hf(trainer.model_config, trainer.tokenizer, params, path)
+    trainer.writer.close()
+    if trainer.is_lead and trainer.schedule.plot and os.path.exists(trainer.writer.path):
+        png = os.path.join(trainer.workdir, "curves.png")
+        out["plot"] = writers.plot_curves(trainer.writer.path, png)
+    return out
 
 
-def _stop_on_signal(run: Run, state: RunState, signum: int, summary: dict, *, saved: bool):
+def _stop_on_signal(trainer: Trainer, state: RunState, signum: int, summary: dict, *, saved):
     """Checkpoint the state at this step boundary (unless it is saved already)."""
     if not saved:
-        checkpoint.save(run.manager, state)
+        checkpoint.save(trainer.manager, state)
     name = signal.Signals(signum).name
     summary.update(preempted=name, stopped_after=state.step)
     log.warning(
@@ -150,97 +153,75 @@ def _stop_on_signal(run: Run, state: RunState, signum: int, summary: dict, *, sa
         name,
         state.step,
         state.step,
-        run.manager.directory,
+        trainer.manager.directory,
     )
 
 
-def rl_step(run: Run, state: RunState, rollout: rollout.Rollout) -> tuple[RunState, dict]:
+def rl_step(trainer: Trainer, state: RunState, rollout: Rollout) -> tuple[RunState, dict]:
     """The train half of RL step `state.step`: ppo_epochs x num_mini_batches optimizer
     updates on the rollout. Returns the next state and the step's metrics (plain floats,
     and device scalars the caller fetches when it needs them)."""
     t0 = time.perf_counter()
-    train_state, step_metrics = run.train_step(state.train, rollout.batch)
+    train_state, step_metrics = trainer.train_step(state.train, rollout.batch)
     jax.block_until_ready(train_state.step)  # honest phase timing; metrics stay on device
     seconds = time.perf_counter() - t0
     state = state.replace(train=train_state, running=rollout.running, step=state.step + 1)
     metrics = dict(rollout.host_metrics)
-    metrics.update(rollout.device_metrics)
     # Named keys (sampler/*, updates/* arrays [U]) as they are, the rest under policy/.
     metrics.update({k if "/" in k else f"policy/{k}": v for k, v in step_metrics.items()})
     metrics["time/train_s"] = seconds
-    tokens = float(rollout.batch["tokens"].size) * run.config.ppo_epochs
+    tokens = float(rollout.batch["tokens"].size) * trainer.step_config.ppo_epochs
     metrics["perf/train_tokens_per_s"] = tokens / max(seconds, 1e-9)
     return state, metrics
 
 
-def evaluate(run: Run, state: RunState) -> dict[str, float]:
-    """Greedy accuracy on the held-out split (config.eval.num_prompts prompts)."""
-    c = run.config
-    key = jax.random.PRNGKey(0)  # greedy decoding draws nothing
-    return evaluation.greedy_accuracy(
-        lambda tokens, mask: run.sample(state.train.params, tokens, mask, key, greedy=True),
-        run.eval_data,
-        run.tokenizer,
-        run.accuracy,
-        run.mesh,
-        num_prompts=c.eval.num_prompts,
-        batch_size=c.eval.batch_size,
-        buckets=c.sampling.prompt_buckets,
-    )
-
-
-def init_or_restore(run: Run) -> RunState:
+def init_or_restore(trainer: Trainer) -> RunState:
     """The workdir's latest checkpoint; else the config's Hugging Face checkpoint; else a
     scratch initialisation with its supervised warm start (saved as checkpoint 0, so a
     restart skips it)."""
-    c = run.config
-    restored = checkpoint.restore_latest(run.manager, run.abstract_state())
+    schedule = trainer.schedule
+    restored = checkpoint.restore_latest(trainer.manager, trainer.abstract_state())
     if restored is not None:
-        run.train_iter.set_state(restored.data)
+        trainer.train_iter.set_state(restored.data)
         return restored
-    param_shardings = run.state_shardings.train.params
-    if c.model.hf_path:
+    param_shardings = trainer.state_shardings.train.params
+    if schedule.hf_path:
         # Tensor by tensor, straight into its sharding: never whole on one device.
         _, params = models.load_pretrained(
-            c.model.hf_path, dtype=c.model.param_dtype, shardings=param_shardings
+            schedule.hf_path, dtype=schedule.param_dtype, shardings=param_shardings
         )
         # NaN weights would give NaN losses and skip every update, without another word.
-        checkpoint.require_finite(params, f"the Hugging Face checkpoint {c.model.hf_path}")
-        origin = f"Hugging Face checkpoint {c.model.hf_path}"
+        checkpoint.require_finite(params, f"the Hugging Face checkpoint {schedule.hf_path}")
+        origin = f"Hugging Face checkpoint {schedule.hf_path}"
     else:
         init = jax.jit(models.init_params, static_argnums=0, out_shardings=param_shardings)
-        params = init(run.model_config, jax.random.PRNGKey(c.seed))
+        params = init(trainer.model_config, jax.random.PRNGKey(schedule.seed))
         origin = "scratch initialisation"
-        if c.warm_start.steps > 0:
-            params = warm_start(run, params)
-            origin += f" + {c.warm_start.steps} supervised warm-start steps"
-    state = state_lib.init_state(params, run.tx, c.seed, run.state_shardings, origin=origin)
-    state = state.replace(data=json.dumps(run.train_iter.get_state()))
-    if c.warm_start.steps > 0 and not c.model.hf_path:
-        checkpoint.save(run.manager, state)
+        if trainer.warm_start.steps > 0:
+            params = warm_start(trainer, params)
+            origin += f" + {trainer.warm_start.steps} supervised warm-start steps"
+    state = state_lib.init_state(
+        params, trainer.tx, schedule.seed, trainer.state_shardings, origin=origin
+    )
+    state = state.replace(data=json.dumps(trainer.train_iter.get_state()))
+    if trainer.warm_start.steps > 0:
+        checkpoint.save(trainer.manager, state)
     return state
 
 
-def warm_start(run: Run, params):
-    """`config.warm_start.steps` supervised steps on the task (scratch models only)."""
-    c = run.config
-    return sft.warm_start(
-        run.model_config,
+def warm_start(trainer: Trainer, params):
+    """The supervised warm start of a scratch model (`trainer.warm_start` steps)."""
+    return warm_start_lib.warm_start(
+        trainer.model_config,
         params,
-        run.sft_source,
-        run.tokenizer,
-        run.mesh,
-        warm_start_config=c.warm_start,
-        data_spec=run.data_spec,
-        prompt_length=c.prompt_length,
-        response_length=c.response_length,
-        seed=c.seed + 1,
-        system_prompt=c.data.system_prompt,
-        instruction=run.prompt_kwargs["instruction"],
-        chunk_size=c.logprob_chunk_size,
-        progress=run.is_lead and c.log.progress_bar,
-        param_shardings=run.state_shardings.train.params,
-        overlong=c.data.overlong,
+        trainer.sft_source,
+        trainer.tokenizer,
+        trainer.mesh,
+        spec=trainer.warm_start,
+        prompt=trainer.prompt,
+        data_spec=trainer.data_spec,
+        progress=trainer.is_lead and trainer.schedule.progress_bar,
+        param_shardings=trainer.state_shardings.train.params,
     )
 
 
@@ -266,18 +247,18 @@ class _Reporter:
     (a checkpointed step's row at once, `flush`). Starting at step k drops the rows a
     previous, interrupted run wrote after its checkpoint k: one row per step."""
 
-    def __init__(self, run: Run, *, initial: int):
-        self.writer = run.writer
+    def __init__(self, trainer: Trainer, *, initial: int):
+        self.writer = trainer.writer
         self.writer.resume(initial)
-        self.updates_per_step = run.config.ppo_epochs * run.config.num_mini_batches
+        self.updates_per_step = trainer.schedule.updates_per_step
         self.pending: tuple[int, dict] | None = None
         self.shown: dict[str, float] = {}  # latest values on the progress bar
         self.bar = None
-        if run.is_lead and run.config.log.progress_bar:
+        if trainer.is_lead and trainer.schedule.progress_bar:
             from tqdm.auto import tqdm
 
             self.bar = tqdm(
-                total=run.config.num_steps, initial=initial, desc="RL", dynamic_ncols=True
+                total=trainer.schedule.num_steps, initial=initial, desc="RL", dynamic_ncols=True
             )
 
     def write(self, step: int, metrics: dict) -> None:

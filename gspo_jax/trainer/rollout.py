@@ -1,17 +1,17 @@
 """One rollout: prompts -> G responses each -> rewards -> advantages -> the train batch.
 
-`collect(run, state, batch) -> Rollout` is the rollout half of an RL step (train.py runs the
-other half, the train step, on what it returns). In order:
+`Rollouts.collect(state, prompts) -> Rollout` is the rollout half of an RL step (loop.py
+runs the other half, the train step, on what it returns). A `Rollouts` holds its spec
+(specs.RolloutSpec) and the functions it needs, built once by setup.py. In order:
 
   bucket_prompts                 host: drop padding columns down to a fixed compiled width
-  run.sample                     G responses per prompt, with the sampler's log-probs
+  sample                         G responses per prompt, with the sampler's log-probs
   decode_responses, Scorer       host: text -> rewards in verifier worker processes
-  run.logprobs_fn                π_ref (with a KL term); π_old for the token-level KL reward
-  run.advantage_fn               jitted advantages (running reward statistics carried)
+  logprobs_fn                    π_ref (with a KL term); π_old for the token-level KL reward
+  advantage_fn                   jitted advantages (running reward statistics carried)
 
-π_old itself (recomputed, or the sampler's log-probs: old_logprobs_source) and π_old's MoE
-routing for Routing Replay come from the train step's own pass (train_step.py), so that its
-first update recomputes them exactly; the batch carries the sampler's log-probs.
+π_old itself and π_old's MoE routing come from the train step (train_step/old_policy.py), so
+that its first update recomputes them exactly; the batch carries the sampler's log-probs.
 
 Invalid rewards (a verifier that raised or timed out, NaN, non-numeric) follow the
 config's `invalid_reward` rule: "mask" excludes the response from group statistics and
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -35,9 +36,10 @@ import numpy as np
 from gspo_jax import advantages as advantages_lib
 from gspo_jax import objectives, sampling
 from gspo_jax import sharding as sharding_lib
-from gspo_jax.rewards import score_batch
+from gspo_jax.rewards import build_reward, score_batch
 from gspo_jax.rewards.scoring import HARD_FAILURES, FailureLog, raise_all_failed
-from gspo_jax.trainer.config import advantage_kwargs
+from gspo_jax.train_step import old_policy
+from gspo_jax.trainer.specs import AdvantageSpec, RewardSpec, RolloutSpec
 
 
 def bucket_prompts(tokens_NP: np.ndarray, mask_NP: np.ndarray, buckets) -> tuple:
@@ -79,6 +81,23 @@ class Scorer:
         self.failed_batches = 0  # consecutive batches in which every call failed
         self.what = repr(getattr(reward_fn, "spec", getattr(reward_fn, "__name__", reward_fn)))
         self.log_failures = FailureLog(self.what)
+
+    @classmethod
+    def for_reward(cls, spec: RewardSpec, pool) -> Scorer:
+        """The rollout's reward (`spec.spec`), its failure rule and failure limit."""
+        return cls(
+            build_reward(spec.spec),
+            spec.invalid_reward,
+            timeout_s=spec.timeout_s,
+            pool=pool,
+            max_failed_batches=spec.max_failed_rollouts,
+        )
+
+    @classmethod
+    def for_accuracy(cls, spec: RewardSpec, pool) -> Scorer:
+        """The accuracy reward (`spec.accuracy`): a failed verification counts as wrong (0),
+        never as missing."""
+        return cls(build_reward(spec.accuracy), "zero", timeout_s=spec.timeout_s, pool=pool)
 
     def score(self, prompts, completions, references):
         """(rewards [B] f32, valid [B] bool, stats): see score_responses."""
@@ -131,8 +150,8 @@ def score_responses(
     return rewards_B, valid_B, stats
 
 
-def make_advantage_fn(config, mesh=None):
-    """Jitted advantages from the config's ROLL-named options:
+def make_advantage_fn(spec: AdvantageSpec, mesh=None):
+    """Jitted advantages with the spec's ROLL-named options:
 
         fn(rewards [B], valid [B], running, *, old_logprobs, ref_logprobs, mask)
             -> (advantages, running)
@@ -148,9 +167,8 @@ def make_advantage_fn(config, mesh=None):
     statistics replicated; inputs are put into that layout first (a no-op when they are).
     B must then split over the data-parallel devices, which `config.validate` ensures.
     """
-    kwargs = advantage_kwargs(config)
-    beta = float(config.token_level_kl_coef)
-    estimator = config.kl_estimator
+    kwargs = spec.kwargs()
+    beta, estimator = spec.token_level_kl_coef, spec.kl_estimator
 
     def sequence_level(rewards_B, valid_B, running):
         return advantages_lib.compute_advantages(
@@ -191,13 +209,13 @@ def make_advantage_fn(config, mesh=None):
         return jitted(*args)
 
     def fn(rewards_B, valid_B, running, *, old_logprobs=None, ref_logprobs=None, mask=None):
-        if config.add_token_level_kl:
+        if spec.token_level_kl:
             args = (rewards_B, valid_B, running, old_logprobs, ref_logprobs, mask)
             return call(token_level, in_tok, args)
         return call(sequence_level, in_seq, (rewards_B, valid_B, running))
 
     # The jitted function the config uses, positional arguments only (tools.aot lowers it).
-    fn.jitted = token_level if config.add_token_level_kl else sequence_level
+    fn.jitted = token_level if spec.token_level_kl else sequence_level
     return fn
 
 
@@ -240,123 +258,134 @@ def response_metrics(mask_BT: np.ndarray, truncated_B: np.ndarray) -> dict[str, 
 class Rollout:
     """What one rollout hands to the train step, as data.
 
-    batch           the train step's input (train_step.py's module docstring), on device,
-                    laid out over the mesh's batch axes
+    batch           the train step's input (train_step/step.py's module docstring), on
+                    device, laid out over the mesh's batch axes
     running         the reward statistics after this rollout (reward_norm="running")
     host_metrics    plain floats: rewards, accuracy, response lengths (of the global batch:
                     every process's rows), phase timings
-    device_metrics  scalars still on the device (none today; the loop fetches them one
-                    step late)
     completions     the decoded responses [B] (this process's rows), rewards / valid [B]
     """
 
     batch: dict[str, jax.Array]
     running: Any
     host_metrics: dict[str, float]
-    device_metrics: dict[str, jax.Array]
     completions: list[str]
     rewards: np.ndarray
     valid: np.ndarray
 
 
-def collect(run, state, batch: dict[str, np.ndarray]) -> Rollout:
-    """Sample, score and prepare one rollout batch for `state`'s policy.
+@dataclasses.dataclass(frozen=True)
+class Rollouts:
+    """The rollout stage: its spec and the functions it needs (built by setup.py).
 
-    `batch` is this process's rows of the prompt batch (`run.train_iter`); RL step
-    `state.step` samples with fold_in(state.rng, state.step), so a resumed run draws what it
-    would have drawn.
+    sample(params, prompt_tokens, prompt_mask, key) -> sampling.SampleOutput (the
+    rollout's sampler options bound); reward / accuracy: the verifiers (accuracy None: the
+    reward itself is the 0/1 accuracy); logprobs_fn: the train step's jitted whole-batch
+    log-prob pass (π_ref, the token-level KL's π_old); advantage_fn: `make_advantage_fn`;
+    batch_shardings: the layout the jitted train step declares for its batch.
     """
-    c = run.config
-    t0 = time.perf_counter()
-    out = _sample(run, state, batch)
-    response_mask = sharding_lib.to_local(out.mask)
-    t1 = time.perf_counter()
-    completions = decode_responses(run.tokenizer, sharding_lib.to_local(out.tokens), response_mask)
-    rewards, valid, correct, stats = _score(run, batch, completions)
-    t2 = time.perf_counter()
-    train_batch, running, device_metrics = _train_batch(run, state, out, rewards, valid)
 
-    # Metrics of the global batch (every process's rows): the same on every process, and
-    # for any number of processes.
-    counts = ("num_errors", "num_timeouts", "num_nonfinite", "num_nonnumeric")
-    totals = sharding_lib.host_sum(np.array([stats.get(k, 0) for k in counts]))
-    rows = (rewards, valid, correct, response_mask, sharding_lib.to_local(out.truncated))
-    rewards_B, valid_B, correct_B, mask_BT, truncated_B = sharding_lib.gather_rows(rows)
-    g = c.num_return_sequences_in_group
-    host = reward_metrics(rewards_B, valid_B, correct_B, dict(zip(counts, totals)), g)
-    host.update(response_metrics(mask_BT, truncated_B))
-    num_generated = float(mask_BT.sum())
-    host["perf/sample_tokens_per_s"] = num_generated / max(t1 - t0, 1e-9)
-    host["data/epoch"] = float(run.train_iter.epoch)
-    host["time/sample_s"] = t1 - t0
-    host["time/reward_s"] = t2 - t1
-    return Rollout(
-        batch=train_batch,
-        running=running,
-        host_metrics=host,
-        device_metrics=device_metrics,
-        completions=completions,
-        rewards=rewards,
-        valid=valid,
-    )
+    spec: RolloutSpec
+    mesh: Any
+    tokenizer: Any
+    sample: Callable
+    reward: Scorer
+    accuracy: Scorer | None
+    logprobs_fn: Callable
+    advantage_fn: Callable
+    batch_shardings: dict
 
+    def collect(self, state, prompts: dict[str, np.ndarray]) -> Rollout:
+        """Sample, score and prepare one rollout batch for `state`'s policy.
 
-def _sample(run, state, batch) -> sampling.SampleOutput:
-    """G responses to each prompt of `batch` from the state's policy."""
-    tokens_NP, mask_NP = bucket_prompts(
-        batch["prompt_tokens"], batch["prompt_mask"], run.config.sampling.prompt_buckets
-    )
-    prompt_tokens, prompt_mask = sharding_lib.to_global(run.mesh, (tokens_NP, mask_NP))
-    key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-    return run.sample(state.train.params, prompt_tokens, prompt_mask, key)
+        `prompts` is this process's rows of the prompt batch (the loop's iterator); RL step
+        `state.step` samples with fold_in(state.rng, state.step), so a resumed run draws
+        what it would have drawn.
+        """
+        t0 = time.perf_counter()
+        out = self._sample(state, prompts)
+        response_mask = sharding_lib.to_local(out.mask)
+        t1 = time.perf_counter()
+        tokens = sharding_lib.to_local(out.tokens)
+        completions = decode_responses(self.tokenizer, tokens, response_mask)
+        rewards, valid, correct, stats = self._score(prompts, completions)
+        t2 = time.perf_counter()
+        train_batch, running = self._train_batch(state, out, rewards, valid)
+        host = self._metrics(out, response_mask, rewards, valid, correct, stats)
+        host["perf/sample_tokens_per_s"] = host.pop("response/tokens") / max(t1 - t0, 1e-9)
+        host["time/sample_s"] = t1 - t0
+        host["time/reward_s"] = t2 - t1
+        return Rollout(train_batch, running, host, completions, rewards, valid)
 
+    def _sample(self, state, prompts) -> sampling.SampleOutput:
+        """G responses to each prompt of `prompts` from the state's policy."""
+        tokens_NP, mask_NP = bucket_prompts(
+            prompts["prompt_tokens"], prompts["prompt_mask"], self.spec.buckets
+        )
+        prompt_tokens, prompt_mask = sharding_lib.to_global(self.mesh, (tokens_NP, mask_NP))
+        key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+        return self.sample(state.train.params, prompt_tokens, prompt_mask, key)
 
-def _score(run, batch, completions):
-    """(rewards [B], valid [B], correct [B], scoring stats) of this process's responses."""
-    g = run.config.num_return_sequences_in_group
-    prompts = np.repeat(batch["prompt_text"], g)
-    references = np.repeat(batch["reference"], g)
-    rewards, valid, stats = run.reward.score(prompts, completions, references)
-    if run.config.reward.accuracy == run.config.reward.spec:
-        return rewards, valid, rewards, stats
-    correct, _, _ = run.accuracy.score(prompts, completions, references)
-    return rewards, valid, correct, stats
+    def _score(self, prompts, completions):
+        """(rewards [B], valid [B], correct [B], scoring stats) of this process's responses."""
+        g = self.spec.group_size
+        texts = np.repeat(prompts["prompt_text"], g)
+        references = np.repeat(prompts["reference"], g)
+        rewards, valid, stats = self.reward.score(texts, completions, references)
+        if self.accuracy is None:
+            return rewards, valid, rewards, stats
+        correct, _, _ = self.accuracy.score(texts, completions, references)
+        return rewards, valid, correct, stats
 
+    def _metrics(self, out, response_mask, rewards, valid, correct, stats) -> dict:
+        """Host metrics of the global batch (every process's rows): the same on every
+        process, and for any number of processes."""
+        counts = ("num_errors", "num_timeouts", "num_nonfinite", "num_nonnumeric")
+        totals = sharding_lib.host_sum(np.array([stats.get(k, 0) for k in counts]))
+        rows = (rewards, valid, correct, response_mask, sharding_lib.to_local(out.truncated))
+        rewards_B, valid_B, correct_B, mask_BT, truncated_B = sharding_lib.gather_rows(rows)
+        g = self.spec.group_size
+        host = reward_metrics(rewards_B, valid_B, correct_B, dict(zip(counts, totals)), g)
+        host.update(response_metrics(mask_BT, truncated_B))
+        host["response/tokens"] = float(mask_BT.sum())
+        return host
 
-def _train_batch(run, state, out: sampling.SampleOutput, rewards, valid):
-    """The train step's batch: the sampler's log-probs, π_ref and the advantages. Returns
-    (batch, running reward statistics, device metrics)."""
-    c = run.config
-    tokens_BL, mask_BL = out.sequences()  # prompt (repeated G times) then response
-    mask_BT = out.mask.astype(jnp.float32)
-    device_metrics = {}
-    ref_logprobs = old_logprobs = None
-    if run.needs_ref:
-        ref_logprobs = run.logprobs_fn(state.ref_params, tokens_BL, mask_BL, c.response_length)[0]
-    if c.add_token_level_kl:
-        # The KL reward needs π_old before the train step: the sampler's log-probs, or a
-        # whole-batch recompute (equal to the step's own π_old up to bf16 rounding).
-        old_logprobs = out.logprobs
-        if c.old_logprobs_source == "recompute":
-            params = state.train.params
-            old_logprobs = run.logprobs_fn(params, tokens_BL, mask_BL, c.response_length)[0]
-    rewards_B, valid_B = sharding_lib.to_global(run.mesh, (rewards, valid))
-    advantages, running = run.advantage_fn(
-        rewards_B,
-        valid_B,
-        state.running,
-        old_logprobs=old_logprobs,
-        ref_logprobs=ref_logprobs,
-        mask=mask_BT,
-    )
-    batch = {
-        "tokens": tokens_BL,
-        "attention_mask": mask_BL,
-        "response_mask": mask_BT,
-        "sampler_logprobs": out.logprobs,
-        "advantages": advantages,
-    }
-    if c.use_kl_loss:
-        batch["ref_logprobs"] = ref_logprobs
-    # The layout the jitted train step declares (`train_step.batch_shardings`).
-    return jax.device_put(batch, run.batch_shardings), running, device_metrics
+    def _train_batch(self, state, out: sampling.SampleOutput, rewards, valid):
+        """The train step's batch: the sampler's log-probs, π_ref and the advantages.
+        Returns (batch, running reward statistics)."""
+        spec = self.spec
+        tokens_BL, mask_BL = out.sequences()  # prompt (repeated G times) then response
+        mask_BT = out.mask.astype(jnp.float32)
+        ref_logprobs = old_logprobs = None
+        if spec.needs_ref:
+            ref_logprobs = self.logprobs_fn(
+                state.ref_params, tokens_BL, mask_BL, spec.response_length
+            )[0]
+        if spec.token_level_kl:
+            old_logprobs = old_policy.for_token_kl_reward(
+                spec.old_logprobs_source,
+                out.logprobs,
+                lambda: self.logprobs_fn(
+                    state.train.params, tokens_BL, mask_BL, spec.response_length
+                )[0],
+            )
+        rewards_B, valid_B = sharding_lib.to_global(self.mesh, (rewards, valid))
+        advantages, running = self.advantage_fn(
+            rewards_B,
+            valid_B,
+            state.running,
+            old_logprobs=old_logprobs,
+            ref_logprobs=ref_logprobs,
+            mask=mask_BT,
+        )
+        batch = {
+            "tokens": tokens_BL,
+            "attention_mask": mask_BL,
+            "response_mask": mask_BT,
+            "sampler_logprobs": out.logprobs,
+            "advantages": advantages,
+        }
+        if spec.use_kl_loss:
+            batch["ref_logprobs"] = ref_logprobs
+        # The layout the jitted train step declares (`train_step.batch_shardings`).
+        return jax.device_put(batch, self.batch_shardings), running

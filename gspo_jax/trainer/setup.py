@@ -1,10 +1,10 @@
-"""`setup(config, workdir) -> Run`: every fixed piece of a run, built once from the config.
+"""`setup(config, workdir) -> Trainer`: every fixed piece of a run, built once from the config.
 
-A `Run` holds what does not change while training (what changes is the `RunState`,
-state.py): the mesh, the model config, the tokenizer, the data, the jitted functions, the
-reward scorers, the metric writer and the checkpoint manager. The loop (train.py) and the
-rollout (rollout.py) read it; nothing writes to it after `setup`, except the prompt
-iterator advancing (its position is part of the `RunState`).
+A `Trainer` holds what does not change while training (what changes is the `RunState`,
+state.py): the mesh, the model config, the tokenizer, the data, the stages of an RL step
+(the rollout, the jitted train step, the evaluator), the metric writer and the checkpoint
+manager. Each stage holds its own spec (specs.py) and the functions it needs; `setup` is
+where the ConfigDict is read, and nothing built here keeps it.
 
 `setup` does the cheap checks first, before any data, model or compile work: the config is
 validated, the workdir must be a writable directory, a resumed run's config is compared
@@ -29,52 +29,43 @@ from jax.sharding import Mesh
 
 from gspo_jax import data, models, sampling
 from gspo_jax import sharding as sharding_lib
-from gspo_jax.rewards import RewardPool, build_reward
-from gspo_jax.train_step import (
-    StepConfig,
-    batch_shardings,
-    make_logprobs_fn,
-    make_train_step,
-    optim,
-)
-from gspo_jax.trainer import checkpoint, rollout, writers
+from gspo_jax.rewards import RewardPool
+from gspo_jax.train_step import StepConfig, batch_shardings, make_logprobs_fn, make_train_step
+from gspo_jax.train_step.optim import make_optimizer
+from gspo_jax.trainer import checkpoint, specs, writers
 from gspo_jax.trainer import config as config_lib
 from gspo_jax.trainer import state as state_lib
 from gspo_jax.trainer import workdir as workdir_lib
+from gspo_jax.trainer.evaluation import Evaluator
+from gspo_jax.trainer.rollout import Rollouts, Scorer, make_advantage_fn
 
 log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
-class Run:
+class Trainer:
     """The fixed pieces of one run (one per process)."""
 
-    config: Any  # the experiment ConfigDict (configs/base.py)
     workdir: str
     mesh: Mesh
     model_config: models.ModelConfig
-    step_config: StepConfig
     tokenizer: Any  # transformers tokenizer
-    eos_ids: tuple[int, ...]
-    pad_id: int
+    schedule: specs.LoopSpec
+    # The stages of an RL step.
+    rollouts: Rollouts  # prompts -> the train batch
+    step_config: StepConfig
+    train_step: Any  # jitted (TrainState, batch) -> (TrainState, metrics)
+    evaluator: Evaluator  # params -> held-out metrics
     # Data: the train split's prompt iterator (global batches of rollout_batch_size prompts,
-    # this process's rows of each) and the whole held-out split.
+    # this process's rows of each) and, for a scratch model's warm start, the train split.
     train_iter: data.BatchIterator
-    eval_data: data.PreparedData
-    sft_source: Any  # the train split's records, for the supervised warm start
+    warm_start: specs.WarmStartSpec
+    prompt: specs.PromptSpec
+    sft_source: Any
     data_spec: data.DatasetSpec
-    prompt_kwargs: dict  # data.prepare_prompts' template options (the warm start's too)
-    # Optimisation and the jitted functions of one RL step.
+    # Optimisation state's layout, and I/O.
     tx: optax.GradientTransformation
     state_shardings: state_lib.RunState  # a RunState of shardings
-    train_step: Any  # (TrainState, batch) -> (TrainState, metrics)
-    batch_shardings: dict  # the train batch's layout, as the train step declares it
-    logprobs_fn: Any  # (params, tokens, mask, T) -> (logprobs, entropy, routing): π_ref
-    # (and π_old for the token-level KL reward), the whole batch at once
-    advantage_fn: Any  # rollout.make_advantage_fn
-    # Rewards and I/O.
-    reward: rollout.Scorer
-    accuracy: rollout.Scorer
     pool: RewardPool | None
     writer: writers.MetricsWriter
     manager: ocp.CheckpointManager
@@ -83,33 +74,21 @@ class Run:
     def is_lead(self) -> bool:
         return jax.process_index() == 0
 
-    @property
-    def needs_ref(self) -> bool:
-        """π_ref is part of the state (a KL term in the loss or in the reward)."""
-        return self.state_shardings.ref_params is not None
-
     def abstract_state(self) -> state_lib.RunState:
         return state_lib.abstract_state(
             models.abstract_params(self.model_config), self.tx, self.state_shardings
         )
 
-    def sample(self, params, prompt_tokens, prompt_mask, key, *, greedy: bool = False):
-        """`sampling.sample` with the config's options (greedy: one temperature-0 response)."""
-        return sampling.sample(
-            self.model_config,
-            params,
-            prompt_tokens,
-            prompt_mask,
-            key,
-            eos_ids=self.eos_ids,
-            pad_id=self.pad_id,
-            **config_lib.sampler_kwargs(self.config, greedy=greedy),
-        )
-
     def close(self) -> None:
         """Release the workers, the writer and the checkpoint manager. Never raises: it runs
         on the way out of a failed run, whose own error is the one to report."""
-        for close in (getattr(self.pool, "close", None), self.writer.close, self.manager.close):
+        closers = (
+            getattr(self.pool, "close", None),
+            self.writer.close,
+            self.manager.close,
+            checkpoint.release_process_hooks,
+        )
+        for close in closers:
             if close is None:
                 continue
             try:
@@ -124,7 +103,7 @@ def setup(
     *,
     allow_config_change: bool = False,
     devices: Sequence[jax.Device] | None = None,
-) -> Run:
+) -> Trainer:
     """Validate `config`, then build every fixed piece of the run in `workdir`.
 
     `allow_config_change`: resume a workdir whose run was started with a config that
@@ -139,106 +118,108 @@ def setup(
     mesh = sharding_lib.make_mesh(config_lib.mesh_shape(c, len(devices)), devices)
     checkpoint_dir = os.path.join(workdir, "checkpoints")
     workdir_lib.prepare(workdir, checkpoint_dir)
-    workdir_lib.record_config(
-        c,
-        workdir,
-        resuming=bool(checkpoint.existing_steps(checkpoint_dir)),
-        allow_change=allow_config_change,
-    )
+    resuming = bool(checkpoint.existing_steps(checkpoint_dir))
+    workdir_lib.record_config(c, workdir, resuming=resuming, allow_change=allow_config_change)
 
     tokenizer = _tokenizer(c, workdir)
-    model_config = config_lib.model_config(c, tokenizer)
+    model_config = specs.model_config(c, tokenizer)
     config_lib.check_model_against_tokenizer(c, model_config, tokenizer)
     if c.model.routing_replay and model_config.num_experts == 0:
         raise config_lib.ConfigError(
             f"config.model.routing_replay needs a Mixture-of-Experts model; "
             f"{c.model.hf_path or 'the scratch model'} has none"
         )
-    spec = data.get_spec(c.data.name)
+    data_spec = data.get_spec(c.data.name)
+    spec = specs.from_config(c, model_config, reference_key=data_spec.reference_key)
     sources = _sources(c, workdir)
-    instruction = data.DEFAULT_INSTRUCTION if c.data.instruction is None else c.data.instruction
-    prompt_kwargs = {
-        "prompt_length": c.prompt_length,
-        "reference_key": spec.reference_key,
-        "system_prompt": c.data.system_prompt,
-        "instruction": instruction or None,
-        "overlong": c.data.overlong,
-    }
-    # Every process prepares the whole split and keeps its rows of each global batch, so the
-    # batches (and a saved data position) do not depend on the number of processes.
-    whole = {"shard_index": 0, "shard_count": 1}
-    train_data = data.prepare_prompts(
-        sources[c.data.train_split], tokenizer, **prompt_kwargs, **whole
+    tx = make_optimizer(spec.optim)
+    state_shardings = _state_shardings(model_config, tx, mesh, spec.rollout.needs_ref)
+    pool = RewardPool(spec.reward.num_workers) if spec.reward.num_workers > 0 else None
+    return Trainer(
+        workdir=workdir,
+        mesh=mesh,
+        model_config=model_config,
+        tokenizer=tokenizer,
+        schedule=spec.loop,
+        rollouts=_rollouts(spec, model_config, tokenizer, mesh, pool),
+        step_config=spec.step,
+        train_step=make_train_step(spec.step, tx, state_shardings=state_shardings.train, mesh=mesh),
+        evaluator=_evaluator(spec, model_config, tokenizer, mesh, pool, sources[c.data.eval_split]),
+        train_iter=_prompts(spec.prompt, sources[c.data.train_split], tokenizer).iterator(
+            spec.loop.rollout_batch_size,
+            seed=spec.loop.seed,
+            train=True,
+            rows=sharding_lib.process_rows(mesh, spec.loop.rollout_batch_size),
+        ),
+        warm_start=spec.warm_start,
+        prompt=spec.prompt,
+        sft_source=sources[c.data.train_split],
+        data_spec=data_spec,
+        tx=tx,
+        state_shardings=state_shardings,
+        pool=pool,
+        writer=writers.MetricsWriter(
+            workdir, tensorboard=spec.loop.tensorboard, enabled=jax.process_index() == 0
+        ),
+        manager=checkpoint.make_manager(
+            checkpoint_dir, max_to_keep=spec.loop.max_to_keep, async_save=spec.loop.async_save
+        ),
     )
 
-    step_config = config_lib.step_config(c, model_config)
-    tx = optim.make_optimizer(c.optim, c.num_steps * c.ppo_epochs * c.num_mini_batches)
+
+def _state_shardings(model_config, tx, mesh, with_ref: bool) -> state_lib.RunState:
+    """Every array of the RunState laid out: params by their logical axes (and π_ref, with
+    a KL term), optimizer moments like their params, the rest replicated."""
     abstract_params = models.abstract_params(model_config)
     param_shardings = sharding_lib.tree_shardings(
         abstract_params, models.logical_axes(model_config), mesh
     )
-    state_shardings = state_lib.state_shardings(
-        abstract_params,
-        param_shardings,
-        tx,
-        mesh,
-        with_ref=bool(c.use_kl_loss or c.add_token_level_kl),
-    )
-    if c.old_logprobs_source == "sampler":
-        sampling.warn_if_biased_pi_old(c.sampling.top_k, c.sampling.top_p)
+    return state_lib.state_shardings(abstract_params, param_shardings, tx, mesh, with_ref=with_ref)
 
-    pool = RewardPool(c.reward.num_workers) if c.reward.num_workers > 0 else None
-    timeout = c.reward.timeout_s if pool is not None else None
-    return Run(
-        config=c,
-        workdir=workdir,
-        mesh=mesh,
-        model_config=model_config,
-        step_config=step_config,
-        tokenizer=tokenizer,
+
+def _bind_sampler(model_config, sampler: specs.SamplerSpec, tokenizer):
+    """sample(params, prompt_tokens, prompt_mask, key) with the spec's options bound."""
+    return functools.partial(
+        sampling.sample,
+        model_config,
         eos_ids=tuple(data.stop_token_ids(tokenizer)),
         pad_id=int(tokenizer.pad_token_id),
-        train_iter=train_data.iterator(
-            c.rollout_batch_size,
-            seed=c.seed,
-            train=True,
-            rows=sharding_lib.process_rows(mesh, c.rollout_batch_size),
-        ),
-        eval_data=data.prepare_prompts(
-            sources[c.data.eval_split], tokenizer, **prompt_kwargs, **whole
-        ),
-        sft_source=sources[c.data.train_split],
-        data_spec=spec,
-        prompt_kwargs=prompt_kwargs,
-        tx=tx,
-        state_shardings=state_shardings,
-        train_step=make_train_step(
-            step_config, tx, state_shardings=state_shardings.train, mesh=mesh
-        ),
-        batch_shardings=batch_shardings(step_config, mesh),
-        logprobs_fn=make_logprobs_fn(step_config),
-        advantage_fn=rollout.make_advantage_fn(c, mesh),
-        reward=rollout.Scorer(
-            build_reward(c.reward.spec),
-            c.invalid_reward,
-            timeout_s=timeout,
-            pool=pool,
-            max_failed_batches=c.reward.max_failed_rollouts,
-        ),
-        # Accuracy counts a failed verification as wrong (0), never as missing.
-        accuracy=rollout.Scorer(
-            build_reward(c.reward.accuracy), "zero", timeout_s=timeout, pool=pool
-        ),
-        pool=pool,
-        writer=writers.MetricsWriter(
-            workdir, tensorboard=c.log.tensorboard, enabled=jax.process_index() == 0
-        ),
-        manager=checkpoint.make_manager(
-            checkpoint_dir,
-            max_to_keep=c.checkpoint.max_to_keep,
-            async_save=c.checkpoint.async_save,
-        ),
+        **sampler.kwargs(),
     )
+
+
+def _rollouts(spec: specs.Specs, model_config, tokenizer, mesh, pool) -> Rollouts:
+    same = spec.reward.accuracy == spec.reward.spec
+    return Rollouts(
+        spec=spec.rollout,
+        mesh=mesh,
+        tokenizer=tokenizer,
+        sample=_bind_sampler(model_config, spec.sampler, tokenizer),
+        reward=Scorer.for_reward(spec.reward, pool),
+        accuracy=None if same else Scorer.for_accuracy(spec.reward, pool),
+        logprobs_fn=make_logprobs_fn(spec.step),
+        advantage_fn=make_advantage_fn(spec.advantage, mesh),
+        batch_shardings=batch_shardings(spec.step, mesh),
+    )
+
+
+def _evaluator(spec: specs.Specs, model_config, tokenizer, mesh, pool, source) -> Evaluator:
+    return Evaluator(
+        spec=spec.eval,
+        sample_greedy=_bind_sampler(model_config, spec.sampler.greedy(), tokenizer),
+        eval_data=_prompts(spec.prompt, source, tokenizer),
+        tokenizer=tokenizer,
+        accuracy=Scorer.for_accuracy(spec.reward, pool),
+        mesh=mesh,
+        buckets=spec.sampler.buckets,
+    )
+
+
+def _prompts(prompt: specs.PromptSpec, source, tokenizer) -> data.PreparedData:
+    """A whole split's prompts, templated and padded. Every process prepares the whole split
+    and keeps its rows of each global batch, so the batches (and a saved data position) do
+    not depend on the number of processes."""
+    return data.prepare_prompts(source, tokenizer, **prompt.kwargs(), shard_index=0, shard_count=1)
 
 
 def _tokenizer(c, workdir: str):

@@ -3,7 +3,8 @@
 A model trained from scratch never emits a well-formed answer, so every reward is 0, every
 group has zero variance and GSPO/GRPO have no signal. A few hundred steps of next-token
 cross-entropy on (prompt, "#### answer<|im_end|>") pairs fix that. Only used by configs that
-start from scratch (config.warm_start.steps > 0); RL gets a fresh optimizer afterwards.
+start from scratch (`WarmStartSpec.steps` > 0, from config.warm_start); RL gets a fresh
+optimizer afterwards.
 
 Shapes: N examples, L = P + R tokens (prompt left-padded into P columns, then the answer).
 """
@@ -19,6 +20,7 @@ import optax
 from gspo_jax import data, models
 from gspo_jax import logprobs as logprobs_lib
 from gspo_jax import sharding as sharding_lib
+from gspo_jax.trainer.specs import PromptSpec, WarmStartSpec
 
 
 def sft_loss(model_config, params, tokens_NL, attention_mask_NL, loss_mask_NL, chunk_size=256):
@@ -38,15 +40,15 @@ def sft_loss(model_config, params, tokens_NL, attention_mask_NL, loss_mask_NL, c
     return -jnp.sum(logp_NT * mask_NT) / jnp.maximum(num_tokens, 1.0), num_tokens
 
 
-def make_sft_optimizer(warm_start_config) -> optax.GradientTransformation:
+def make_sft_optimizer(spec: WarmStartSpec) -> optax.GradientTransformation:
     """AdamW with 10% linear warm-up then cosine decay over the warm-start steps."""
-    steps = max(int(warm_start_config.steps), 1)
+    steps = max(int(spec.steps), 1)
     schedule = optax.warmup_cosine_decay_schedule(
         init_value=0.0,
-        peak_value=warm_start_config.learning_rate,
+        peak_value=spec.learning_rate,
         warmup_steps=max(steps // 10, 1),
         decay_steps=steps,
-        end_value=warm_start_config.learning_rate * 0.1,
+        end_value=spec.learning_rate * 0.1,
     )
     return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.0))
 
@@ -92,53 +94,50 @@ def warm_start(
     tokenizer,
     mesh,
     *,
-    warm_start_config,
+    spec: WarmStartSpec,
+    prompt: PromptSpec,
     data_spec,
-    prompt_length: int,
-    response_length: int,
-    seed: int,
-    system_prompt=None,
-    instruction=None,
-    chunk_size: int = 256,
     progress: bool = True,
     param_shardings=None,
-    overlong: str = "error",
 ):
-    """`warm_start_config.steps` SFT steps on (prompt, target) pairs of `source`; new params.
+    """`spec.steps` SFT steps on (prompt, target) pairs of `source`; returns the new params.
 
-    With `warm_start_config.teacher_error_rate` > 0 the demonstrations come from an imperfect
-    teacher (`data.NoisyTeacher`: carries dropped on that fraction of carrying additions).
+    With `spec.teacher_error_rate` > 0 the demonstrations come from an imperfect teacher
+    (`data.NoisyTeacher`: carries dropped on that fraction of carrying additions).
 
     Targets follow the dataset's template (`data_spec.target_template`, e.g. "#### {answer}")
-    plus the end token, laid out exactly as RL rollouts are (prompt left-padded into
-    `prompt_length` columns), so the warm-started policy's first RL samples look the same.
-    `param_shardings` (default: replicated over `mesh`) keeps params and the optimizer's
-    moments sharded through the warm start.
+    plus the end token, laid out exactly as RL rollouts are (prompts templated and
+    left-padded as `prompt` says), so the warm-started policy's first RL samples look the
+    same. `param_shardings` (default: replicated over `mesh`) keeps params and the
+    optimizer's moments sharded through the warm start.
     """
-    steps = int(warm_start_config.steps)
-    tx = make_sft_optimizer(warm_start_config)
+    steps = int(spec.steps)
+    tx = make_sft_optimizer(spec)
     abstract = models.abstract_params(model_config)
     if param_shardings is None:
         param_shardings = jax.tree.map(lambda _: sharding_lib.replicated(mesh), abstract)
     opt_shardings = sharding_lib.optimizer_state_shardings(tx, abstract, param_shardings, mesh)
     opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(params)
     step_fn = make_sft_step(
-        model_config, tx, chunk_size=chunk_size, state_shardings=(param_shardings, opt_shardings)
+        model_config,
+        tx,
+        chunk_size=spec.chunk_size,
+        state_shardings=(param_shardings, opt_shardings),
     )
-    if warm_start_config.teacher_error_rate:
-        source = data.NoisyTeacher(source, warm_start_config.teacher_error_rate, seed=seed)
+    if spec.teacher_error_rate:
+        source = data.NoisyTeacher(source, spec.teacher_error_rate, seed=spec.seed)
     it = data.make_sft_iterator(
         source,
         tokenizer,
-        batch_size=warm_start_config.batch_size // jax.process_count(),
-        prompt_length=prompt_length,
-        response_length=response_length,
-        seed=seed,
+        batch_size=spec.batch_size // jax.process_count(),
+        prompt_length=prompt.prompt_length,
+        response_length=spec.response_length,
+        seed=spec.seed,
         answer_key=data_spec.answer_key,
         target_template=data_spec.target_template,
-        system_prompt=system_prompt,
-        instruction=instruction,
-        overlong=overlong,
+        system_prompt=prompt.system_prompt,
+        instruction=prompt.instruction,
+        overlong=prompt.overlong,
     )
     bar = None
     if progress:

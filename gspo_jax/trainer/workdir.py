@@ -33,7 +33,7 @@ import os
 import jax
 
 from gspo_jax import sharding as sharding_lib
-from gspo_jax.trainer import config as config_lib
+from gspo_jax.trainer import specs
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ def _is_free(key: str, diff, recorded: dict, new: dict) -> bool:
 
 def _norm(key: str, value):
     if key == "reward_norm":
-        return config_lib.normalize_reward_norm(value)
+        return specs.normalize_reward_norm(value)
     return value
 
 

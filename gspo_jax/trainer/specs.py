@@ -1,0 +1,423 @@
+"""The config, translated once: one frozen, typed spec per stage of an RL step.
+
+`setup` (setup.py) validates the experiment ConfigDict (config.py), then calls `from_config`
+here; every stage below it takes its spec and the functions it needs, and nothing below
+trainer/ ever reads the ConfigDict. Each derived count (responses per step, optimizer
+updates per step and per run, the token-level KL switch, ...) is computed here, once.
+
+    SamplerSpec     sampling.sample's options: the rollout's G samples, or greedy evaluation
+    RewardSpec      the verifiers: reward and accuracy specs, failure rule, workers, timeout
+    AdvantageSpec   compute_advantages' options (ROLL's names), the token-level KL reward
+    RolloutSpec     what the rollout hands the train step (π_ref, the token-level KL's π_old)
+    StepConfig      the train step's static configuration (train_step/step.py)
+    OptimSpec       the optax chain (train_step/optim.py)
+    PromptSpec      how prompts are templated and padded (data.prepare_prompts)
+    WarmStartSpec   the supervised warm start of a scratch model (warm_start.py)
+    EvalSpec        held-out evaluation
+    LoopSpec        the loop's schedule: steps, evaluation / checkpoint cadence, outputs
+
+Validation (config.py) runs before any of this, so the builders here assume a valid config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from gspo_jax import models
+from gspo_jax.train_step import StepConfig
+from gspo_jax.train_step.optim import OptimSpec
+
+
+def normalize_reward_norm(value: str | None) -> str | None:
+    """ROLL writes `reward_norm: null`; on the command line that arrives as "None"/"none"."""
+    if value is None or str(value).lower() in ("none", "null", ""):
+        return None
+    return value
+
+
+def batch_sizes(config) -> dict[str, int]:
+    """The derived sizes of one RL step: responses, mini-batch and micro-batch."""
+    responses = config.rollout_batch_size * config.num_return_sequences_in_group
+    mini = responses // config.num_mini_batches
+    micro = config.micro_batch_size or mini
+    return {"responses": responses, "mini_batch": mini, "micro_batch": micro}
+
+
+# ------------------------------------------------------------------------------------- model
+
+
+def model_numerics(config) -> dict:
+    """The run's numerics, applied to any architecture (a checkpoint's, a preset's)."""
+    m = config.model
+    return {
+        "param_dtype": m.param_dtype,
+        "dtype": m.dtype,
+        "remat": m.remat,
+        "moe_impl": m.moe_impl,
+        "attention_impl": m.attention_impl,
+        "scan_layers": m.scan_layers,
+    }
+
+
+def model_config(config, tokenizer) -> models.ModelConfig:
+    """The policy's architecture and numerics.
+
+    With `model.hf_path`: the checkpoint's config.json, with the run's `model_numerics`.
+    Otherwise the scratch model of `model.*`, its vocabulary and special tokens taken from
+    the tokenizer.
+    """
+    m = config.model
+    if m.hf_path:
+        hf = models.ModelConfig.from_hf_config(models.read_hf_config(m.hf_path))
+        return dataclasses.replace(hf, **model_numerics(config))
+    from gspo_jax import data
+
+    return scratch_model_config(
+        config,
+        vocab_size=len(tokenizer),
+        eos_token_ids=tuple(data.stop_token_ids(tokenizer)),
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def scratch_model_config(config, **tokens) -> models.ModelConfig:
+    """The scratch architecture of `model.*`; `tokens`: vocab_size and the special ids."""
+    m = config.model
+    moe = m.arch == "qwen3_moe"
+    return models.ModelConfig(
+        arch=m.arch,
+        hidden_size=m.hidden_size,
+        intermediate_size=m.intermediate_size,
+        num_layers=m.num_layers,
+        num_heads=m.num_heads,
+        num_kv_heads=m.num_kv_heads,
+        head_dim=m.head_dim,
+        rope_theta=m.rope_theta,
+        tie_word_embeddings=m.tie_word_embeddings,
+        qkv_bias=m.arch == "qwen2",
+        qk_norm=m.arch != "qwen2",
+        num_experts=m.num_experts if moe else 0,
+        num_experts_per_tok=m.num_experts_per_tok if moe else 0,
+        moe_intermediate_size=m.moe_intermediate_size if moe else 0,
+        norm_topk_prob=moe,
+        max_position_embeddings=max(4096, config.prompt_length + config.response_length),
+        **model_numerics(config),
+        **tokens,
+    )
+
+
+# ---------------------------------------------------------------------------- the rollout
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerSpec:
+    """`sampling.sample`'s options (the end ids and pad id come from the tokenizer)."""
+
+    num_samples: int
+    max_new_tokens: int
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    buckets: tuple[int, ...]
+
+    def greedy(self) -> SamplerSpec:
+        """One temperature-0 response per prompt (held-out evaluation)."""
+        return dataclasses.replace(self, num_samples=1, temperature=0.0, top_k=None, top_p=None)
+
+    def kwargs(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardSpec:
+    """The verifiers (gspo_jax.rewards): `spec` scores the rollout, `accuracy` (0/1) is
+    reported as accuracy; a failed verification follows `invalid_reward` ("mask" / "zero").
+    `timeout_s` is None when scoring runs in-process (`num_workers` = 0: no timeout)."""
+
+    spec: str
+    accuracy: str
+    invalid_reward: str
+    num_workers: int
+    timeout_s: float | None
+    max_failed_rollouts: int
+
+
+@dataclasses.dataclass(frozen=True)
+class AdvantageSpec:
+    """`advantages.compute_advantages` options (ROLL's names), and the token-level KL reward
+    (`add_token_level_kl`): r_t = −token_level_kl_coef · KL_t(π_old ‖ π_ref) per token."""
+
+    group_size: int
+    adv_estimator: str
+    reward_clip: float | None
+    reward_norm: str | None
+    reward_shift: bool
+    reward_scale: bool
+    whiten_advantages: bool
+    advantage_clip: float | None
+    token_level_kl: bool
+    token_level_kl_coef: float
+    kl_estimator: str
+
+    def kwargs(self) -> dict:
+        """`compute_advantages` / `compute_token_advantages` keyword arguments."""
+        names = (
+            "group_size",
+            "adv_estimator",
+            "reward_clip",
+            "reward_norm",
+            "reward_shift",
+            "reward_scale",
+            "whiten_advantages",
+            "advantage_clip",
+        )
+        return {name: getattr(self, name) for name in names}
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutSpec:
+    """What the rollout hands the train step besides the samples: π_ref's log-probs (a KL
+    term in the loss, `use_kl_loss`, or in the reward) and, for the token-level KL reward,
+    π_old's (`old_logprobs_source`, train_step/old_policy.py)."""
+
+    group_size: int
+    response_length: int
+    buckets: tuple[int, ...]
+    use_kl_loss: bool
+    token_level_kl: bool
+    old_logprobs_source: str
+
+    @property
+    def needs_ref(self) -> bool:
+        return self.use_kl_loss or self.token_level_kl
+
+
+# ------------------------------------------------------------------------ data and loop
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptSpec:
+    """How `data.prepare_prompts` templates and pads prompts (the warm start's too)."""
+
+    prompt_length: int
+    reference_key: str
+    system_prompt: str | None
+    instruction: str | None
+    overlong: str
+
+    def kwargs(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmStartSpec:
+    """The supervised warm start of a scratch model (warm_start.py); steps = 0: none."""
+
+    steps: int
+    batch_size: int
+    learning_rate: float
+    teacher_error_rate: float
+    seed: int
+    response_length: int
+    chunk_size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSpec:
+    """Greedy held-out evaluation: at the start, every `every_steps` (0: only the ends)."""
+
+    every_steps: int
+    num_prompts: int
+    batch_size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopSpec:
+    """The loop's schedule and outputs."""
+
+    num_steps: int
+    seed: int
+    rollout_batch_size: int
+    updates_per_step: int  # ppo_epochs × num_mini_batches
+    checkpoint_every: int
+    max_to_keep: int
+    async_save: bool
+    export_hf: bool
+    progress_bar: bool
+    tensorboard: bool
+    plot: bool
+    hf_path: str | None  # the checkpoint the policy starts from (None: scratch)
+    param_dtype: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Specs:
+    """Every stage's spec of one run (`from_config`)."""
+
+    sampler: SamplerSpec
+    reward: RewardSpec
+    advantage: AdvantageSpec
+    rollout: RolloutSpec
+    step: StepConfig
+    optim: OptimSpec
+    prompt: PromptSpec
+    warm_start: WarmStartSpec
+    eval: EvalSpec
+    loop: LoopSpec
+
+
+def from_config(config, model_config: models.ModelConfig, *, reference_key: str) -> Specs:
+    """Every stage's spec from a validated config (`reference_key`: the dataset's record
+    field the reward compares with)."""
+    c = config
+    step = step_config(c, model_config)
+    return Specs(
+        sampler=sampler_spec(c),
+        reward=RewardSpec(
+            spec=c.reward.spec,
+            accuracy=c.reward.accuracy,
+            invalid_reward=c.invalid_reward,
+            num_workers=c.reward.num_workers,
+            timeout_s=c.reward.timeout_s if c.reward.num_workers > 0 else None,
+            max_failed_rollouts=c.reward.max_failed_rollouts,
+        ),
+        advantage=advantage_spec(c),
+        rollout=RolloutSpec(
+            group_size=c.num_return_sequences_in_group,
+            response_length=c.response_length,
+            buckets=tuple(c.sampling.prompt_buckets),
+            use_kl_loss=bool(c.use_kl_loss),
+            token_level_kl=bool(c.add_token_level_kl),
+            old_logprobs_source=c.old_logprobs_source,
+        ),
+        step=step,
+        optim=optim_spec(c, updates_per_step=step.num_updates),
+        prompt=_prompt_spec(c, reference_key),
+        warm_start=_warm_start_spec(c),
+        eval=EvalSpec(c.eval.every_steps, c.eval.num_prompts, c.eval.batch_size),
+        loop=_loop_spec(c, step),
+    )
+
+
+def sampler_spec(c) -> SamplerSpec:
+    """The rollout's sampler options (`.greedy()` for evaluation)."""
+    s = c.sampling
+    return SamplerSpec(
+        num_samples=c.num_return_sequences_in_group,
+        max_new_tokens=c.response_length,
+        temperature=float(s.temperature),
+        top_k=s.top_k,
+        top_p=s.top_p,
+        buckets=tuple(s.prompt_buckets),
+    )
+
+
+def advantage_spec(c) -> AdvantageSpec:
+    return AdvantageSpec(
+        group_size=c.num_return_sequences_in_group,
+        adv_estimator=c.adv_estimator,
+        reward_clip=c.reward_clip,
+        reward_norm=normalize_reward_norm(c.reward_norm),
+        reward_shift=c.reward_shift,
+        reward_scale=c.reward_scale,
+        whiten_advantages=c.whiten_advantages,
+        advantage_clip=c.advantage_clip,
+        token_level_kl=bool(c.add_token_level_kl),
+        token_level_kl_coef=float(c.token_level_kl_coef),
+        kl_estimator=c.kl_estimator,
+    )
+
+
+def _prompt_spec(c, reference_key: str) -> PromptSpec:
+    from gspo_jax import data
+
+    instruction = data.DEFAULT_INSTRUCTION if c.data.instruction is None else c.data.instruction
+    return PromptSpec(
+        prompt_length=c.prompt_length,
+        reference_key=reference_key,
+        system_prompt=c.data.system_prompt,
+        instruction=instruction or None,
+        overlong=c.data.overlong,
+    )
+
+
+def _warm_start_spec(c) -> WarmStartSpec:
+    w = c.warm_start
+    return WarmStartSpec(
+        steps=int(w.steps) if not c.model.hf_path else 0,
+        batch_size=w.batch_size,
+        learning_rate=float(w.learning_rate),
+        teacher_error_rate=float(w.teacher_error_rate),
+        seed=c.seed + 1,
+        response_length=c.response_length,
+        chunk_size=c.logprob_chunk_size,
+    )
+
+
+def _loop_spec(c, step: StepConfig) -> LoopSpec:
+    return LoopSpec(
+        num_steps=c.num_steps,
+        seed=c.seed,
+        rollout_batch_size=c.rollout_batch_size,
+        updates_per_step=step.num_updates,
+        checkpoint_every=c.checkpoint.every_steps,
+        max_to_keep=c.checkpoint.max_to_keep,
+        async_save=c.checkpoint.async_save,
+        export_hf=c.checkpoint.export_hf,
+        progress_bar=c.log.progress_bar,
+        tensorboard=c.log.tensorboard,
+        plot=c.log.plot,
+        hf_path=c.model.hf_path,
+        param_dtype=c.model.param_dtype,
+    )
+
+
+def optim_spec(c, *, updates_per_step: int | None = None) -> OptimSpec:
+    """The optax chain's settings; its schedule spans every update of the run
+    (`updates_per_step`: the train step's `StepConfig.num_updates`; given alone, a config's
+    optimizer is built as the run's would be)."""
+    if updates_per_step is None:
+        updates_per_step = c.ppo_epochs * c.num_mini_batches
+    o = c.optim
+    return OptimSpec(
+        learning_rate=float(o.learning_rate),
+        schedule=o.schedule,
+        warmup_steps=int(o.warmup_steps),
+        end_lr_ratio=float(o.end_lr_ratio),
+        weight_decay=float(o.weight_decay),
+        b1=float(o.b1),
+        b2=float(o.b2),
+        eps=float(o.eps),
+        max_grad_norm=o.max_grad_norm,
+        total_updates=c.num_steps * updates_per_step,
+    )
+
+
+def step_config(config, model_config: models.ModelConfig) -> StepConfig:
+    """The train step's static configuration (part of its compilation key)."""
+    temperature = config.sampling.temperature
+    return StepConfig(
+        model=model_config,
+        importance_sampling=config.importance_sampling,
+        clip_low=float(config.clip_low),
+        clip_high=float(config.clip_high),
+        dual_clip_loss=bool(config.dual_clip_loss),
+        dual_clip_ratio=float(config.dual_clip_ratio),
+        loss_agg_mode=config.loss_agg_mode,
+        horizon=int(config.response_length),
+        ppo_epochs=int(config.ppo_epochs),
+        num_mini_batches=int(config.num_mini_batches),
+        micro_batch_size=config.micro_batch_size,
+        use_kl_loss=bool(config.use_kl_loss),
+        kl_loss_coef=float(config.kl_loss_coef),
+        kl_estimator=config.kl_estimator,
+        entropy_coef=float(config.entropy_coef),
+        # log-probs are of softmax(logits / τ), as sampled; greedy (τ = 0) scores with τ = 1
+        temperature=float(temperature) if temperature > 0 else 1.0,
+        logprob_chunk_size=int(config.logprob_chunk_size),
+        old_logprobs_source=config.old_logprobs_source,
+        routing_replay=bool(config.model.routing_replay),
+        token_advantages=bool(config.add_token_level_kl),
+        group_size=int(config.num_return_sequences_in_group),
+        shared_prompt=bool(config.shared_prompt),
+    )
