@@ -113,9 +113,7 @@ def _one_step(workdir, config, devices, modes) -> dict:
             step = make_train_step(
                 step_config, run.tx, state_shardings=run.state_shardings.train, mesh=run.mesh
             )
-            pieces = dataclasses.replace(
-                run, config=variant, step_config=step_config, train_step=step
-            )
+            pieces = dataclasses.replace(run, step_config=step_config, train_step=step)
             # The train step donates its state: give each mode its own copy.
             fresh = state.replace(
                 train=jax.device_put(jax.tree.map(jnp.copy, state.train), run.state_shardings.train)

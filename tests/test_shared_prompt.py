@@ -11,6 +11,7 @@ import pytest
 
 from configs import base as base_config
 from gspo_jax import models, train_step
+from gspo_jax.train_step import step as step_lib
 from gspo_jax.trainer.specs import step_config
 
 FIXTURE = "tests/fixtures/models/qwen2"  # q/k/v biases, tied embeddings
@@ -69,7 +70,7 @@ def test_logprobs_fn_equals_the_repeated_prompt(model):
 
 
 def _grads(sc, params, batch):
-    return jax.jit(train_step._mini_batch_grads, static_argnums=0)(sc, params, batch)
+    return jax.jit(step_lib._mini_batch_grads, static_argnums=0)(sc, params, batch)
 
 
 @pytest.mark.parametrize("mode, micro", [("token", None), ("seq", 4), ("seq_token", None)])

@@ -42,3 +42,16 @@ def metrics_by_step(workdir) -> dict[int, dict]:
             row = json.loads(line)
             rows.setdefault(row["step"], {}).update(row)
     return rows
+
+
+def steps_written(workdir) -> int:
+    """The newest step of a run's metrics.jsonl that is completely written, -1 if none: safe
+    to call while the run (another process) is still writing the file. A line counts once
+    its newline is there; the file may not exist yet, or be empty."""
+    try:
+        with open(os.path.join(workdir, "metrics.jsonl")) as f:
+            text = f.read()
+    except FileNotFoundError:
+        return -1
+    complete = text[: text.rfind("\n") + 1].splitlines()  # a line still being written waits
+    return max((json.loads(line)["step"] for line in complete if line.strip()), default=-1)
