@@ -16,8 +16,8 @@ GRPO needs Routing Replay to converge there, GSPO does not. Every update logs
 differently from π_old's; with replay: would pick). `python -m
 experiments.gspo_vs_grpo` runs all three, three seeds each (docs/results.md), from
 the dense default's warm start upcycled to these 8 experts: this config's own from-scratch
-warm start (1200 steps) solved 0.5% of 200 held-out problems when measured, too rare a
-reward for a short RL run.
+warm start (1200 steps) solved too few held-out problems to give a short RL run a reward
+(the figure: docs/results.md, "Task").
 """
 
 from configs import common, grpo_paper, gspo_paper

@@ -65,3 +65,52 @@ def test_verdict_rules():
     assert rr == "reproduced"
     change = next(v for c, v in verdicts.items() if "experts change" in c)
     assert change == "reproduced"
+
+
+def _fake_run(root, arm, seed, steps=4):
+    d = root / f"{arm.model}_{arm.name}" / f"seed{seed}"
+    d.mkdir(parents=True)
+    rows = [{"step": 0, "eval/accuracy": 0.1}]
+    for step in range(1, steps + 1):
+        rows.append(
+            {
+                "step": step,
+                "reward/mean": 0.1 * step,
+                "policy/clipfrac": 0.01,
+                "policy/clipfrac_seq": 0.02,
+                "sampler/logprob_gap_mean": 1e-6,
+                "policy/ratio_noise_floor": 1e-7,
+            }
+        )
+    rows[-1]["eval/accuracy"] = 0.2
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.mark.parametrize("with_noise", [False, True])
+def test_results_markdown_from_its_template(tmp_path, with_noise):
+    """write_results fills every placeholder of results_template.md (and the noise floor's
+    section only when measured) and ends the file with one newline."""
+    arms = [a for a in gspo_vs_grpo.ARMS if a.model == "dense"]
+    for arm in arms:
+        _fake_run(tmp_path, arm, 0)
+    noise = [
+        {
+            "dtype": "bfloat16",
+            "pi_old": "sampler",
+            "max_abs_s_minus_1": 1e-2,
+            "max_clipfrac_seq": 0.5,
+            "sampler_gap_max": 4e-2,
+        }
+    ]
+    budget = gspo_vs_grpo.Budget(steps=4, seeds=1, prompts=4, eval_every=4, eval_prompts=8)
+    path = tmp_path / "results.md"
+    gspo_vs_grpo.write_results(
+        str(path), str(tmp_path), arms, [0], budget, "cmd", 60.0, noise if with_noise else [], "c"
+    )
+    text = path.read_text()
+    assert text.startswith("# Results: GSPO vs GRPO at laptop scale\n")
+    assert "$" not in text
+    assert text.endswith("gap metrics.\n" if with_noise else "gspo_vs_grpo_dense.png)\n")
+    assert "| GSPO (dense) | 0.100 ± 0.000 | 0.200 ± 0.000 |" in text
+    assert ("| bfloat16 | sampler | 1.0e-02 | 50% | 4.0e-02 |" in text) == with_noise
+    assert (tmp_path / "results" / "gspo_vs_grpo_dense.png").exists()

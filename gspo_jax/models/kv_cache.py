@@ -15,8 +15,9 @@ so a decode step's q·kᵀ and p·v contract each cache in place, without the pe
 transpose a [rows, slots, K, C] layout costs. Writes are `dynamic_update_slice`s into
 these buffers; donate the cache (or carry it through a while_loop) and they happen in
 place. The decode step runs its layers unrolled (layer_stack.py): scanned over stacked
-weights and a stacked cache, the sampler's decode step was 1.6x slower on XLA:CPU, since
-every step sliced (copied) each layer's weights and cache out of the stacks.
+weights and a stacked cache, the sampler's decode step was slower on XLA:CPU, since
+every step sliced (copied) each layer's weights and cache out of the stacks (docs/tpu.md,
+"Decoding at long responses").
 
     PromptCache    k [Q, K, C, P], v [Q, K, P, C] per layer; valid [Q, P]; length [Q]:
                    the prompts' keys, written once by `prefill_shared`, then read-only

@@ -223,7 +223,8 @@ def split_layers(model_config: ModelConfig, params) -> tuple[dict, ...]:
     For a loop that runs the layers unrolled at every iteration (the sampler's decode
     loop): slice once before the loop and pass the result as `layer_params`. XLA does
     not hoist static slices of the stacks out of a while loop; inside it they copy every
-    layer's weights at every step (measured: the sampler's decode step 1.45x slower).
+    layer's weights at every step (the sampler's decode step was slower: docs/tpu.md,
+    "Decoding at long responses").
     The cast to the compute dtype is the one every layer applies on use (the MoE router
     excepted: it computes in f32 from the stored weights), done once: a decode step then
     reads bf16 weights, not f32 master weights, and the copy costs half as much.
@@ -255,9 +256,9 @@ def apply_layers_unrolled(cfg: ModelConfig, layer_params, x_BLD, cos, sin, atten
     For the decode step (kv_cache.py), whose cache is one buffer per layer: the context is
     called with the layer's index, reads and writes that layer's buffers only, and the
     cache entries come back as a tuple over layers. Scanning the decode step over stacked
-    weights and a stacked cache made the sampler's XLA:CPU decode step 1.6x slower (every
-    step sliced each layer out of the stacks); compile time is the differentiated pass's
-    problem, which stays scanned.
+    weights and a stacked cache made the sampler's XLA:CPU decode step slower (every step
+    sliced each layer out of the stacks; docs/tpu.md, "Decoding at long responses");
+    compile time is the differentiated pass's problem, which stays scanned.
     Returns (x_BLD, tuple of entries, routing [M, B, L, X])."""
     entries, routes = [], []
     moe = 0

@@ -73,11 +73,11 @@ def apply_rope(x_BLHC, cos_BLc, sin_BLc):
 
     [x1, x2] -> [x1·cos − x2·sin, x2·cos + x1·sin], computed in float32.
 
-    Kept in this form on purpose: x ⊙ [cos, cos] + roll(x, C/2) ⊙ [−sin, sin] is 4% faster
+    Kept in this form on purpose: x ⊙ [cos, cos] + roll(x, C/2) ⊙ [−sin, sin] is faster
     on the TRL anchor's train step (XLA:CPU fuses it better), but XLA then contracts the
     multiply-adds differently in the π_old pass and in the update's forward of a scanned
-    model, so the first update's ratios were 1 ± 5e-7 instead of exactly 1
-    (tests/test_presets.py, tests/test_routing_replay.py; docs/benchmarks.md).
+    model, so the first update's ratios were no longer exactly 1 (tests/test_presets.py,
+    tests/test_routing_replay.py; the figures: docs/benchmarks.md, "What was tried").
     """
     dtype = x_BLHC.dtype
     x = x_BLHC.astype(F32)
@@ -221,7 +221,7 @@ class MoE(nnx.Module):
         else:
             # The decode step: B tokens in all, and the per-device path's weight gathers,
             # loop-invariant, were hoisted out of the sampler's loop for every layer at
-            # once (v5p-64, Qwen3-30B-A3B, 8k: 60.2 GiB of temporaries, 2.7 GiB this way).
+            # once, many times the temporaries of this way (docs/tpu.md, "MoE on TPU").
             y_JD = _experts_ragged(x_JD, gates_JX, idx_JX, wg, wu, wd)
         return y_JD.astype(self.dtype).reshape(B, L, D), own_JX.reshape(B, L, self.k)
 
@@ -240,9 +240,9 @@ def _experts_dense(x_JD, gates_JX, idx_JX, wg_EDF, wu_EDF, wd_EFD):
 def _experts_ragged_per_device(B, x_JD, gates_JX, idx_JX, wg_EDF, wu_EDF, wd_EFD):
     """`_experts_ragged` with each device sorting and running only its own tokens.
 
-    Under a mesh, a sort over the batch-sharded tokens would be global: measured on
-    v5p-64, XLA then gave every chip the whole batch's J·X sorted assignments (34 GiB per
-    [J·X, D] buffer at 2k tokens). Here, in `jax.shard_map`, the tokens stay where they
+    Under a mesh, a sort over the batch-sharded tokens would be global: XLA then gave
+    every chip the whole batch's J·X sorted assignments (the memory it took: docs/tpu.md,
+    "MoE on TPU"). Here, in `jax.shard_map`, the tokens stay where they
     are (rows over the batch axes) and each device gets this layer's expert weights whole
     (gathered like FSDP gathers a dense layer, bf16 after the cast) for its own sort and
     ragged matmuls: memory ∝ local tokens. Weight gradients are summed back by the

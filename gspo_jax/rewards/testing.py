@@ -3,7 +3,9 @@
 Not imported by `gspo_jax.rewards`: importing this module registers the names below.
 They live in the package (not under tests/) because worker processes resolve rewards by
 importing the registering module by name, and `gspo_jax.rewards.testing` is importable
-in a spawned or forkserver child whatever its working directory and sys.path.
+in a spawned or forkserver child whatever its working directory and sys.path (the
+subprocess tests rely on that too). Besides the tests, the experiment's noise floor
+(experiments/gspo_vs_grpo/run.py) scores with `test_checksum`.
 
 `test_chaos` acts on the completion text, so one batch can mix every failure kind:
 

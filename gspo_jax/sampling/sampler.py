@@ -492,13 +492,7 @@ def sample(
     eos_ids = _check_options(
         cfg, num_samples, max_new_tokens, temperature, top_k, top_p, eos_ids, pad_id
     )
-    if decode_segments is not None and (
-        isinstance(decode_segments, bool)
-        or not isinstance(decode_segments, (int, np.integer))
-        or decode_segments < 1
-    ):
-        raise ValueError(f"decode_segments must be None or an int >= 1, got {decode_segments!r}")
-    segments = len(_segments(max_new_tokens, decode_segments or _auto_segments(max_new_tokens)))
+    segments = _segment_count(max_new_tokens, decode_segments)
     temperature = float(temperature)
     top_k = None if top_k is None or top_k >= cfg.vocab_size else int(top_k)
     top_p = None if top_p is None or top_p >= 1.0 else float(top_p)
@@ -506,44 +500,17 @@ def sample(
         warn_if_biased_pi_old(top_k, top_p, temperature)
     if temperature == 0.0:
         top_k = top_p = None  # greedy: filters change nothing
-
-    tokens_shape = tuple(np.shape(prompt_tokens))
-    mask_shape = tuple(np.shape(prompt_mask))
-    if len(tokens_shape) != 2 or tokens_shape != mask_shape:
-        raise ValueError(
-            f"prompt_tokens {tokens_shape} and prompt_mask {mask_shape} must both be [N, P]"
-        )
-    N, width = tokens_shape
-    if N == 0 or width == 0:
-        raise ValueError(f"empty prompt batch: prompt_tokens has shape {tokens_shape}")
-    if not isinstance(prompt_tokens, jax.Array):
-        prompt_tokens = np.asarray(prompt_tokens)
-    if not isinstance(prompt_mask, jax.Array):
-        prompt_mask = np.asarray(prompt_mask)
-    lengths, left_padded = _check_prompts(prompt_tokens, prompt_mask, cfg.vocab_size)
-    empty = np.flatnonzero(lengths == 0)
-    if empty.size:
-        raise ValueError(f"empty prompt: row(s) {empty.tolist()} of prompt_mask have no real token")
-    not_left = np.flatnonzero(~left_padded)
-    if not_left.size:
-        raise ValueError(
-            f"prompt row(s) {not_left.tolist()} are not left padded (a 0 in prompt_mask after "
-            "a real token); the sampler continues from the last column of every row"
-        )
-    if max_prompt_length is not None:
-        too_long = np.flatnonzero(lengths > max_prompt_length)
-        if too_long.size:
-            rows = ", ".join(f"row {r}: {lengths[r]} tokens" for r in too_long[:8])
-            raise ValueError(f"prompt(s) longer than max_prompt_length={max_prompt_length}: {rows}")
-    longest = int(lengths.max())
-    bucket = choose_bucket(longest, width, buckets)
-    limit = cfg.max_position_embeddings if max_cache_len is None else int(max_cache_len)
-    if bucket + max_new_tokens > limit:
-        raise ValueError(
-            f"prompt bucket {bucket} (longest prompt {longest}) + max_new_tokens "
-            f"{max_new_tokens} = {bucket + max_new_tokens} exceeds the cache limit {limit} "
-            f"({'max_cache_len' if max_cache_len is not None else 'max_position_embeddings'})"
-        )
+    prompt_tokens, prompt_mask, lengths = _checked_prompts(
+        prompt_tokens, prompt_mask, cfg.vocab_size, max_prompt_length
+    )
+    bucket = _bucket_within_cache(
+        lengths,
+        np.shape(prompt_tokens)[1],
+        buckets,
+        max_new_tokens,
+        max_cache_len,
+        cfg.max_position_embeddings,
+    )
 
     tokens_NP = _trim_to_int32(prompt_tokens, bucket)
     mask_NP = _trim_to_int32(prompt_mask, bucket)
@@ -581,6 +548,70 @@ def sample(
         prompt_mask=mask_BP,
         num_steps=state.step,
     )
+
+
+def _segment_count(max_new_tokens: int, decode_segments) -> int:
+    """How many time segments the response cache has (`decode_segments` checked; None: the
+    automatic choice, see the module docstring)."""
+    if decode_segments is not None and (
+        isinstance(decode_segments, bool)
+        or not isinstance(decode_segments, (int, np.integer))
+        or decode_segments < 1
+    ):
+        raise ValueError(f"decode_segments must be None or an int >= 1, got {decode_segments!r}")
+    return len(_segments(max_new_tokens, decode_segments or _auto_segments(max_new_tokens)))
+
+
+def _checked_prompts(prompt_tokens, prompt_mask, vocab_size: int, max_prompt_length):
+    """`sample`'s prompt checks (shapes, dtypes, ids, mask values, one real token per row,
+    left padding, max_prompt_length), on the host before anything compiles. Returns the
+    prompts (numpy unless they were jax arrays) and their real lengths [N]."""
+    tokens_shape = tuple(np.shape(prompt_tokens))
+    mask_shape = tuple(np.shape(prompt_mask))
+    if len(tokens_shape) != 2 or tokens_shape != mask_shape:
+        raise ValueError(
+            f"prompt_tokens {tokens_shape} and prompt_mask {mask_shape} must both be [N, P]"
+        )
+    N, width = tokens_shape
+    if N == 0 or width == 0:
+        raise ValueError(f"empty prompt batch: prompt_tokens has shape {tokens_shape}")
+    if not isinstance(prompt_tokens, jax.Array):
+        prompt_tokens = np.asarray(prompt_tokens)
+    if not isinstance(prompt_mask, jax.Array):
+        prompt_mask = np.asarray(prompt_mask)
+    lengths, left_padded = _check_prompts(prompt_tokens, prompt_mask, vocab_size)
+    empty = np.flatnonzero(lengths == 0)
+    if empty.size:
+        raise ValueError(f"empty prompt: row(s) {empty.tolist()} of prompt_mask have no real token")
+    not_left = np.flatnonzero(~left_padded)
+    if not_left.size:
+        raise ValueError(
+            f"prompt row(s) {not_left.tolist()} are not left padded (a 0 in prompt_mask after "
+            "a real token); the sampler continues from the last column of every row"
+        )
+    if max_prompt_length is not None:
+        too_long = np.flatnonzero(lengths > max_prompt_length)
+        if too_long.size:
+            rows = ", ".join(f"row {r}: {lengths[r]} tokens" for r in too_long[:8])
+            raise ValueError(f"prompt(s) longer than max_prompt_length={max_prompt_length}: {rows}")
+    return prompt_tokens, prompt_mask, lengths
+
+
+def _bucket_within_cache(
+    lengths, width: int, buckets, max_new_tokens: int, max_cache_len, max_position_embeddings
+) -> int:
+    """The prompt bucket for the longest prompt (`choose_bucket`); an error when it plus the
+    response exceeds the cache limit (max_cache_len, default max_position_embeddings)."""
+    longest = int(lengths.max())
+    bucket = choose_bucket(longest, width, buckets)
+    limit = max_position_embeddings if max_cache_len is None else int(max_cache_len)
+    if bucket + max_new_tokens > limit:
+        raise ValueError(
+            f"prompt bucket {bucket} (longest prompt {longest}) + max_new_tokens "
+            f"{max_new_tokens} = {bucket + max_new_tokens} exceeds the cache limit {limit} "
+            f"({'max_cache_len' if max_cache_len is not None else 'max_position_embeddings'})"
+        )
+    return bucket
 
 
 def _trim_to_int32(x_NP, bucket: int):

@@ -1,0 +1,72 @@
+"""GSPO vs GRPO at laptop scale: the paper's claims (arXiv 2507.18071 §5.2-§5.4) checked on
+the synthetic task, with the command that regenerates docs/results.md.
+
+  python -m experiments.gspo_vs_grpo                 # the published run
+  python -m experiments.gspo_vs_grpo --steps=40 --seeds=2 --results=/tmp/r.md
+  python -m experiments.gspo_vs_grpo --quick         # minutes: a smoke test
+
+Arms (each from scratch, one run per seed, equal rollout budgets: every arm samples
+num_steps x rollout_batch_size x G responses and splits each rollout into 4 mini-batches):
+
+  moe/gspo      configs/moe_tiny.py algo=gspo                   (paper §5.3: no replay needed)
+  moe/grpo_rr   configs/moe_tiny.py algo=grpo,routing_replay=true
+  moe/grpo      configs/moe_tiny.py algo=grpo
+  dense/gspo    configs/gspo_paper.py   (the default task and model)
+  dense/grpo    configs/grpo_paper.py
+
+Every run of a model starts from one warm start, exported as a Hugging Face checkpoint and
+loaded through model.hf_path, as the paper's runs all start from one base model: seeds vary
+the RL (sampling, data order), arms the algorithm. Dense: configs/default.py's supervised
+warm start. MoE: that dense model upcycled to configs/moe_tiny.py's 8 experts, top-2 (each
+expert a noisy copy of the dense MLP, see `upcycle`), with the arm's moe_impl and replay. A
+noise-floor measurement (learning rate 0, bf16 vs f32, π_old recomputed by the train step /
+taken from the sampler / from one whole-batch pass, the way π_old was computed before) is
+written alongside.
+
+Outputs: <workdir>/<model>_<arm>/seed<k>/ (each run's metrics.jsonl, curves.png,
+TensorBoard), <workdir>/summary.json, and --results (default docs/results.md) with its
+plots next to it in results/.
+
+Modules, by concern:
+
+  arms.py      Arm, ARMS, Budget, arm_config: what each arm runs, set up for one seed
+  run.py       warm starts (upcycle), run_arm, noise_floor, the wall-time ledger
+  analysis.py  metrics.jsonl read back, arm_stats over seeds, verdicts per paper claim
+  report.py    plot, write_results: results_template.md (+ noise_floor_template.md) filled
+  cli.py       main: the flags, the budget, a run or --report_only
+"""
+
+from experiments.gspo_vs_grpo.analysis import arm_stats, pm, verdicts
+from experiments.gspo_vs_grpo.arms import (
+    ARMS,
+    EPS_GSPO,
+    PAPER_EXPERT_CHANGE,
+    UPCYCLE_NOISE,
+    Arm,
+    Budget,
+    arm_config,
+)
+from experiments.gspo_vs_grpo.cli import main
+from experiments.gspo_vs_grpo.report import PLOTS, plot, write_results
+from experiments.gspo_vs_grpo.run import noise_floor, run_arm, upcycle, warm_start
+
+__all__ = [
+    "ARMS",
+    "EPS_GSPO",
+    "PAPER_EXPERT_CHANGE",
+    "PLOTS",
+    "UPCYCLE_NOISE",
+    "Arm",
+    "Budget",
+    "arm_config",
+    "arm_stats",
+    "main",
+    "noise_floor",
+    "plot",
+    "pm",
+    "run_arm",
+    "upcycle",
+    "verdicts",
+    "warm_start",
+    "write_results",
+]

@@ -1,0 +1,172 @@
+"""`python -m experiments.gspo_vs_grpo [flags]`: the flags, the budget they set, and the two
+ways through: run everything (cached phases reused) then write the results, or
+--report_only (rewrite the results from a finished workdir)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+from experiments.gspo_vs_grpo.arms import ARMS, Arm, Budget
+from experiments.gspo_vs_grpo.report import write_results
+from experiments.gspo_vs_grpo.run import (
+    noise_floor,
+    read_ledger,
+    record_seconds,
+    run_arm,
+    warm_start,
+)
+
+log = logging.getLogger("experiments")
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    """Parse `argv` (default sys.argv[1:]), run the experiment (or only its report), write
+    the results; returns the summary (<workdir>/summary.json's content)."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("absl").setLevel(logging.WARNING)
+    budget = _budget(args)
+    arms = [a for a in ARMS if not args.arms or a.key in args.arms.split(",")]
+    if not arms:
+        raise ValueError(f"--arms={args.arms!r} names none of {[a.key for a in ARMS]}")
+    seeds = list(range(budget.seeds))
+    os.makedirs(args.workdir, exist_ok=True)
+    import jax
+
+    # Seeds of an arm compile the same programs: XLA's persistent cache skips the repeats.
+    jax.config.update("jax_compilation_cache_dir", os.path.join(args.workdir, "jax_cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    command = "python -m experiments.gspo_vs_grpo " + " ".join(
+        a for a in (sys.argv[1:] if argv is None else argv) if a != "--report_only"
+    )
+    if args.report_only:
+        return _report_only(args, arms, seeds, budget, command)
+    return _run(args, arms, seeds, budget, command)
+
+
+def _parser() -> argparse.ArgumentParser:
+    package_doc = sys.modules[__package__].__doc__
+    p = argparse.ArgumentParser(
+        prog="python -m experiments.gspo_vs_grpo", description=package_doc.split("\n\n")[0]
+    )
+    p.add_argument("--steps", type=int, default=None, help="RL steps per run (default 50)")
+    p.add_argument("--seeds", type=int, default=None, help="seeds per arm (default 3)")
+    p.add_argument("--prompts", type=int, default=None, help="prompts per rollout (default 8)")
+    p.add_argument("--eval_prompts", type=int, default=None, help="held-out (default 200)")
+    p.add_argument("--quick", action="store_true", help="tiny smoke test (no result)")
+    p.add_argument("--workdir", default="/tmp/gspo_vs_grpo", help="runs go here")
+    p.add_argument("--results", default="docs/results.md", help="the markdown written")
+    p.add_argument("--arms", default="", help="comma-separated subset, e.g. dense/gspo")
+    p.add_argument("--no_noise_floor", action="store_true", help="skip that measurement")
+    p.add_argument(
+        "--report_only",
+        action="store_true",
+        help="rewrite --results from the finished runs in --workdir (no training)",
+    )
+    return p
+
+
+def _budget(args) -> Budget:
+    """The flags' budget: --quick's smoke test, else the published run's defaults."""
+    if args.quick:
+        return Budget(
+            steps=args.steps or 2,
+            seeds=args.seeds or 1,
+            prompts=args.prompts or 4,
+            eval_every=0,
+            eval_prompts=args.eval_prompts or 8,
+            quick=True,
+        )
+    steps = args.steps or 50
+    return Budget(
+        steps=steps,
+        seeds=args.seeds or 3,
+        prompts=args.prompts or 8,
+        eval_every=max(1, steps // 2),
+        eval_prompts=args.eval_prompts or 200,
+    )
+
+
+def _run(args, arms: list[Arm], seeds: list[int], budget: Budget, command: str) -> dict:
+    """Noise floor, warm starts, every arm and seed (seeds outermost: an interrupted run
+    still has whole seeds), then the results and <workdir>/summary.json."""
+    commit = _commit()  # the code this run imports (before anything else can move HEAD)
+    t0 = time.perf_counter()
+    noise = [] if args.no_noise_floor else noise_floor(args.workdir, budget.quick)
+    warm = {m: warm_start(m, budget, args.workdir) for m in dict.fromkeys(a.model for a in arms)}
+    timings = {}
+    for seed in seeds:
+        for arm in arms:
+            timings[f"{arm.key}/seed{seed}"] = run_arm(
+                arm, seed, budget, args.workdir, warm[arm.model]
+            )
+    wall = time.perf_counter() - t0
+    stats = write_results(
+        args.results, args.workdir, arms, seeds, budget, command.strip(), wall, noise, commit
+    )
+    summary = {
+        "wall_s": wall,
+        "command": command.strip(),
+        "commit": commit,
+        "runs": timings,
+        "stats": stats,
+        "noise_floor": noise,
+    }
+    with open(os.path.join(args.workdir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2, default=float)
+    log.info("wrote %s in %.1f min", args.results, wall / 60)
+    return summary
+
+
+def _report_only(args, arms: list[Arm], seeds: list[int], budget: Budget, command: str) -> dict:
+    """Rewrite the results from <workdir>: its summary.json, else (an interrupted
+    invocation) its ledger and cached noise floor. Returns what it read."""
+    path = os.path.join(args.workdir, "summary.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            done = json.load(f)
+    else:  # an interrupted invocation: the ledger and the cached measurement
+        with open(os.path.join(args.workdir, "noise_floor.json")) as f:
+            noise_rows = json.load(f)
+        done = {"wall_s": 0.0, "runs": {}, "noise_floor": noise_rows}
+    noise = [] if args.no_noise_floor else done["noise_floor"]
+    ledger = read_ledger(args.workdir)
+    for key, timing in done["runs"].items():  # runs timed by the invocation that ran them
+        if timing.get("seconds") and f"run/{key}" not in ledger:
+            record_seconds(args.workdir, f"run/{key}", timing["seconds"])
+    write_results(
+        args.results,
+        args.workdir,
+        arms,
+        seeds,
+        budget,
+        done.get("command", command.strip()),
+        done["wall_s"],
+        noise,
+        done.get("commit", "unknown"),
+    )
+    return done
+
+
+def _commit() -> str:
+    """The checkout's short commit, marked when tracked files have uncommitted changes."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            check=False,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        return out.stdout.strip() + (" + uncommitted changes" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"

@@ -1,0 +1,166 @@
+"""Writing the results (docs/results.md by default): the plots next to it in results/, and
+the markdown, rendered from results_template.md (and noise_floor_template.md when the noise
+floor was measured) with `string.Template`. The prose lives in the templates; this module
+only computes and formats what fills their $placeholders."""
+
+from __future__ import annotations
+
+import os
+import string
+from collections.abc import Sequence
+
+import numpy as np
+
+from experiments.gspo_vs_grpo.analysis import arm_stats, over_seeds, pm, verdicts
+from experiments.gspo_vs_grpo.arms import UPCYCLE_NOISE, Arm, Budget, arm_config
+from experiments.gspo_vs_grpo.run import read_ledger
+
+PLOTS = (
+    ("training reward", "reward/mean", True),
+    ("held-out accuracy (greedy)", "eval/accuracy", False),
+    ("clipped fraction of tokens", "policy/clipfrac", True),
+    ("clipped fraction of sequences", "policy/clipfrac_seq", True),
+    ("expert change rate after 1 update", "updates/expert_change/1", True),
+    ("train/inference log-prob gap (mean |Δ|)", "sampler/logprob_gap_mean", True),
+)
+
+
+def plot(root: str, arms: Sequence[Arm], seeds: Sequence[int], model: str, png: str) -> str:
+    """Mean over seeds (line) and min-max over seeds (band) of each PLOTS metric."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from gspo_jax.trainer.writers import _ema
+
+    fig, axes = plt.subplots(2, 3, figsize=(14, 7), squeeze=False)
+    for ax, (title, key, smooth) in zip(axes.flat, PLOTS):
+        for arm in arms:
+            if arm.model != model:
+                continue
+            got = over_seeds(root, arm, seeds, key)
+            if got is None:
+                continue
+            xs, ys = got
+            if smooth and len(xs) >= 10:
+                ys = np.stack([_ema(y.tolist(), 0.9) for y in ys])
+            mean = ys.mean(0)
+            (line,) = ax.plot(xs, mean, label=arm.label, marker="." if not smooth else None)
+            ax.fill_between(xs, ys.min(0), ys.max(0), color=line.get_color(), alpha=0.2)
+        ax.set_title(title + (" (EMA 0.9)" if smooth else ""), fontsize=10)
+        ax.set_xlabel("RL step")
+        ax.grid(alpha=0.3)
+        if "clipfrac" in key or "gap" in key:
+            ax.set_yscale("symlog", linthresh=1e-5)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+        else:
+            ax.axis("off")
+    fig.suptitle(f"{model}: mean over {len(seeds)} seeds, band = min-max over seeds")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(png), exist_ok=True)
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    return png
+
+
+def write_results(
+    path: str,
+    root: str,
+    arms: Sequence[Arm],
+    seeds: Sequence[int],
+    budget: Budget,
+    command: str,
+    wall_s: float,
+    noise: list[dict],
+    commit: str,
+) -> dict:
+    """Write the results markdown to `path` (plots into results/ beside it) from the runs
+    under `root`; returns the per-arm statistics (`arm_stats`)."""
+    here = os.path.dirname(os.path.abspath(path))
+    stats = {a.key: arm_stats(root, a, seeds) for a in arms}
+    pngs = [
+        plot(root, arms, seeds, m, os.path.join(here, "results", f"gspo_vs_grpo_{m}.png"))
+        for m in ("moe", "dense")
+        if any(a.model == m for a in arms)
+    ]
+    fields = {
+        "command": command,
+        **_wall_time(read_ledger(root), wall_s, commit),
+        **_budget(arm_config(arms[0], seeds[0], budget, root), seeds, budget),
+        "upcycle_noise": UPCYCLE_NOISE,
+        "verdict_rows": "\n".join(
+            f"| {claim} | **{verdict}** | {numbers} |"
+            for claim, verdict, numbers in verdicts(stats, noise)
+        ),
+        "table_rows": "\n".join(_table_row(arm, stats[arm.key]) for arm in arms),
+        "curves": "\n\n".join(
+            f"![{os.path.basename(png)}]({os.path.relpath(png, here)})" for png in pngs
+        ),
+        "noise_floor": _noise_floor_section(noise) if noise else "",
+    }
+    text = _template("results_template.md").substitute(fields)
+    with open(path, "w") as f:
+        f.write(text.rstrip("\n") + "\n")  # one final newline, with or without a noise floor
+    return stats
+
+
+def _template(name: str) -> string.Template:
+    with open(os.path.join(os.path.dirname(__file__), name), encoding="utf-8") as f:
+        return string.Template(f.read())
+
+
+def _wall_time(ledger: dict, wall_s: float, commit: str) -> dict:
+    """The wall-time line: every phase from the ledger (in minutes), this machine, commit."""
+    runs = [v for k, v in ledger.items() if k.startswith("run/")]
+    warm = sum(v for k, v in ledger.items() if k.startswith("warm_start/"))
+    return {
+        "total_min": f"{sum(ledger.values()) / 60:.0f}",
+        "cpus": os.cpu_count(),
+        "load": f"{os.getloadavg()[2]:.1f}",
+        "noise_floor_min": f"{ledger.get('noise_floor', 0) / 60:.1f}",
+        "warm_start_min": f"{warm / 60:.1f}",
+        "num_runs": len(runs),
+        "runs_min": f"{sum(runs) / 60:.1f}",
+        "invocation_min": f"{wall_s / 60:.1f}",
+        "commit": commit,
+    }
+
+
+def _budget(c, seeds: Sequence[int], budget: Budget) -> dict:
+    """The budget line, from one arm's config `c` (every arm has the same shape)."""
+    prompts, group = c.rollout_batch_size, c.num_return_sequences_in_group
+    return {
+        "steps": budget.steps,
+        "seeds": list(seeds),
+        "prompts": prompts,
+        "group": group,
+        "responses": budget.steps * prompts * group,
+        "warm_start_steps": c.warm_start.steps,
+        "eval_prompts": budget.eval_prompts,
+        "eval_every": budget.eval_every or budget.steps,
+    }
+
+
+def _table_row(arm: Arm, s: dict) -> str:
+    expert_change = [
+        pm(s[k], "{:.2%}") if k in s else "-" for k in ("expert_change_1", "expert_change_3")
+    ]
+    cells = [
+        arm.label,
+        *(pm(s[k]) for k in ("eval_start", "eval_end", "eval_best")),
+        *(pm(s[k]) for k in ("reward_mean", "reward_last20")),
+        *(pm(s[k], "{:.2e}") for k in ("clipfrac_tok", "clipfrac_seq")),
+        *expert_change,
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _noise_floor_section(noise: list[dict]) -> str:
+    rows = "\n".join(
+        f"| {r['dtype']} | {r['pi_old']} | {r['max_abs_s_minus_1']:.1e} |"
+        f" {r['max_clipfrac_seq']:.0%} | {r['sampler_gap_max']:.1e} |"
+        for r in noise
+    )
+    return _template("noise_floor_template.md").substitute(rows=rows)
