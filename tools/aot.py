@@ -33,6 +33,7 @@ bucket the sampler can pick) and every response `response_length` long.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -40,6 +41,11 @@ import re
 import sys
 import time
 from typing import Any
+
+if __name__ == "__main__":  # the command line only: importing this module changes nothing
+    from gspo_jax.notices import quiet_known_notices
+
+    quiet_known_notices()
 
 import jax
 import jax.numpy as jnp
@@ -295,144 +301,216 @@ def _forward_flops(cfg, rows: int, length: int, logit_tokens: int) -> float:
 # ---------------------------------------------------------------------------- compile
 
 
-def compile_run(
-    config, model_config, devices, *, functions=FUNCTIONS, num_processes=None
-) -> list[Report]:
-    """Lowers and compiles the RL step's functions for `devices` (a topology's); returns a
-    Report per function (memory per chip, compile seconds, model FLOPs per chip).
-    `num_processes` (default: the topology's hosts) only enters the config validation."""
+@dataclasses.dataclass(frozen=True)
+class _Abstract:
+    """One RL step's inputs for a topology, as sharded `jax.ShapeDtypeStruct`s: the mesh,
+    the model (its attention kernel resolved for TPU), the train step's config and
+    optimizer, the parameters and optimizer state, and the batch dimensions."""
+
+    c: Any  # the run's ConfigDict
+    cfg: models.ModelConfig
+    mesh: Any
+    chips: int
+    N: int  # prompts
+    G: int  # responses per prompt
+    P: int  # prompt tokens (the largest bucket)
+    T: int  # response tokens
+    step_config: Any
+    tx: Any
+    abstract: Any  # the parameters' shapes, unsharded
+    param_sh: Any
+    opt_sh: Any
+    params: Any
+    opt_state: Any
+    needs_ref: bool  # π_ref stays resident (a KL term)
+
+    @property
+    def B(self) -> int:
+        return self.N * self.G
+
+    @property
+    def L(self) -> int:
+        return self.P + self.T
+
+    @property
+    def rep(self):
+        return sharding_lib.replicated(self.mesh)
+
+    @property
+    def idle(self) -> int:
+        """Bytes per chip the trainer keeps in HBM between the functions: the optimizer
+        state (and π_ref)."""
+        return _per_chip(self.opt_state) + (_per_chip(self.params) if self.needs_ref else 0)
+
+
+def _abstract_run(config, model_config, devices, num_processes) -> _Abstract:
+    """The config validated for `devices`, and its mesh, shardings and abstract state."""
     c = config
     processes = num_processes or len({d.process_index for d in devices})
     config_lib.validate(c, num_devices=len(devices), num_processes=processes)
     mesh = sharding_lib.make_mesh(config_lib.mesh_shape(c, len(devices)), devices)
-    chips = len(devices)
     cfg = dataclasses.replace(
         model_config,
         attention_impl=resolve_impl(
             model_config.attention_impl, dtype=model_config.dtype, platform="tpu"
         ),
     )
-    N, G = c.rollout_batch_size, c.num_return_sequences_in_group
-    B, P, T = N * G, c.prompt_length, c.response_length
-    L = P + T
-    step_config = specs.step_config(c, cfg)
     tx = optim.make_optimizer(specs.optim_spec(c))
     abstract = models.abstract_params(cfg)
     param_sh = sharding_lib.tree_shardings(abstract, models.logical_axes(cfg), mesh)
     opt_sh = sharding_lib.optimizer_state_shardings(tx, abstract, param_sh, mesh)
-    params = _sds(abstract, param_sh)
-    opt_state = _sds(jax.eval_shape(tx.init, abstract), opt_sh)
-    needs_ref = bool(c.use_kl_loss or c.add_token_level_kl)
-    # Between the functions the trainer keeps the optimizer state (and π_ref) in HBM.
-    idle = _per_chip(opt_state) + (_per_chip(params) if needs_ref else 0)
-    rep = sharding_lib.replicated(mesh)
-    reports: list[Report] = []
+    return _Abstract(
+        c=c,
+        cfg=cfg,
+        mesh=mesh,
+        chips=len(devices),
+        N=c.rollout_batch_size,
+        G=c.num_return_sequences_in_group,
+        P=c.prompt_length,
+        T=c.response_length,
+        step_config=specs.step_config(c, cfg),
+        tx=tx,
+        abstract=abstract,
+        param_sh=param_sh,
+        opt_sh=opt_sh,
+        params=_sds(abstract, param_sh),
+        opt_state=_sds(jax.eval_shape(tx.init, abstract), opt_sh),
+        needs_ref=bool(c.use_kl_loss or c.add_token_level_kl),
+    )
 
-    with jax.set_mesh(mesh):
-        tokens_NP = _batch_sds(mesh, (N, P), jnp.int32)
-        key = jax.eval_shape(lambda: jax.random.key(0))
-        key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=rep)
-        segments = len(sampler._segments(T, sampler._auto_segments(T)))
-        prefill_kwargs = {
-            "num_samples": G,
-            "share_prefix": True,
-            "max_new_tokens": T,
-            "segments": segments,
-        }
-        prefill_out = None
+
+def compile_run(
+    config, model_config, devices, *, functions=FUNCTIONS, num_processes=None
+) -> list[Report]:
+    """Lowers and compiles the RL step's functions for `devices` (a topology's); returns a
+    Report per function (memory per chip, compile seconds, model FLOPs per chip).
+    `num_processes` (default: the topology's hosts) only enters the config validation."""
+    a = _abstract_run(config, model_config, devices, num_processes)
+    reports: list[Report] = []
+    with jax.set_mesh(a.mesh):
         if "prefill" in functions or "decode" in functions:
-            report, compiled = _compile(
-                "sampler prefill",
-                sampler._prefill,
-                cfg,
-                params,
-                tokens_NP,
-                tokens_NP,
-                key,
-                resident=idle,
-                flops=_forward_flops(cfg, N, P, 1) / chips,
-                **prefill_kwargs,
-            )
-            if "prefill" in functions:
-                reports.append(report)
-            if compiled is not None:
-                shapes = jax.eval_shape(
-                    lambda p, t, k: sampler._prefill(cfg, p, t, t, k, **prefill_kwargs),
-                    abstract,
-                    jax.ShapeDtypeStruct((N, P), jnp.int32),
-                    jax.eval_shape(lambda: jax.random.key(0)),
-                )
-                prefill_out = _sds(shapes, compiled.output_shardings)
-        if "decode" in functions and prefill_out is not None:
-            prompt, state, first_logits = prefill_out[:3]
-            # T steps of B rows: the weights once per token, attention over P + t/2 keys.
-            per_token = 2 * _matmul_params(cfg) + 2 * cfg.hidden_size * cfg.vocab_size
-            per_token += 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * (P + T / 2)
-            eos = jax.ShapeDtypeStruct((1,), jnp.int32, sharding=rep)
-            pad = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)
-            temperature = float(c.sampling.temperature)
-            report, _ = _compile(
-                "sampler decode",
-                sampler._decode,
-                cfg,
-                params,
-                prompt,
-                state,
-                first_logits,
-                eos,
-                pad,
-                temperature=temperature,
-                top_k=c.sampling.top_k,
-                top_p=c.sampling.top_p,
-                resident=idle,
-                flops=per_token * B * T / chips,
-            )
-            reports.append(report)
-        tokens_BL = _batch_sds(mesh, (B, L), jnp.int32)
+            reports += _compile_sampler(a, functions)
         if "logprobs" in functions:
-            report, _ = _compile(
-                "logprobs",
-                make_logprobs_fn(step_config),
-                params,
-                tokens_BL,
-                tokens_BL,
-                T,
-                resident=idle,
-                flops=_forward_flops(cfg, B, L, T) / chips,
-            )
-            reports.append(report)
+            reports.append(_compile_logprobs(a))
         if "advantages" in functions:
-            rewards = _batch_sds(mesh, (B,), jnp.float32)
-            valid = _batch_sds(mesh, (B,), jnp.bool_)
-            running = jax.tree.map(
-                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep),
-                jax.eval_shape(advantages_lib.init_running_moments),
-            )
-            args = [rewards, valid, running]
-            if c.add_token_level_kl:
-                args += [_batch_sds(mesh, (B, T), jnp.float32)] * 3
-            fn = rollout.make_advantage_fn(specs.advantage_spec(c), mesh).jitted
-            report, _ = _compile("advantages", fn, *args, resident=idle)
-            reports.append(report)
+            reports.append(_compile_advantages(a))
         if "train_step" in functions:
-            state_sh = TrainState(step=rep, params=param_sh, opt_state=opt_sh)
-            state = TrainState(
-                step=jax.ShapeDtypeStruct((), jnp.int32, sharding=rep),
-                params=params,
-                opt_state=opt_state,
-            )
-            batch = _train_batch(step_config, mesh, B, L, T)
-            flops = 3 * c.ppo_epochs * _forward_flops(cfg, B, L, T) / chips
-            report, _ = _compile(
-                "train step",
-                make_train_step(step_config, tx, state_shardings=state_sh, mesh=mesh),
-                state,
-                batch,
-                resident=_per_chip(params) if needs_ref else 0,
-                flops=flops,
-            )
-            reports.append(report)
+            reports.append(_compile_train_step(a))
     return reports
+
+
+def _compile_sampler(a: _Abstract, functions) -> list[Report]:
+    """The sampler's prefill, then its decode on the prefill's outputs (as compiled, with
+    their shardings); the reports of those among `functions`."""
+    cfg, N, P, T = a.cfg, a.N, a.P, a.T
+    tokens_NP = _batch_sds(a.mesh, (N, P), jnp.int32)
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=a.rep)
+    segments = len(sampler._segments(T, sampler._auto_segments(T)))
+    prefill_kwargs = {
+        "num_samples": a.G,
+        "share_prefix": True,
+        "max_new_tokens": T,
+        "segments": segments,
+    }
+    reports = []
+    report, compiled = _compile(
+        "sampler prefill",
+        sampler._prefill,
+        cfg,
+        a.params,
+        tokens_NP,
+        tokens_NP,
+        key,
+        resident=a.idle,
+        flops=_forward_flops(cfg, N, P, 1) / a.chips,
+        **prefill_kwargs,
+    )
+    if "prefill" in functions:
+        reports.append(report)
+    if "decode" not in functions or compiled is None:
+        return reports
+    shapes = jax.eval_shape(
+        lambda p, t, k: sampler._prefill(cfg, p, t, t, k, **prefill_kwargs),
+        a.abstract,
+        jax.ShapeDtypeStruct((N, P), jnp.int32),
+        jax.eval_shape(lambda: jax.random.key(0)),
+    )
+    prompt, state, first_logits = _sds(shapes, compiled.output_shardings)[:3]
+    # T steps of B rows: the weights once per token, attention over P + t/2 keys.
+    per_token = 2 * _matmul_params(cfg) + 2 * cfg.hidden_size * cfg.vocab_size
+    per_token += 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * (P + T / 2)
+    report, _ = _compile(
+        "sampler decode",
+        sampler._decode,
+        cfg,
+        a.params,
+        prompt,
+        state,
+        first_logits,
+        jax.ShapeDtypeStruct((1,), jnp.int32, sharding=a.rep),  # eos ids
+        jax.ShapeDtypeStruct((), jnp.int32, sharding=a.rep),  # pad id
+        temperature=float(a.c.sampling.temperature),
+        top_k=a.c.sampling.top_k,
+        top_p=a.c.sampling.top_p,
+        resident=a.idle,
+        flops=per_token * a.B * T / a.chips,
+    )
+    reports.append(report)
+    return reports
+
+
+def _compile_logprobs(a: _Abstract) -> Report:
+    tokens_BL = _batch_sds(a.mesh, (a.B, a.L), jnp.int32)
+    report, _ = _compile(
+        "logprobs",
+        make_logprobs_fn(a.step_config),
+        a.params,
+        tokens_BL,
+        tokens_BL,
+        a.T,
+        resident=a.idle,
+        flops=_forward_flops(a.cfg, a.B, a.L, a.T) / a.chips,
+    )
+    return report
+
+
+def _compile_advantages(a: _Abstract) -> Report:
+    rewards = _batch_sds(a.mesh, (a.B,), jnp.float32)
+    valid = _batch_sds(a.mesh, (a.B,), jnp.bool_)
+    running = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=a.rep),
+        jax.eval_shape(advantages_lib.init_running_moments),
+    )
+    args = [rewards, valid, running]
+    if a.c.add_token_level_kl:
+        args += [_batch_sds(a.mesh, (a.B, a.T), jnp.float32)] * 3
+    fn = rollout.make_advantage_fn(specs.advantage_spec(a.c), a.mesh).jitted
+    report, _ = _compile("advantages", fn, *args, resident=a.idle)
+    return report
+
+
+def _compile_train_step(a: _Abstract) -> Report:
+    """The train step on a train state whose params and optimizer state it donates; π_ref
+    (a KL term) is what else stays resident."""
+    rep = a.rep
+    state_sh = TrainState(step=rep, params=a.param_sh, opt_state=a.opt_sh)
+    state = TrainState(
+        step=jax.ShapeDtypeStruct((), jnp.int32, sharding=rep),
+        params=a.params,
+        opt_state=a.opt_state,
+    )
+    batch = _train_batch(a.step_config, a.mesh, a.B, a.L, a.T)
+    flops = 3 * a.c.ppo_epochs * _forward_flops(a.cfg, a.B, a.L, a.T) / a.chips
+    report, _ = _compile(
+        "train step",
+        make_train_step(a.step_config, a.tx, state_shardings=state_sh, mesh=a.mesh),
+        state,
+        batch,
+        resident=_per_chip(a.params) if a.needs_ref else 0,
+        flops=flops,
+    )
+    return report
 
 
 # ------------------------------------------------------------------------------ output
@@ -536,6 +614,14 @@ def main(argv) -> int:
     if unknown:
         raise app.UsageError(f"--functions: unknown {unknown}; known {list(FUNCTIONS)}")
     config = _CONFIG.value
+    if importlib.util.find_spec("libtpu") is None and not os.environ.get("TPU_LIBRARY_PATH"):
+        print(
+            "tools.aot: error: libtpu is not installed, and compiling for a TPU needs it "
+            "(not a TPU): pip install -r requirements-tpu.txt, or pip install "
+            f'"jax[tpu]=={jax.__version__}" (docs/tpu.md)',
+            file=sys.stderr,
+        )
+        return 2
     devices = topology_devices(_TOPOLOGY.value)
     capacity = hbm_bytes(_TOPOLOGY.value)
     cfg = model_config_for(config, _PRESET.value)
