@@ -145,6 +145,14 @@ class SyntheticArithmetic(tfds.core.GeneratorBasedBuilder):
     BUILDER_CONFIGS: ClassVar[list[ArithmeticConfig]] = list(ARITHMETIC_CONFIGS)
     DEFAULT_CONFIG_NAME = "add3"
 
+    # TFDS would print "Downloading and preparing dataset ..." and "... downloaded and
+    # prepared", though nothing is downloaded: build_dataset logs its own line instead.
+    def _log_download_bytes(self) -> None:
+        pass
+
+    def _log_download_done(self) -> None:
+        pass
+
     def _info(self) -> tfds.core.DatasetInfo:
         return tfds.core.DatasetInfo(
             builder=self,

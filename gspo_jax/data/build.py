@@ -153,6 +153,13 @@ def build_dataset(
         download_config = tfds.download.DownloadConfig(
             manual_dir=os.fspath(manual_dir) if manual_dir is not None else None
         )
+        source = f"from {os.fspath(manual_dir)}" if spec.manual_files else "generated"
+        log.info(
+            "preparing dataset %s in %s (%s, local data: nothing is downloaded)",
+            name if builder.builder_config is None else f"{name}/{builder.builder_config.name}",
+            builder.data_path,
+            source,
+        )
         builder.download_and_prepare(download_config=download_config)
         if spec.manual_files:
             _write_manual_record(builder.data_path, manual_dir, spec.manual_files)

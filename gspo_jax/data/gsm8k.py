@@ -103,6 +103,14 @@ class Gsm8kLocal(tfds.core.GeneratorBasedBuilder):
     RELEASE_NOTES: ClassVar[dict[str, str]] = {"1.0.0": "Initial release."}
     MANUAL_DOWNLOAD_INSTRUCTIONS = _LAYOUT
 
+    # TFDS would print "Downloading and preparing dataset ..." and "... downloaded and
+    # prepared", though nothing is downloaded: build_dataset logs its own line instead.
+    def _log_download_bytes(self) -> None:
+        pass
+
+    def _log_download_done(self) -> None:
+        pass
+
     def _info(self) -> tfds.core.DatasetInfo:
         return tfds.core.DatasetInfo(
             builder=self,

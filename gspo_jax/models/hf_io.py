@@ -360,6 +360,21 @@ def _host_array(x) -> np.ndarray:
     return np.asarray(x)
 
 
+def _umask() -> int:
+    """The process's umask, read without setting it where Linux reports it (os.umask sets
+    it, for every thread, while it is read)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: set and restore at once
+    os.umask(mask)
+    return mask
+
+
 def save_pretrained(
     model_config: ModelConfig,
     params,
@@ -434,6 +449,9 @@ def save_pretrained(
                 total_size += array.nbytes
         if writer:
             save_file(tensors, str(path / file_name), metadata={"format": "pt"})
+            # safetensors writes a private temporary file (mode 0600) and renames it: give
+            # the weights the mode every other file here gets, or teammates cannot read them.
+            os.chmod(path / file_name, 0o666 & ~_umask())
         del tensors
     if not writer:
         return
