@@ -15,11 +15,13 @@ The config is locked: a misspelt `--config.foo=` is an error, never a silently n
 import ml_collections
 from ml_collections import config_dict
 
+from configs import common
+
 _placeholder = config_dict.placeholder
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    del arg
+    common.no_arg(arg, "configs/base.py")
     c = ml_collections.ConfigDict()
     c.seed = 0  # one seed for init, data order, sampling and dropout-free training
     c.num_steps = 100  # RL steps; each samples one rollout batch and trains on it
@@ -122,6 +124,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.optim.b2 = 0.999
     c.optim.eps = 1e-8
     c.optim.max_grad_norm = 1.0  # clip by global norm (None or 0: off)
+    c.max_all_skipped_steps = 3  # stop (exit 1, nothing exported) after this many RL steps in
+    # a row whose every optimizer update was skipped for a non-finite gradient or update:
+    # such a run trains nothing (0: never stop; a rare bad batch skips one update and goes on)
 
     # ------------------------------------------------------------------------------------
     # Device mesh. -1 on one axis absorbs the remaining devices.
@@ -180,9 +185,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every_steps = 50  # orbax checkpoint period in RL steps (0: only at the end);
-    # SIGTERM / SIGINT also save one at the current step boundary (docs/failures.md)
+    # a signal that ends the job (SIGTERM, SIGINT, SIGHUP, SIGUSR1, ...) also saves one at the
+    # current step boundary (docs/failures.md)
     c.checkpoint.max_to_keep = 3  # the newest N are kept; a corrupt one falls back to the next
     c.checkpoint.async_save = True
+    # Seconds one save may take (writing in the background included) before the run stops
+    # with an error naming the directory: a filesystem that stops answering must not hang
+    # the run. Far above a healthy save; raise it for a very large model on slow storage.
+    c.checkpoint.save_timeout_s = 1800.0
     c.checkpoint.export_hf = True  # write the final policy with save_pretrained to workdir/hf
 
     c.log = ml_collections.ConfigDict()

@@ -34,6 +34,18 @@ def parse_arg(arg: str | None, **defaults):
     return values
 
 
+def no_arg(arg: str | None, config_file: str) -> None:
+    """The argument check of a config that takes none: `--config=FILE:anything` is an
+    error naming the file and the argument, never silently dropped (a run of the wrong
+    model with the wrong data)."""
+    if arg:
+        raise ValueError(
+            f"{config_file} takes no config argument, got {arg!r}; set fields with "
+            "--config.<field>=<value> (configs/gspo_paper.py, grpo_paper.py and "
+            "roll_gspo_example.py take hf_path=...,manual_dir=...)"
+        )
+
+
 def use_hf_model_on_gsm8k(c, hf_path: str, manual_dir: str) -> None:
     """Point a config at a local Hugging Face checkpoint trained on GSM8K (manual_dir)."""
     if not manual_dir:

@@ -11,18 +11,18 @@ imperfect teacher who drops the carry on 60% of the additions that need one
 cannot. Algorithm settings are the paper's (sequence ratio, clip 3e-4 / 4e-4, 4
 mini-batches per rollout, no KL); the learning rate is sized for this tiny model.
 
-Expected on a 2-core CPU (measured, README "Results"): about 4-5 minutes after set-up;
-held-out greedy accuracy on the 500 test problems rises from about 9% at the start of RL to
-about 25% after 250 steps, and the clipped fraction sits near 0.1-0.3 (GRPO's is ~100x
-lower: configs/grpo_paper.py). With a perfect teacher (teacher_error_rate=0) the warm start
-alone reaches ~85% and RL adds only a few points.
+What it does on a 2-core CPU is measured in README's Results section ("The default run"):
+the wall time, the held-out greedy accuracy on the 500 test problems before and after the
+250 GSPO steps (RL raises it), and the clipped fraction next to GRPO's
+(configs/grpo_paper.py), which is far lower. With a perfect teacher (teacher_error_rate=0)
+the warm start alone solves most problems and RL adds only a few points (same section).
 """
 
-from configs import base
+from configs import base, common
 
 
 def get_config(arg: str | None = None):
-    del arg
+    common.no_arg(arg, "configs/default.py")
     c = base.get_config()
     c.num_steps = 250
     # Task: 2-digit addition, answered "#### <sum>".

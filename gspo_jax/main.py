@@ -13,10 +13,12 @@ How it ends (docs/failures.md):
   1                 an error: one line on stderr naming the field / file / tensor / value;
                     the traceback in WORKDIR/error.log (--debug prints it instead)
   2                 a config or command-line error, before anything ran
-  128 + signal      SIGTERM (143) / SIGINT (130): stopped at a step boundary with a
-                    checkpoint; the same command resumes
+  128 + signal      SIGTERM (143), SIGINT (130), SIGHUP (129), SIGUSR1 (138), SIGUSR2
+                    (140), SIGXCPU (152): stopped at a step boundary with a checkpoint;
+                    the same command resumes
 The process never outlives its result: if threads (orbax, verifier pools) still hold it
-SHUTDOWN_GRACE_S after the end, it exits anyway.
+SHUTDOWN_GRACE_S after the end, it exits anyway; after a checkpoint error it exits at once
+(a write stuck in a filesystem that stopped answering can be neither joined nor killed).
 """
 
 from __future__ import annotations
@@ -98,6 +100,7 @@ def run(argv) -> int:
     if not _WORKDIR.value:
         raise app.UsageError("--workdir is required")
     config = _load_config()
+    _validate_early(config)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     # Orbax and TFDS log every file they touch at INFO through absl; keep ours readable.
     logging.getLogger("absl").setLevel(logging.WARNING)
@@ -126,6 +129,19 @@ def run(argv) -> int:
     return 0
 
 
+def _validate_early(config) -> None:
+    """The config checks that need no devices, before JAX starts a backend or the
+    distributed runtime (15-45 s on a loaded or TPU host): a config error is the first
+    thing a run says. setup() validates again with the devices; its warnings show then."""
+    import warnings
+
+    from gspo_jax.trainer import config as config_lib
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", config_lib.ConfigWarning)
+        config_lib.validate(config)
+
+
 def parse_flags(argv):
     """absl's flag parsing, its errors on one line. A missing --config file is named first
     (ml_collections reports it lazily, at whichever override touches the config); a config
@@ -135,13 +151,42 @@ def parse_flags(argv):
         return flags.FLAGS(argv)
     except Exception as e:  # noqa: BLE001 - flags.Error, or a config file's own error
         lines = [x.strip() for x in str(e).splitlines() if x.strip()]
-        text = lines[0] if lines else type(e).__name__
+        text = _flag_error(e, argv) or (lines[0] if lines else type(e).__name__)
         if "--debug" in argv or "--debug=true" in argv:
             text = str(e)
         elif len(lines) > 1 and "Traceback" in str(e):
             text = f"{text} {lines[-1]}"
         print(f"gspo_jax: error: {text}", file=sys.stderr, flush=True)
         sys.exit(EXIT_USAGE)
+
+
+def _flag_error(error: Exception, argv) -> str | None:
+    """A bad flag value or an unknown config field as one line naming the flag and its value
+    (absl's own is a tuple repr for a bad boolean; ml_collections' names only the key);
+    None for any other error."""
+    cause = error.__cause__ or error.__context__
+    if isinstance(error, flags.IllegalFlagValueError) and isinstance(cause, ValueError):
+        flag = str(error).split(": ", 1)[0].removeprefix("flag ")  # --name=value
+        reason = str(cause.args[0]) if cause.args else str(cause)
+        for start, says in (
+            ("Non-boolean argument", "must be true or false"),
+            ("invalid literal for int()", "must be an integer"),
+            ("could not convert string to float", "must be a number"),
+        ):
+            if reason.startswith(start):
+                return f"{flag}: {says}"
+        return None  # e.g. a config file's own error: parse_flags's first and last line
+    missing = next((x for x in (error, cause, *error.args[:1]) if isinstance(x, KeyError)), None)
+    if isinstance(error, (AttributeError, KeyError)) and missing is not None and missing.args:
+        # ml_collections: KeyError("'name'\nDid you mean ...?") for --config.a.name=...
+        key, *hint = str(missing.args[0]).splitlines()
+        key = key.strip("'\"")
+        for arg in argv:
+            path = arg.removeprefix("--").split("=", 1)[0].split(".")
+            if path[0] == "config" and key in path[1:]:
+                hint = f"; {hint[0][0].lower()}{hint[0][1:]}" if hint and hint[0] else ""
+                return f"{arg}: the config has no field {key!r}{hint}"
+    return None
 
 
 def _check_config_file(argv) -> None:
@@ -166,6 +211,14 @@ def main(argv) -> None:
         status = 130
     except Exception as e:  # noqa: BLE001 - every error ends here, on one line
         status = _report(e)
+        checkpoint = sys.modules.get("gspo_jax.trainer.checkpoint")
+        if checkpoint is not None and isinstance(e, checkpoint.CheckpointError):
+            # Its write may be stuck in a filesystem that stopped answering, in a thread that
+            # no exit can join (and a daemon thread stopped inside C++ at finalisation can
+            # abort the process): the run's files are closed and its line is out, so end now.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
     _exit(status)
 
 
@@ -233,4 +286,7 @@ def _exit(status: int) -> None:
 
 
 if __name__ == "__main__":
+    from gspo_jax.notices import quiet_known_notices
+
+    quiet_known_notices()  # before anything imports transformers or starts a JAX backend
     app.run(main, flags_parser=parse_flags)

@@ -2,10 +2,12 @@
 model change is named, a save that cannot be written raises at once and leaves no thread
 behind (the hang), and the digests behind the integrity check."""
 
+import errno
 import glob
 import logging
 import os
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -15,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from etils.epath import abstract_path
 
 from gspo_jax import models
 from gspo_jax import sharding as sharding_lib
@@ -224,6 +227,149 @@ def test_a_save_that_cannot_be_written_raises_at_once_and_leaves_no_thread(tiny,
     assert not left, left
 
 
+@pytest.fixture
+def orbax_filters_released():
+    """A failed save keeps the orbax filters until the process ends (checkpoint.py); a test
+    process goes on, so they are released after each test that fails a save."""
+    yield
+    checkpoint._failure_seen = False
+    checkpoint.release_process_hooks()
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path):
+    """A 1 MiB tmpfs (root only; skipped where mount is not permitted)."""
+    mount = tmp_path / "tmpfs"
+    mount.mkdir()
+    tried = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    if tried.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {tried.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _fill(directory) -> None:
+    """Fill the filesystem holding `directory` to the last byte."""
+    fd = os.open(os.path.join(directory, "filler"), os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            os.write(fd, b"x" * 4096)
+    except OSError as e:
+        assert e.errno == errno.ENOSPC, e
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("disk", ["injected", "tmpfs"])
+def test_a_full_disk_during_an_async_save_is_one_line_at_once_and_keeps_the_previous(
+    tiny, tmp_path, disk, monkeypatch, caplog, request, orbax_filters_released
+):
+    """A full disk under an asynchronous save printed ~240 lines of orbax tracebacks (an
+    ERROR log per background thread, "Event loop is closed" callbacks) before the error.
+    Now `check` raises one line naming the directory and the cause within seconds, nothing
+    else reaches the log above DEBUG, and the previous checkpoint restores. `injected`: the
+    write path raises ENOSPC (runs anywhere); `tmpfs`: a real 1 MiB filesystem, filled."""
+    state, abstract = tiny
+    root = request.getfixturevalue("tiny_tmpfs") if disk == "tmpfs" else tmp_path
+    directory = str(root / "ckpt")
+    manager = checkpoint.make_manager(directory, async_save=True)
+    checkpoint.save(manager, state.replace(step=1, data="d1"))
+    checkpoint.finish(manager)
+    if disk == "tmpfs":
+        _fill(root)
+    else:  # orbax's file writes of step 2 fail (its array writes' failures are not raised)
+        real = abstract_path.Path.write_text
+
+        def full(self, *args, **kwargs):
+            if "2.orbax-checkpoint-tmp" in str(self):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(abstract_path.Path, "write_text", full)
+    start = time.monotonic()
+    with caplog.at_level(logging.DEBUG):
+        with pytest.raises(checkpoint.CheckpointError) as failed:
+            checkpoint.save(manager, state.replace(step=2, data="d2"))
+            while time.monotonic() - start < 30:
+                checkpoint.check(manager)
+                time.sleep(0.05)
+        try:
+            checkpoint.close(manager)
+        except checkpoint.CheckpointError:
+            pass  # the same failure again; the run reports the first
+    assert time.monotonic() - start < 30
+    message = str(failed.value)
+    assert directory in message and "OSError: [Errno 28] No space left on device" in message
+    assert "\n" not in message and len(message) < 600, message
+    loud = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not loud, [r.getMessage()[:200] for r in loud]
+    if disk == "tmpfs":
+        os.remove(root / "filler")
+    restored = _restore(directory, abstract)
+    assert restored.step == 1 and restored.data == "d1"
+
+
+def test_a_save_that_never_returns_stops_the_run_within_the_timeout(
+    tiny, tmp_path, monkeypatch, orbax_filters_released
+):
+    """A filesystem that stops answering left the run waiting for good: `check` saw no
+    error, and the next `save` / `finish` / the manager's close waited for the write. Now
+    `check` raises once the write is older than checkpoint.save_timeout_s, and nothing
+    waits for that manager again; the previous checkpoint is intact."""
+    state, abstract = tiny
+    directory = str(tmp_path / "ckpt")
+    manager = checkpoint.make_manager(directory, async_save=True)
+    checkpoint.save(manager, state.replace(step=1, data="d1"))
+    checkpoint.finish(manager)
+    answer = threading.Event()
+    real = abstract_path.Path.write_text
+
+    def never_returns(self, *args, **kwargs):
+        if "2.orbax-checkpoint-tmp" in str(self):
+            # The filesystem stopped answering. Orbax's metadata write holds a lock that its
+            # `check_for_errors` waits for: that wait was the run's silent hang.
+            answer.wait()
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(abstract_path.Path, "write_text", never_returns)
+    manager.gspo_jax_saves.timeout_s = 2.0  # set after the first save: compiles are slow
+    try:
+        start = time.monotonic()
+        checkpoint.save(manager, state.replace(step=2, data="d2"))
+        with pytest.raises(checkpoint.CheckpointError) as stalled:
+            while time.monotonic() - start < 60:
+                checkpoint.check(manager)
+                time.sleep(0.1)
+        waited = time.monotonic() - start
+        assert 2.0 <= waited < 15, waited
+        assert str(stalled.value).startswith(
+            f"saving checkpoint 2 in {directory} did not finish within 2 s "
+            "(config.checkpoint.save_timeout_s)"
+        )
+        start = time.monotonic()
+        for then in (
+            lambda: checkpoint.save(manager, state.replace(step=3)),
+            lambda: checkpoint.finish(manager),
+        ):
+            with pytest.raises(checkpoint.CheckpointError, match="not tried, an earlier save"):
+                then()
+        checkpoint.close(manager)  # returns: it does not wait for the stuck write
+        assert time.monotonic() - start < 2
+        restored = _restore(directory, abstract)  # while step 2 is still stuck
+        assert restored.step == 1 and restored.data == "d1"
+    finally:
+        answer.set()  # let the stuck thread end, so it does not outlive the test
+        manager.wait_until_finished()
+        manager.close()
+
+
 def test_digests_see_one_flipped_bit_and_not_the_sharding(tiny):
     state, _ = tiny
     params = state.train.params
@@ -255,3 +401,30 @@ def test_a_policy_holding_nan_is_never_exported(tiny, tmp_path):
     with pytest.raises(ValueError, match=r"the final policy \(not exported to .*hf\) holds NaN "):
         checkpoint.export_hf(TINY, None, bad, str(path))
     assert not path.exists()
+
+
+def test_an_export_leaves_no_file_of_another_model(tiny, tmp_path, caplog):
+    """Exporting into an hf/ holding another model removed its stale safetensors but left
+    pytorch_model.bin and vocab.json beside the new weights (a loader may pick them). Now
+    the directory holds exactly what a fresh export writes, the others named in a warning."""
+    from gspo_jax import data
+
+    state, _ = tiny
+    tokenizer = data.make_char_tokenizer(tmp_path / "tok")
+    fresh = tmp_path / "fresh"
+    checkpoint.export_hf(TINY, tokenizer, state.train.params, str(fresh))
+    path = tmp_path / "hf"
+    path.mkdir()
+    for name in ("pytorch_model.bin", "vocab.json", "model-00001-of-00002.safetensors"):
+        (path / name).write_bytes(b"another model")
+    (path / "sub").mkdir()
+    with caplog.at_level(logging.WARNING, logger="gspo_jax.trainer.checkpoint"):
+        checkpoint.export_hf(TINY, tokenizer, state.train.params, str(path))
+    logged = [r.getMessage() for r in caplog.records]
+    assert sorted(os.listdir(path)) == sorted(os.listdir(fresh))
+    assert not (tmp_path / "hf.partial").exists()
+    assert any("pytorch_model.bin" in m and "vocab.json" in m for m in logged), logged
+    _cfg, params = models.load_pretrained(path)
+    np.testing.assert_array_equal(
+        params["embed"]["embedding"], np.asarray(state.train.params["embed"]["embedding"])
+    )

@@ -1,5 +1,7 @@
 """Config system: every default present, paper configs as the paper says, validate() errors."""
 
+import importlib
+import pathlib
 import subprocess
 import warnings
 
@@ -86,6 +88,49 @@ def test_parse_arg_types():
     assert common.parse_arg("a=3,b=true,c=x", a=1, b=False, c="") == {"a": 3, "b": True, "c": "x"}
     with pytest.raises(ValueError, match="not a boolean"):
         common.parse_arg("b=maybe", b=False)
+
+
+CONFIG_FILES = sorted(
+    p for p in pathlib.Path("configs").glob("*.py") if "def get_config" in p.read_text()
+)
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: p.name)
+def test_every_config_refuses_an_argument_it_does_not_take(path):
+    """configs/default.py and base.py dropped theirs: `default.py:hf_path=/x,manual_dir=/y`
+    trained the scratch model without a word."""
+    module = importlib.import_module(f"configs.{path.stem}")
+    with pytest.raises(ValueError, match=r"bogus_key"):
+        module.get_config("bogus_key=1")
+
+
+def test_main_names_the_config_file_and_the_argument_it_does_not_take(tmp_path):
+    workdir = tmp_path / "run"
+    proc = subprocess.run(
+        main_command(workdir, config="configs/default.py:hf_path=/x,manual_dir=/y"),
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [x for x in proc.stderr.splitlines() if x.startswith("gspo_jax: error: ")]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert (
+        "configs/default.py takes no config argument, got 'hf_path=/x,manual_dir=/y'" in (lines[0])
+    )
+    assert not workdir.exists()
+
+
+def test_a_warm_up_longer_than_the_run_warns_naming_the_field():
+    """It used to pass silently: the learning rate never reached its set value."""
+    c = default.get_config()
+    c.num_steps, c.ppo_epochs, c.num_mini_batches = 10, 1, 4
+    c.optim.warmup_steps = 40  # exactly the run's 40 updates: reaches the peak at the end
+    _validate_quietly(c)
+    c.optim.warmup_steps = 41
+    with pytest.warns(ConfigWarning, match=r"optim.warmup_steps=41 is longer than the run.*= 40"):
+        validate(c)
 
 
 @pytest.mark.parametrize("flag", ["--config.clip_hihg=0.1", "--config.optim.learnng_rate=1"])
@@ -302,12 +347,15 @@ def test_multi_process_prompt_batches_must_split_over_devices():
         ("optim.weight_decay", float("inf"), r"weight_decay=inf"),
         ("checkpoint.max_to_keep", 0, r"max_to_keep=0 must be a positive integer"),
         ("checkpoint.every_steps", -5, r"checkpoint.every_steps=-5 must be a non-negative"),
+        ("checkpoint.save_timeout_s", 0.0, r"save_timeout_s=0.0 must be a finite number > 0"),
+        ("checkpoint.save_timeout_s", float("inf"), r"checkpoint.save_timeout_s=inf"),
         ("eval.num_prompts", 0, r"eval.num_prompts=0 must be a positive integer"),
         ("eval.batch_size", 0, r"eval.batch_size=0 must be a positive integer"),
         ("eval.every_steps", -1, r"eval.every_steps=-1"),
         ("reward.num_workers", -1, r"reward.num_workers=-1 must be a non-negative integer"),
         ("reward.timeout_s", 0.0, r"reward.timeout_s=0.0 must be a finite number > 0"),
         ("reward.max_failed_rollouts", -1, r"max_failed_rollouts=-1 must be a non-negative"),
+        ("max_all_skipped_steps", -1, r"max_all_skipped_steps=-1 must be a non-negative"),
         ("logprob_chunk_size", 0, r"logprob_chunk_size=0 must be a positive integer"),
         ("clip_high", float("inf"), r"clip_high=inf"),
         ("sampling.temperature", float("nan"), r"temperature=nan"),

@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 from test_train import TINY, _tiny_config
-from tiny_flags import main_command, metrics_by_step
+from tiny_flags import main_command, metrics_by_step, steps_written
 
 from gspo_jax.rewards import build_reward
 from gspo_jax.trainer import loop as train
@@ -48,6 +48,29 @@ def test_first_signal_asks_to_stop_the_second_stops_at_once():
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(1)
     assert signal.getsignal(signal.SIGINT) == previous_int  # the handlers are restored
+
+
+@pytest.mark.parametrize("name", ["SIGHUP", "SIGUSR1", "SIGUSR2", "SIGXCPU"])
+def test_every_signal_that_ends_a_job_asks_to_stop_at_the_step_boundary(name):
+    """A dropped SSH connection (SIGHUP), Slurm's --signal warning (SIGUSR1 / SIGUSR2) and a
+    CPU-time limit (SIGXCPU) used to kill the run at once, losing every step since the last
+    checkpoint. Now each is handled like SIGTERM: noted, then a second one exits 128+N."""
+    from gspo_jax.rewards import pool
+    from gspo_jax.trainer import preemption
+
+    sig = signal.Signals[name]
+    assert sig in preemption.SIGNALS  # else the kill below would end this test process
+    assert set(pool.WORKER_IGNORED_SIGNALS) == set(preemption.SIGNALS)
+    previous = signal.getsignal(sig)
+    with preemption.StopOnSignal() as stop:
+        os.kill(os.getpid(), sig)
+        time.sleep(0.01)
+        assert stop.requested() == sig
+        with pytest.raises(SystemExit) as exit_:
+            os.kill(os.getpid(), sig)
+            time.sleep(1)
+        assert exit_.value.code == 128 + sig == preemption.exit_status(sig)
+    assert signal.getsignal(sig) == previous
 
 
 # ---------------------------------------------------------------------------- verifiers
@@ -242,26 +265,40 @@ SIGNAL_RUN = [
 ]
 
 
-def test_sigterm_checkpoints_the_current_step_and_the_same_command_resumes(tmp_path):
-    """SIGTERM (a TPU preemption) used to kill the run at once: every step since the last
-    periodic checkpoint was lost (here: all of them, checkpoint.every_steps=0)."""
+def test_a_hangup_to_the_process_group_checkpoints_the_step_and_the_same_command_resumes(
+    tmp_path,
+):
+    """A signal that ends a job used to kill the run at once: every step since the last
+    periodic checkpoint was lost (here: all of them, checkpoint.every_steps=0). A dropped SSH
+    connection sends SIGHUP to the session's whole process group (the trainer and its
+    verifier workers, which ignore it): the step boundary, a checkpoint, one line, 128 + 1,
+    and the same command resumes. (SIGTERM / SIGINT and the other job-ending signals take the
+    same path: the in-process tests above; SIGTERM end to end: test_multiprocess_preemption.)"""
     workdir, data_dir = tmp_path / "run", tmp_path / "data"
-    cmd = main_command(workdir, f"--config.data.data_dir={data_dir}", *SIGNAL_RUN)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cmd = main_command(
+        workdir,
+        f"--config.data.data_dir={data_dir}",
+        *SIGNAL_RUN,
+        "--config.reward.num_workers=1",  # a worker process in the group
+    )
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and proc.poll() is None:  # wait for RL step 3
-            if os.path.exists(workdir / "metrics.jsonl") and max(metrics_by_step(workdir)) >= 2:
+            if steps_written(workdir) >= 2:
                 break
             time.sleep(0.2)
-        proc.send_signal(signal.SIGTERM)
+        os.killpg(proc.pid, signal.SIGHUP)
         out = proc.communicate(timeout=120)[0]
     finally:
         proc.kill()
-    assert proc.returncode == 143, out[-3000:]
+    assert proc.returncode == 129, out[-3000:]
     steps = sorted(int(d) for d in os.listdir(workdir / "checkpoints") if d.isdigit())
     stopped = steps[-1]
-    assert stopped >= 3 and f"SIGTERM: stopped after RL step {stopped}" in out
+    assert stopped >= 3 and f"SIGHUP: stopped after RL step {stopped}" in out, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
     assert sorted(metrics_by_step(workdir)) == list(range(stopped + 1))
     assert not (workdir / "hf").exists()  # not finished: no export
     resumed = subprocess.run(
@@ -276,3 +313,107 @@ def test_sigterm_checkpoints_the_current_step_and_the_same_command_resumes(tmp_p
     lines = (workdir / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == list(range(stopped + 3))  # one row each
     assert (workdir / "hf" / "model.safetensors").exists()
+
+
+def test_a_second_run_on_a_held_workdir_refuses_in_seconds_naming_the_holder(tmp_path):
+    """Two runs on one workdir both used to run to the end (exit 0), writing every metrics
+    row twice and the same checkpoints. Now the second stops before any work, exit 1."""
+    workdir = tmp_path / "run"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys, time\n"
+                "from gspo_jax.trainer import workdir\n"
+                f"held = workdir.lock({str(workdir)!r})\n"
+                "print('held', flush=True)\n"
+                "time.sleep(600)\n"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        workdir.mkdir()
+        assert holder.stdout.readline().strip() == "held"
+        start = time.monotonic()
+        proc = _main(workdir, *SIGNAL_RUN, timeout=120)
+        took = time.monotonic() - start
+    finally:
+        holder.kill()
+        holder.wait()
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    line = _error_line(proc)
+    assert re.search(
+        rf"--workdir {workdir} is in use by another run: pid {holder.pid} on host \S+, "
+        r"started \S+ \(.*-c\)",
+        line,
+    ), line
+    assert took < 60 and not (workdir / "data").exists() and not (workdir / "config.json").exists()
+
+
+def test_a_full_disk_mid_run_ends_with_one_line_and_the_same_command_resumes(tmp_path):
+    """A disk that filled during an asynchronous checkpoint save printed ~240 lines of
+    tracebacks, then left the run idle for minutes without an error line. Now one line
+    names the directory and the cause, exit 1, within seconds; the checkpoints before it
+    restore (the same command resumes once there is room). A real tmpfs: root only."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    tried = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    if tried.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {tried.stderr.strip()}")
+    try:
+        workdir = mount / "run"
+        cmd = main_command(
+            workdir,
+            f"--config.data.data_dir={tmp_path / 'data'}",
+            *SIGNAL_RUN,
+            "--config.checkpoint.every_steps=1",
+        )
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 300
+            ckpt = workdir / "checkpoints"
+            while time.monotonic() < deadline and proc.poll() is None:
+                if ckpt.is_dir() and any(d.isdigit() and int(d) >= 1 for d in os.listdir(ckpt)):
+                    break
+                time.sleep(0.2)
+            filled = time.monotonic()
+            fd = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT)
+            try:
+                while True:
+                    os.write(fd, b"x" * 4096)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+            err = proc.communicate(timeout=120)[1]
+            took = time.monotonic() - filled
+        finally:
+            proc.kill()
+        assert proc.returncode == 1, err[-3000:]
+        lines = [x for x in err.splitlines() if x.startswith("gspo_jax:")]
+        assert len(lines) == 1, err[-3000:]
+        assert "No space left on device" in lines[0] and str(workdir) in lines[0], lines[0]
+        assert "Traceback" not in err and "Event loop is closed" not in err, err[-3000:]
+        assert took < 60, took  # a step or two, then the error: no hang
+        saved = max(int(d) for d in os.listdir(ckpt) if d.isdigit())
+        os.remove(mount / "filler")
+        # Up to the newest checkpoint: restored (digests checked), no step to compile.
+        resumed = subprocess.run(
+            [*cmd, f"--config.num_steps={saved}", "--config.checkpoint.export_hf=false"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert f"starting at RL step {saved} from checkpoint {saved}" in resumed.stderr
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)

@@ -696,8 +696,9 @@ def test_a_signal_to_the_process_group_does_not_fail_the_item_in_flight():
         thread = threading.Thread(target=score)
         thread.start()
         time.sleep(0.3)  # the worker is inside the 1 s verifier
-        os.kill(pid, signal.SIGTERM)
-        os.kill(pid, signal.SIGINT)
+        # A dropped SSH connection (SIGHUP) and a batch system's warning (SIGUSR1) too.
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+            os.kill(pid, sig)
         thread.join(timeout=30)
         rewards_B, stats = result["out"]
         np.testing.assert_array_equal(rewards_B, [1.0, 2.0])

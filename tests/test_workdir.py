@@ -3,6 +3,10 @@ config stops with every difference named (or records it); the directory must be 
 
 import json
 import logging
+import os
+import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -132,3 +136,71 @@ def test_a_workdir_or_checkpoint_directory_that_is_a_file_is_named(tmp_path):
     fresh = tmp_path / "fresh"
     workdir.prepare(str(fresh), str(fresh / "checkpoints"))
     assert (fresh / "checkpoints").is_dir() and not list((fresh / "checkpoints").iterdir())
+
+
+# ---------------------------------------------------------------------------- run lock
+
+
+def test_a_second_run_on_a_held_workdir_fails_naming_the_holder(tmp_path):
+    """Two runs on one workdir used to both exit 0, every metrics row written twice, the
+    same checkpoints and hf/ overwritten by both. The lock is an flock: a second holder is
+    refused even inside one process, and the message names the first (pid, host, start)."""
+    first = workdir.lock(str(tmp_path))
+    try:
+        holder = json.loads((tmp_path / workdir.LOCK_FILE).read_text())
+        assert holder["pid"] == os.getpid() and holder["host"] == socket.gethostname()
+        with pytest.raises(WorkdirError) as refused:
+            workdir.lock(str(tmp_path))
+        want = (
+            f"--workdir {tmp_path} is in use by another run: pid {os.getpid()} on host "
+            f"{socket.gethostname()}, started {holder['started']}"
+        )
+        assert str(refused.value).startswith(want), str(refused.value)
+    finally:
+        first.release()
+    assert (tmp_path / workdir.LOCK_FILE).read_text() == ""  # released: no holder recorded
+    workdir.lock(str(tmp_path)).release()  # free again
+
+
+def test_a_lock_left_by_a_dead_process_is_taken_over_with_a_warning(tmp_path, caplog):
+    """A run killed with kill -9 cannot release its lock: the kernel drops the flock, the
+    record stays; the next run takes the lock and says whose it was."""
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    pid = int(dead.stdout)
+    record = {"pid": pid, "host": socket.gethostname(), "started": "2026-01-01T00:00:00+00:00"}
+    (tmp_path / workdir.LOCK_FILE).write_text(json.dumps(record) + "\n")
+    with caplog.at_level(logging.WARNING, logger="gspo_jax.trainer.workdir"):
+        taken = workdir.lock(str(tmp_path))
+    try:
+        warned = " ".join(r.getMessage() for r in caplog.records)
+        assert "taking over the lock of a run that ended without releasing it" in warned
+        assert f"pid {pid} on host {socket.gethostname()}" in warned
+        assert "no longer running" in warned
+        assert json.loads((tmp_path / workdir.LOCK_FILE).read_text())["pid"] == os.getpid()
+    finally:
+        taken.release()
+
+
+def test_the_lock_is_released_when_setup_fails_after_taking_it(tmp_path, monkeypatch, caplog):
+    """Every exit path releases the lock: here an error in `setup` after the lock (the
+    tokenizer); a failed start must not leave the workdir looking held."""
+    from test_train import _tiny_config
+
+    from gspo_jax.trainer import setup
+
+    def broken(*args):
+        raise RuntimeError("the tokenizer cannot be built")
+
+    monkeypatch.setattr(setup, "_tokenizer", broken)
+    run = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="the tokenizer cannot be built"):
+        setup.setup(_tiny_config(tmp_path / "data"), str(run))
+    assert (run / workdir.LOCK_FILE).read_text() == ""
+    with caplog.at_level(logging.WARNING, logger="gspo_jax.trainer.workdir"):
+        workdir.lock(str(run)).release()
+    assert "taking over" not in caplog.text

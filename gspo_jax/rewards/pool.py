@@ -65,6 +65,18 @@ def default_num_workers() -> int:
 # parent is still there, in seconds.
 _POLL_S = 1.0
 
+# The signals that end a job (trainer/preemption.py `SIGNALS`; not imported from there, a
+# worker imports only this package): they reach the whole process group, and the parent
+# decides what to do with them.
+WORKER_IGNORED_SIGNALS = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGXCPU,
+)
+
 
 def _watch_parent(parent_pid: int) -> None:
     """Exits the worker when its parent is gone (killed without running atexit)."""
@@ -81,12 +93,13 @@ def _worker_main(fd: int, parent_pid: int) -> None:
     file descriptor `fd`. The first message is the parent's sys.path, so modules that
     register rewards import as they do in the parent.
     """
-    # Ctrl-C, and SIGTERM from a preemption or `kill -- -PGID`, go to the whole process
-    # group; the parent decides what to do. A worker that died of it mid-item would score
+    # Ctrl-C, SIGTERM from a preemption or `kill -- -PGID`, SIGHUP from a dropped SSH
+    # connection, a batch system's SIGUSR1 / SIGUSR2 warning go to the whole process
+    # group; the parent decides what to do. A worker that died of one mid-item would score
     # that item as an error in the step the parent is finishing and checkpointing
     # (preemption.py); the parent stops its workers when it exits (or they notice it gone).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for signum in WORKER_IGNORED_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     conn = multiprocessing.connection.Connection(fd)
     try:

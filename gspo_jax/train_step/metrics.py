@@ -43,6 +43,7 @@ def metric_reductions(step_config) -> dict[str, Reduction]:
             # once per optimizer update
             "grad_norm": PER_UPDATE.logged(),
             "update_norm": PER_UPDATE,
+            "update_ratio": Reduction(None, updates="max"),  # the worst update of the step
             "skipped": Reduction(None, updates="sum"),
         }
     )

@@ -354,12 +354,17 @@ def _update(step_config: StepConfig, tx, mini_batches, carry, u):
     new_params = optax.apply_updates(params, updates)
     raw_update_norm = optax.tree.norm(updates)
     finite = jnp.isfinite(grad_norm) & jnp.isfinite(raw_update_norm)
+    # |update| / |params| of the params the update applies to: a sane learning rate moves
+    # them by a small fraction per update; one near or above 1 rewrites the model (the
+    # loop warns, naming optim.learning_rate).
+    update_ratio = raw_update_norm / jnp.maximum(optax.tree.norm(params), 1e-30)
     params = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_params, params)
     opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_opt_state, opt_state)
     metrics = dict(
         metrics,
         grad_norm=grad_norm,
         update_norm=jnp.where(finite, raw_update_norm, 0.0),
+        update_ratio=jnp.where(finite, update_ratio, 0.0),
         skipped=1.0 - finite.astype(jnp.float32),
     )
     return (step + finite.astype(step.dtype), params, opt_state), metrics
@@ -373,6 +378,8 @@ def train_step(step_config: StepConfig, tx: optax.GradientTransformation, state:
       the loss's metrics (objectives.policy_loss) and the step's (loss, kl_loss, entropy,
         grad_norm, update_norm, MoE expert_change), each reduced over the updates as
         `metric_reductions` declares (most: the mean);
+      update_ratio: the largest |update| / |params| of the step's applied updates (0 for
+        a skipped one);
       skipped_updates (a count); optimizer_step (the new state's update counter: the
         learning-rate schedule's position);
       ratio_noise_floor: max |r − 1| at the first update, whose params are π_old's (0 when

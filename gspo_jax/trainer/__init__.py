@@ -7,8 +7,8 @@ loop.py        run(config, workdir): the RL loop (rollout -> train step), evalua
 rollout.py     collect(...): sample, score, π_ref, advantages -> the train batch
 state.py       RunState: everything that changes, saved and restored as one
 checkpoint.py  orbax save / restore of a RunState; Hugging Face export
-workdir.py     the workdir's checks; config.json and a restart's config diff
-preemption.py  SIGTERM / SIGINT -> a checkpoint at the next step boundary
+workdir.py     the workdir's checks and run lock; config.json and a restart's config diff
+preemption.py  SIGTERM / SIGINT / SIGHUP / SIGUSR1 ... -> a checkpoint at the next step boundary
 evaluation.py  greedy held-out accuracy
 warm_start.py  the supervised warm start of a scratch model
 writers.py     metrics.jsonl, TensorBoard, curves.png

@@ -32,19 +32,33 @@ depend on the sharding or the device count. Saved in `meta`, recomputed after a 
 Failures surface, never hang: directories are created synchronously (orbax's asynchronous
 creation, when it fails, leaves commit threads waiting five minutes for a signal that never
 comes, and the interpreter waits for them at exit), a failed save raises `CheckpointError`
-at the next `check` / `save` / `finish`, naming the directory and the cause.
+at the next `check` / `save` / `finish`, naming the directory and the cause (a full disk:
+`OSError: [Errno 28] No space left on device`). A save that never ends (a filesystem that
+stops answering) is bounded by `save_timeout_s` (config.checkpoint.save_timeout_s): `save`
+and `finish` wait at most that long, `check` raises once a background write has run longer,
+and from then on nothing waits for that manager again (`close` included), so the run ends
+with its error instead of joining a thread stuck in a write. Orbax's own reports of a failed
+background write (an ERROR log with a traceback per thread, dozens of "Event loop is closed"
+tracebacks) are held back at DEBUG level: the one line is the CheckpointError. A save that
+fails or stalls leaves the checkpoints committed before it as they were (orbax writes into
+`<step>.orbax-checkpoint-tmp` and renames it only once complete).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import io
 import logging
 import os
+import re
+import shutil
 import sys
+import threading
 import time
 import types
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -62,14 +76,41 @@ META = "meta"
 CORRUPT_SUFFIX = ".corrupt"
 
 
+# The default bound of one save (config.checkpoint.save_timeout_s; configs/base.py).
+DEFAULT_SAVE_TIMEOUT_S = 1800.0
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written, or none of the workdir's could be restored."""
 
 
+@dataclasses.dataclass
+class _Saves:
+    """A manager's bound on saves and what is known of its latest one."""
+
+    timeout_s: float
+    step: int | None = None  # the latest save's step
+    started: float | None = None  # time.monotonic() when its background write began
+    stuck: str | None = None  # why nothing may wait for this manager again (a stall)
+
+
+def _saves(manager) -> _Saves:
+    saves = getattr(manager, "gspo_jax_saves", None)
+    if saves is None:  # a manager made elsewhere: the default bound
+        saves = _Saves(DEFAULT_SAVE_TIMEOUT_S)
+        manager.gspo_jax_saves = saves
+    return saves
+
+
 def make_manager(
-    directory: str, *, max_to_keep: int = 3, async_save: bool = True
+    directory: str,
+    *,
+    max_to_keep: int = 3,
+    async_save: bool = True,
+    save_timeout_s: float = DEFAULT_SAVE_TIMEOUT_S,
 ) -> ocp.CheckpointManager:
-    """A CheckpointManager for `directory` (created if missing) keeping the last N steps."""
+    """A CheckpointManager for `directory` (created if missing) keeping the last N steps;
+    each of its saves may take `save_timeout_s` seconds (module docstring)."""
     options = ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep,
         enable_async_checkpointing=async_save,
@@ -77,11 +118,16 @@ def make_manager(
         # A failed asynchronous mkdir leaves orbax's commit threads waiting (module docstring).
         async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
     )
-    return ocp.CheckpointManager(
+    manager = ocp.CheckpointManager(
         os.path.abspath(directory),
         options=options,
         item_handlers={STATE: ocp.StandardCheckpointHandler(), META: ocp.JsonCheckpointHandler()},
     )
+    manager.gspo_jax_saves = _Saves(float(save_timeout_s))
+    if async_save:
+        _OrbaxErrorsToDebug.directories.add(str(manager.directory))
+        _hold_back_background_failures()  # a failed background write: one line, not 240
+    return manager
 
 
 def save(manager: ocp.CheckpointManager, state: RunState) -> None:
@@ -90,7 +136,8 @@ def save(manager: ocp.CheckpointManager, state: RunState) -> None:
 
     Asynchronous when the manager is: the call returns once device buffers are copied, and
     `finish(manager)` blocks until the files are committed. Raises CheckpointError if this
-    save, or an earlier asynchronous one, failed.
+    save, or an earlier asynchronous one, failed, or if it does not return within the
+    manager's save timeout (orbax first waits for the previous save to be committed).
     """
     arrays = state.arrays()
     meta = state.meta()
@@ -98,17 +145,33 @@ def save(manager: ocp.CheckpointManager, state: RunState) -> None:
     args = ocp.args.Composite(
         **{STATE: ocp.args.StandardSave(arrays), META: ocp.args.JsonSave(meta)}
     )
-    with _failure_as_error(manager, f"saving checkpoint {state.step}"):
-        manager.save(state.step, args=args)
+    what = f"saving checkpoint {state.step}"
+    with _failure_as_error(manager, what):
+        _bounded(manager, what, lambda: manager.save(state.step, args=args))
+    saves = _saves(manager)
+    saves.step, saves.started = state.step, time.monotonic()
 
 
 def check(manager: ocp.CheckpointManager) -> None:
-    """Raise CheckpointError now if an asynchronous save has failed (cheap; every step). A
-    failure on one process raises on all (one tiny all-gather), so none is left waiting."""
+    """Raise CheckpointError now if an asynchronous save has failed, or has been writing for
+    longer than the save timeout (cheap; every step). A failure on one process raises on
+    all (one tiny all-gather), so none is left waiting."""
     error = None
     try:
+        saves = _saves(manager)
+        age = time.monotonic() - saves.started if saves.started is not None else 0.0
         with _failure_as_error(manager, "an asynchronous checkpoint save"):
-            manager.check_for_errors()
+            # Orbax's check waits for its metadata writes, under a lock a stuck write holds:
+            # bounded by what is left of the save's time (the run's hang on a full disk).
+            _bounded(
+                manager,
+                f"saving checkpoint {saves.step}",
+                manager.check_for_errors,
+                timeout_s=max(saves.timeout_s - age, 0.5),
+            )
+        overdue = saves.started is not None and age > saves.timeout_s
+        if overdue and manager.is_saving_in_progress():
+            raise _stalled(manager, f"saving checkpoint {saves.step}", saves)
     except CheckpointError as e:
         error = e
     if sharding_lib.host_max(error is not None):
@@ -119,9 +182,63 @@ def check(manager: ocp.CheckpointManager) -> None:
 
 
 def finish(manager: ocp.CheckpointManager) -> None:
-    """Block until every save is committed; CheckpointError if one failed."""
-    with _failure_as_error(manager, "committing a checkpoint"):
-        manager.wait_until_finished()
+    """Block until every save is committed (at most the save timeout); CheckpointError if
+    one failed or did not end in time."""
+    saves = _saves(manager)
+    what = (
+        "committing a checkpoint" if saves.step is None else f"committing checkpoint {saves.step}"
+    )
+    with _failure_as_error(manager, what):
+        _bounded(manager, what, manager.wait_until_finished)
+
+
+def close(manager: ocp.CheckpointManager) -> None:
+    """`manager.close()` (which waits for a save in flight) within the save timeout; nothing
+    at all once a save has stalled: its thread is stuck in a write that will not return."""
+    if _saves(manager).stuck:
+        log.debug("not closing %s: %s", manager.directory, _saves(manager).stuck)
+        return
+    with _failure_as_error(manager, "closing the checkpoint manager"):
+        _bounded(manager, "closing the checkpoint manager", manager.close)
+
+
+def _bounded(manager, what: str, fn, *, timeout_s: float | None = None):
+    """fn() on a helper thread, waited for at most `timeout_s` (default: the manager's save
+    timeout; a write that never returns cannot be interrupted, only left behind): its
+    result, or its exception, or a CheckpointError when it outlives the wait or an earlier
+    save already did."""
+    saves = _saves(manager)
+    if saves.stuck:
+        raise CheckpointError(f"{what} in {manager.directory}: not tried, {saves.stuck}")
+    outcome: dict = {}
+    done = threading.Event()
+
+    def target():
+        try:
+            outcome["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
+            outcome["error"] = e
+        finally:
+            done.set()
+
+    # A daemon thread: one stuck in a write must not keep the process alive at exit.
+    threading.Thread(target=target, name=f"gspo_jax: {what}", daemon=True).start()
+    if not done.wait(saves.timeout_s if timeout_s is None else timeout_s):
+        raise _stalled(manager, what, saves)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
+
+
+def _stalled(manager, what: str, saves: _Saves) -> CheckpointError:
+    """The error of a save that outlived the timeout; marks the manager stuck."""
+    saves.stuck = f"an earlier save did not finish within {saves.timeout_s:g} s"
+    _keep_filters_to_the_end()
+    return CheckpointError(
+        f"{what} in {manager.directory} did not finish within {saves.timeout_s:g} s "
+        "(config.checkpoint.save_timeout_s): the filesystem stopped answering, or is far "
+        "slower than this save needs; the checkpoints committed before it are intact"
+    )
 
 
 @contextlib.contextmanager
@@ -129,8 +246,10 @@ def _failure_as_error(manager, what: str):
     try:
         yield
     except CheckpointError:
+        _keep_filters_to_the_end()
         raise
     except Exception as e:
+        _keep_filters_to_the_end()
         raise CheckpointError(f"{what} in {manager.directory} failed: {_cause(e)}") from e
 
 
@@ -141,7 +260,19 @@ def _cause(error: BaseException) -> str:
     ):
         error = error.__cause__ or error.__context__
     text = " ".join(str(error).split())
+    code = _OS_ERROR_CODE.search(text)
+    if code and not isinstance(error, OSError):
+        # Tensorstore reports a failed write as a ValueError of several hundred characters
+        # ending in the OS error's code: name it as the OSError it is, and its file.
+        errno_ = int(code.group(1))
+        where = _TENSORSTORE_FILE.search(text)
+        where = f" (writing {where.group(1)})" if where else ""
+        return f"OSError: [Errno {errno_}] {os.strerror(errno_)}{where}"
     return f"{type(error).__name__}: {text[:400]}"
+
+
+_OS_ERROR_CODE = re.compile(r"\[os_error_code='?(\d+)'?\]")
+_TENSORSTORE_FILE = re.compile(r'Failed writing: "([^"]+)"')
 
 
 # ------------------------------------------------------------------------------ restore
@@ -370,10 +501,54 @@ def _drop_late_event_loop_errors() -> None:
     sys.unraisablehook = hook
 
 
+class _OrbaxErrorsToDebug(logging.Filter):
+    """Orbax logs a failed background write at ERROR once per thread involved, each with a
+    traceback (about 240 lines for one full disk), before `check` raises the one line that
+    names the directory and the cause. Those records go to this module's DEBUG log instead,
+    one line each; the CheckpointError's traceback (WORKDIR/error.log) holds the cause.
+    Orbax's records cannot be told by their file (absl names its own as the caller): they
+    are the ERROR records on absl's logger that carry orbax's "[process=N]" prefix or name
+    a directory of one of our managers."""
+
+    directories: ClassVar[set[str]] = set()  # every async manager's, for the process
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return True
+        text = record.getMessage()
+        if text.startswith("[process=") or any(d in text for d in self.directories):
+            log.debug("orbax: %s", " ".join(text.split())[:1000])
+            return False
+        return True
+
+
+_orbax_filter = _OrbaxErrorsToDebug()
+_failure_seen = False  # a save failed or stalled: the filters stay until the process ends
+
+
+def _hold_back_background_failures() -> None:
+    """Until `release_process_hooks`: orbax's ERROR records to DEBUG, and the "Event loop is
+    closed" errors of its failed writes' late callbacks dropped (`_drop_late_event_loop_errors`)."""
+    absl_logger = logging.getLogger("absl")
+    if _orbax_filter not in absl_logger.filters:
+        absl_logger.addFilter(_orbax_filter)
+    _drop_late_event_loop_errors()
+
+
+def _keep_filters_to_the_end() -> None:
+    global _failure_seen
+    _failure_seen = True
+
+
 def release_process_hooks() -> None:
     """Put back the unraisable hook a failed restore's filter replaced (if it is still the
-    one in place): the run that needed it is over (`Trainer.close`)."""
+    one in place) and remove the orbax log filter: the run that needed them is over
+    (`Trainer.close`). After a failed or stalled save both stay: the failed write's threads
+    may still report, late, until the process ends."""
     global _hook_before_filter
+    if _failure_seen:
+        return
+    logging.getLogger("absl").removeFilter(_orbax_filter)
     if _hook_before_filter is not None and getattr(sys.unraisablehook, "gspo_jax_filter", False):
         sys.unraisablehook = _hook_before_filter
     _hook_before_filter = None
@@ -439,13 +614,38 @@ def export_hf(model_config, tokenizer, params, path: str) -> str:
 
     Refuses params holding NaN or inf (a run must never leave a NaN model behind). Every
     process takes part in gathering the (possibly multi-host) params; process 0 writes.
+    The export is written beside `path` (`path`.partial) and then takes its place, so `path`
+    holds exactly the files this export writes: another model's files left there
+    (pytorch_model.bin, vocab.json, ... which a loader may pick before ours) are removed
+    and named in a warning, and a crash mid-export leaves the previous export whole.
     """
     require_finite(params, f"the final policy (not exported to {path})")
     params = sharding_lib.gather_params(params)
     if jax.process_index() == 0:
-        models.save_pretrained(model_config, params, path)
-        tokenizer.save_pretrained(path)
+        path = os.path.normpath(path)
+        partial = path + ".partial"
+        _remove(partial)  # a crashed export's leftovers
+        models.save_pretrained(model_config, params, partial)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(partial)
+        if os.path.isdir(path):
+            stale = sorted(set(os.listdir(path)) - set(os.listdir(partial)))
+            if stale:
+                log.warning(
+                    "%s held files the export does not write (another model's?), removed: %s",
+                    path,
+                    ", ".join(stale),
+                )
+        _remove(path)
+        os.replace(partial, path)
     return path
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.remove(path)
 
 
 def existing_steps(directory: str) -> list[int]:

@@ -100,10 +100,11 @@ def _number(
             where = f"{'>' if low_open else '>='} {low:g}"
         elif high is not None:
             where = f"{'<' if high_open else '<='} {high:g}"
-        else:
-            where = "finite"
+        else:  # no range: "a finite number" says it all
+            where = ""
         none = " (or None)" if allow_none else ""
-        raise ConfigError(f"config.{name}={value!r} must be a finite number {where}{none}")
+        message = " ".join(f"must be a finite number {where}{none}".split())
+        raise ConfigError(f"config.{name}={value!r} {message}")
     return float(value)
 
 
@@ -141,6 +142,7 @@ def validate(config, *, num_devices: int | None = None, num_processes: int = 1) 
     _check_rewards(config)
     _check_pi_old(config)
     _warn_far_from_paper(config)
+    _warn_warmup_longer_than_the_run(config)
     _warn_options_without_switch(config, normalize_reward_norm(config.reward_norm))
 
 
@@ -278,6 +280,20 @@ def _warn_far_from_paper(config) -> None:
         _warn("add_token_level_kl=True with token_level_kl_coef=0 adds nothing")
 
 
+def _warn_warmup_longer_than_the_run(config) -> None:
+    """The schedule (train_step/optim.py) counts optimizer updates, not RL steps: a warm-up
+    longer than the run's updates never reaches the set learning rate."""
+    updates = config.num_steps * config.ppo_epochs * config.num_mini_batches
+    if config.optim.warmup_steps > updates:
+        _warn(
+            f"config.optim.warmup_steps={config.optim.warmup_steps} is longer than the run: "
+            f"num_steps x ppo_epochs x num_mini_batches = {config.num_steps} x "
+            f"{config.ppo_epochs} x {config.num_mini_batches} = {updates} optimizer updates "
+            "(the warm-up counts updates, not RL steps), so the learning rate never reaches "
+            f"optim.learning_rate={config.optim.learning_rate:g}"
+        )
+
+
 # An option -> (the switch that makes it matter, a test of whether the switch is on, its
 # value when unused). Setting the option while its switch is off changes nothing, which is
 # worth a word: the reverse case (a switch on with a zero coefficient) warns too. Warnings,
@@ -389,6 +405,8 @@ def _ranges(config) -> None:
     _positive_int(config, "eval.batch_size")
     _int(config, "checkpoint.every_steps", minimum=0)
     _positive_int(config, "checkpoint.max_to_keep")
+    _number(config, "checkpoint.save_timeout_s", low=0.0, low_open=True)
+    _int(config, "max_all_skipped_steps", minimum=0)
 
     _int(config, "reward.num_workers", minimum=0)
     _int(config, "reward.max_failed_rollouts", minimum=0)

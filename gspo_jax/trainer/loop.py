@@ -13,8 +13,8 @@ usable on its own (docs/architecture.md):
 Resume order (automatic): the workdir's latest checkpoint -> config.model.hf_path -> scratch
 initialisation (+ the supervised warm start, saved as checkpoint 0). A killed run restarted
 with the same command continues as if never stopped: everything that changes is in the
-`RunState`, and all of it is in the checkpoint. SIGTERM / SIGINT stop the loop at the next
-step boundary with a checkpoint (preemption.py); what happens on each failure is listed in
+`RunState`, and all of it is in the checkpoint. SIGTERM, SIGINT, SIGHUP, SIGUSR1 ... stop the
+loop at the next step boundary with a checkpoint (preemption.py); what happens on each failure is listed in
 docs/failures.md.
 """
 
@@ -49,6 +49,26 @@ PROGRESS_KEYS = {
     "kl": "policy/approx_kl",
 }
 
+# |update| / |params| of one optimizer update (policy/update_ratio, the step's largest)
+# above which the loop warns naming optim.learning_rate. Adam moves every weight by about
+# the learning rate per update, so the ratio is about learning_rate / (RMS weight): ~1e-3
+# and below for sane rates, ~1e4 for the typo 1e3 (for 1e-3). At 1 one update is as large
+# as the whole model: no learning rate that trains does that.
+UPDATE_RATIO_WARN = 1.0
+SUMMARY_FILE = "summary.json"
+# How one invocation ended and what it wrote: never carried over from an earlier
+# invocation's summary.json when a later one merges into it (`write_summary`).
+OUTCOME_KEYS = ("preempted", "stopped_after", "error", "export", "plot")
+
+
+class NothingTrainedError(RuntimeError):
+    """`max_all_skipped_steps` RL steps in a row had every optimizer update skipped; the
+    run's summary (written to summary.json before this propagates) rides along."""
+
+    def __init__(self, message: str, summary: dict):
+        super().__init__(message)
+        self.summary = summary
+
 
 def run(
     config,
@@ -62,7 +82,9 @@ def run(
     `stop_after=k` stops right after RL step k has been checkpointed, skipping the end-of-run
     work, as a preempted job would. `allow_config_change` resumes a workdir whose run was
     started with a config that differs in fields that change the run (workdir.py).
-    A signal-stopped run's summary has `preempted` (the signal's name) and `stopped_after`.
+    A signal-stopped run's summary has `preempted` (the signal's name) and `stopped_after`;
+    a run that trained nothing raises NothingTrainedError, its summary (with `error`)
+    written first. summary.json is merged into, never truncated (`write_summary`).
     """
     trainer = setup(config, workdir, allow_config_change=allow_config_change)
     try:
@@ -70,22 +92,56 @@ def run(
         # context when the jitted functions are traced.
         with jax.set_mesh(trainer.mesh):
             summary = train(trainer, init_or_restore(trainer), stop_after=stop_after)
+        # Before close(), which releases the workdir's lock: no other run writes in between.
+        if trainer.is_lead:
+            write_summary(trainer.workdir, summary)
+    except NothingTrainedError as e:
+        if trainer.is_lead:
+            write_summary(trainer.workdir, e.summary)
+        raise
     finally:
         trainer.close()
-    if trainer.is_lead:
-        with open(os.path.join(trainer.workdir, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2, default=str)
     return summary
+
+
+def write_summary(workdir: str, summary: dict) -> dict:
+    """Merge `summary` into WORKDIR/summary.json: a re-run of a finished workdir, a resume
+    or a longer run keeps what earlier invocations recorded (eval_start, eval_end, ...)
+    and overwrites what it measured again; how the earlier one ended (OUTCOME_KEYS) is
+    dropped. Written whole (a temporary file renamed), so a crash never leaves half of it."""
+    path = os.path.join(workdir, SUMMARY_FILE)
+    previous: Any = {}
+    try:
+        with open(path) as f:
+            previous = json.load(f)
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError) as e:
+        log.warning("%s is unreadable (%s): rewritten from this run alone", path, e)
+    if not isinstance(previous, dict):
+        previous = {}
+    merged = {k: v for k, v in previous.items() if k not in OUTCOME_KEYS} | summary
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(merged, f, indent=2, default=str)
+    os.replace(tmp, path)
+    return merged
 
 
 def train(trainer: Trainer, state: RunState, *, stop_after: int | None = None) -> dict[str, Any]:
     """The loop, from `state` to the schedule's num_steps RL steps (see `run`)."""
     schedule = trainer.schedule
+    if state.step > schedule.num_steps:  # setup refuses it first (workdir.check_not_shortened)
+        raise ValueError(
+            f"num_steps={schedule.num_steps} is below RL step {state.step}, which the run "
+            "reached: it would export that later model as the final one"
+        )
     log.info("starting at RL step %d from %s", state.step, state.origin)
     summary: dict[str, Any] = {"origin": state.origin, "start_step": state.step}
     report = _Reporter(trainer, initial=state.step)
+    skips = _SkipCount(trainer, state)
     if state.step == 0:
-        first = trainer.evaluator(state.train.params)
+        first = _evaluate(trainer, report, state.train.params, 0)
         report.write(0, first)
         summary["eval_start"] = first["eval/accuracy"]
     saved = state.step if state.step in trainer.manager.all_steps() else None
@@ -94,12 +150,23 @@ def train(trainer: Trainer, state: RunState, *, stop_after: int | None = None) -
             if signum := signals.requested():
                 _stop_on_signal(trainer, state, signum, summary, saved=saved == state.step)
                 break
+            if not report.stepped:  # minutes on a large model, with nothing else said
+                report.phase(
+                    "compiling",
+                    f"RL step {state.step + 1}: compiling the RL step (first step only)",
+                )
             state, metrics = _one_step(trainer, state)
+            report.phase(None)
             done, last = state.step, state.step == schedule.num_steps
             stopping = stop_after is not None and done >= stop_after and not last
+            if stalled := skips.after_step(state):
+                report.close()  # the rows up to this step, for the record
+                summary.update(skipped_updates=skips.total(state), error=stalled)
+                raise NothingTrainedError(stalled, summary)
             if last or _every(done, trainer.evaluator.spec.every_steps):
-                metrics.update(trainer.evaluator(state.train.params))
+                metrics.update(_evaluate(trainer, report, state.train.params, done))
                 summary["eval_end"] = metrics["eval/accuracy"]
+                summary["eval_end_step"] = done
             saving = last or stopping or _every(done, schedule.checkpoint_every)
             if saving:
                 checkpoint.save(trainer.manager, state)
@@ -112,9 +179,26 @@ def train(trainer: Trainer, state: RunState, *, stop_after: int | None = None) -
                 break
     report.close()
     checkpoint.finish(trainer.manager)
+    summary["skipped_updates"] = skips.total(state)
     if state.step < schedule.num_steps:
         return summary  # stopped early: no export, no plot, as a preempted job
     return summary | _finish(trainer, state)
+
+
+def _evaluate(trainer: Trainer, report: _Reporter, params, step: int) -> dict:
+    """trainer.evaluator(params), said on the bar; the first call (which compiles the
+    greedy sampler) also in the log."""
+    line = None
+    if not report.evaluated:
+        line = (
+            f"RL step {step}: evaluating on the held-out split (the first evaluation "
+            "compiles the greedy sampler)"
+        )
+    report.evaluated = True
+    report.phase("evaluating", line)
+    out = trainer.evaluator(params)
+    report.phase(None)
+    return out
 
 
 def _one_step(trainer: Trainer, state: RunState) -> tuple[RunState, dict]:
@@ -140,6 +224,40 @@ def _finish(trainer: Trainer, state: RunState) -> dict[str, Any]:
         png = os.path.join(trainer.workdir, "curves.png")
         out["plot"] = writers.plot_curves(trainer.writer.path, png)
     return out
+
+
+class _SkipCount:
+    """Optimizer updates skipped (a non-finite gradient or update, train_step/step.py),
+    counted exactly from the optimizer's own counter, which counts applied updates only:
+    `rl_step` has already waited for it, so reading it is a copy of one ready scalar, not a
+    stall (the per-step metrics are fetched one step late, `_Reporter`). After
+    `max_all_skipped_steps` RL steps in a row with every update skipped, `after_step` names
+    the failure: such a run trains nothing, and exporting its model would pass it off as a
+    trained one."""
+
+    def __init__(self, trainer: Trainer, state: RunState):
+        self.limit = trainer.schedule.max_all_skipped_steps
+        self.updates_per_step = trainer.schedule.updates_per_step
+        self.applied = int(state.train.step)
+        self.in_a_row = 0
+
+    def after_step(self, state: RunState) -> str | None:
+        applied = int(state.train.step)
+        self.in_a_row = self.in_a_row + 1 if applied == self.applied else 0
+        self.applied = applied
+        if not self.limit or self.in_a_row < self.limit:
+            return None
+        return (
+            f"every optimizer update of the last {self.in_a_row} RL steps (up to step "
+            f"{state.step}) was skipped for a non-finite gradient or update: the run trains "
+            "nothing, so it stops before any export. Look for a huge coefficient "
+            "(kl_loss_coef, entropy_coef), optim.learning_rate or NaN inputs; "
+            "max_all_skipped_steps=0 never stops"
+        )
+
+    def total(self, state: RunState) -> int:
+        """Skipped updates over the whole run (RL steps x updates per step - applied)."""
+        return max(state.step * self.updates_per_step - int(state.train.step), 0)
 
 
 def _stop_on_signal(trainer: Trainer, state: RunState, signum: int, summary: dict, *, saved):
@@ -251,7 +369,9 @@ class _Reporter:
         self.writer = trainer.writer
         self.writer.resume(initial)
         self.updates_per_step = trainer.schedule.updates_per_step
+        self.warned_update_ratio = False  # once a run: every later step would repeat it
         self.pending: tuple[int, dict] | None = None
+        self.stepped = self.evaluated = False  # has this process compiled the step / eval?
         self.shown: dict[str, float] = {}  # latest values on the progress bar
         self.bar = None
         if trainer.is_lead and trainer.schedule.progress_bar:
@@ -274,8 +394,30 @@ class _Reporter:
                 skipped,
                 self.updates_per_step,
             )
+        ratio = values.get("policy/update_ratio", 0.0)
+        if ratio > UPDATE_RATIO_WARN and not self.warned_update_ratio:
+            self.warned_update_ratio = True
+            log.warning(
+                "RL step %d: an optimizer update moved the params by %.3g times their own "
+                "norm (policy/update_ratio > %g): no learning rate that trains does that; "
+                "check optim.learning_rate (a typo such as 1e3 for 1e-3?)",
+                step,
+                ratio,
+                UPDATE_RATIO_WARN,
+            )
+
+    def phase(self, label: str | None, line: str | None = None) -> None:
+        """A long stretch that completes no step (a first compile, an evaluation): `line`
+        logged, `label` beside the bar until phase(None). Costs nothing on the device."""
+        if line is not None:
+            if self.bar is not None:
+                self.bar.clear()  # the line on a line of its own, then the bar again
+            log.info("%s", line)
+        if self.bar is not None:
+            self.bar.set_description_str(f"RL ({label})" if label else "RL")
 
     def step(self, step: int, metrics: dict, *, flush: bool = False) -> None:
+        self.stepped = True
         if self.pending is not None:
             self.write(*self.pending)  # the previous step's device metrics are ready by now
         self.pending = (step, metrics)

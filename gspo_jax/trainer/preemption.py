@@ -1,8 +1,14 @@
-"""SIGTERM and SIGINT stop the run at the next RL step boundary, with a checkpoint.
+"""Every signal that asks a job to end stops the run at the next RL step boundary, with a
+checkpoint (`SIGNALS`).
 
 A TPU preemption (a maintenance event, a Spot VM reclaimed, `launch/tpu_pod.sh stop`)
-sends SIGTERM to every host; Ctrl-C sends SIGINT. Without a handler the process dies at
-once and the steps since the last periodic checkpoint are lost. With `StopOnSignal` around
+sends SIGTERM to every host; Ctrl-C sends SIGINT; a dropped SSH connection sends SIGHUP to
+the session's jobs; Slurm's `--signal=USR1@60` (and other batch systems' warnings) send
+SIGUSR1 or SIGUSR2 ahead of the time limit; a CPU-time limit (`ulimit -t`, a scheduler's
+CPU budget) sends SIGXCPU before SIGKILL. Without a handler each of these kills the process
+at once and the steps since the last periodic checkpoint are lost. SIGQUIT (Ctrl-\\) is left
+alone on purpose: it is the one way a user asks for an immediate stop with a core dump (a
+hung run to debug), and no scheduler sends it to end a job. With `StopOnSignal` around
 the loop the first signal only sets a flag: the step in flight finishes, the loop asks
 `requested()` at the boundary, saves a checkpoint of that step and returns; the entry point
 then exits with status 128 + the signal number, as if the signal had killed it (a
@@ -27,11 +33,20 @@ from gspo_jax import sharding as sharding_lib
 
 log = logging.getLogger(__name__)
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# The signals that end a job, each handled the same way (module docstring). Verifier
+# workers ignore the same set (rewards/pool.py `WORKER_IGNORED_SIGNALS`, kept equal by a test).
+SIGNALS = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGXCPU,
+)
 
 
 class StopOnSignal:
-    """Context manager: catches SIGTERM / SIGINT while the loop runs (module docstring)."""
+    """Context manager: catches `SIGNALS` while the loop runs (module docstring)."""
 
     def __init__(self):
         self.received = 0  # the first signal's number, 0 before any

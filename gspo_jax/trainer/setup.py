@@ -69,6 +69,7 @@ class Trainer:
     pool: RewardPool | None
     writer: writers.MetricsWriter
     manager: ocp.CheckpointManager
+    lock: workdir_lib.RunLock | None = None  # one run per workdir, until `close`
 
     @property
     def is_lead(self) -> bool:
@@ -85,8 +86,9 @@ class Trainer:
         closers = (
             getattr(self.pool, "close", None),
             self.writer.close,
-            self.manager.close,
+            functools.partial(checkpoint.close, self.manager),  # bounded (a stalled save)
             checkpoint.release_process_hooks,
+            getattr(self.lock, "release", None),  # last: the run's files are all closed
         )
         for close in closers:
             if close is None:
@@ -118,7 +120,19 @@ def setup(
     mesh = sharding_lib.make_mesh(config_lib.mesh_shape(c, len(devices)), devices)
     checkpoint_dir = os.path.join(workdir, "checkpoints")
     workdir_lib.prepare(workdir, checkpoint_dir)
-    resuming = bool(checkpoint.existing_steps(checkpoint_dir))
+    run_lock = workdir_lib.lock(workdir)  # before anything in the workdir is written
+    try:
+        return _setup_locked(c, workdir, mesh, checkpoint_dir, run_lock, allow_config_change)
+    except BaseException:
+        run_lock.release()  # a failed set-up leaves the workdir free for the next try
+        raise
+
+
+def _setup_locked(c, workdir, mesh, checkpoint_dir, run_lock, allow_config_change) -> Trainer:
+    """`setup`'s work once the workdir is checked and locked."""
+    steps = checkpoint.existing_steps(checkpoint_dir)
+    resuming = bool(steps)
+    workdir_lib.check_not_shortened(c.num_steps, steps, checkpoint_dir)
     workdir_lib.record_config(c, workdir, resuming=resuming, allow_change=allow_config_change)
 
     tokenizer = _tokenizer(c, workdir)
@@ -162,8 +176,12 @@ def setup(
             workdir, tensorboard=spec.loop.tensorboard, enabled=jax.process_index() == 0
         ),
         manager=checkpoint.make_manager(
-            checkpoint_dir, max_to_keep=spec.loop.max_to_keep, async_save=spec.loop.async_save
+            checkpoint_dir,
+            max_to_keep=spec.loop.max_to_keep,
+            async_save=spec.loop.async_save,
+            save_timeout_s=spec.loop.save_timeout_s,
         ),
+        lock=run_lock,
     )
 
 

@@ -242,12 +242,15 @@ class LoopSpec:
     checkpoint_every: int
     max_to_keep: int
     async_save: bool
+    save_timeout_s: float  # a save (or its background write) taking longer stops the run
     export_hf: bool
     progress_bar: bool
     tensorboard: bool
     plot: bool
     hf_path: str | None  # the checkpoint the policy starts from (None: scratch)
     param_dtype: str
+    max_all_skipped_steps: int  # RL steps in a row with every update skipped that stop the
+    # run (0: never)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -363,12 +366,14 @@ def _loop_spec(c, step: StepConfig) -> LoopSpec:
         checkpoint_every=c.checkpoint.every_steps,
         max_to_keep=c.checkpoint.max_to_keep,
         async_save=c.checkpoint.async_save,
+        save_timeout_s=float(c.checkpoint.save_timeout_s),
         export_hf=c.checkpoint.export_hf,
         progress_bar=c.log.progress_bar,
         tensorboard=c.log.tensorboard,
         plot=c.log.plot,
         hf_path=c.model.hf_path,
         param_dtype=c.model.param_dtype,
+        max_all_skipped_steps=c.max_all_skipped_steps,
     )
 
 

@@ -4,6 +4,7 @@
                                          directory every process can write
   record_config(config, workdir, ...)    config.json on a fresh run; on a resumed one, the
                                          new config compared with the run's (below)
+  lock(workdir) -> RunLock               one run per workdir (WORKDIR/run.lock, below)
 
 A run is its workdir: restarting the same command resumes it from its latest checkpoint.
 Restarting it with a different config must not quietly continue (or finish) the old run
@@ -21,14 +22,30 @@ config_changes.jsonl):
   records the differences with the step they took effect at.
 
 config.json is written once, when the run starts (no checkpoint yet), and never rewritten.
+
+One run per workdir: two runs on one workdir would write every metrics row twice and the
+same checkpoints, and the config check above cannot see a run that has no checkpoint yet.
+Process 0 takes an exclusive `fcntl.flock` on WORKDIR/run.lock for the whole run (one lock
+per run, not per process) and writes the holder into it (pid, host, start time, command);
+a second run fails at once naming that holder. The kernel drops a flock when its process
+dies however it dies (kill -9, a crash), so a lock left by a dead process never blocks: the
+next run takes it and says whose it was. On a shared filesystem (NFS v4, Lustre, GCSFuse
+excepted) flock is a lock between hosts too; where the filesystem has no locks at all
+(`ENOLCK` / `EOPNOTSUPP`), the holder's record decides: a live pid on this host refuses, a
+dead one is taken over, and a record from another host refuses, naming the file to delete
+once that run is known to be over (its pid cannot be checked from here).
 """
 
 from __future__ import annotations
 
 import datetime
+import errno
+import fcntl
 import json
 import logging
 import os
+import socket
+import sys
 
 import jax
 
@@ -39,6 +56,7 @@ log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
 CHANGES_FILE = "config_changes.jsonl"
+LOCK_FILE = "run.lock"
 
 # Dotted fields (or prefixes ending in ".") that may differ between a run and its restart.
 FREE_ON_RESUME = (
@@ -48,10 +66,12 @@ FREE_ON_RESUME = (
     "checkpoint.every_steps",
     "checkpoint.max_to_keep",
     "checkpoint.async_save",
+    "checkpoint.save_timeout_s",
     "checkpoint.export_hf",
     "reward.num_workers",
     "reward.timeout_s",
     "reward.max_failed_rollouts",
+    "max_all_skipped_steps",  # when to give up on a run whose every update is skipped
     "data.data_dir",  # the prepared data's content is checked by the iterator's fingerprint
     "data.manual_dir",  # and by the manual files' digests (data/build.py)
     "mesh.",  # same math; float sums may round differently on another mesh
@@ -86,6 +106,150 @@ def prepare(workdir: str, checkpoint_dir: str) -> None:
             problem = f"cannot write the checkpoint directory {checkpoint_dir}: {e.strerror or e}"
     if sharding_lib.host_max(problem is not None):
         raise WorkdirError(problem or "another process cannot write the workdir (see its log)")
+
+
+def check_not_shortened(num_steps: int, steps: list[int], checkpoint_dir: str) -> None:
+    """A restart may extend a run, never go back below the RL step it reached: the loop
+    would train nothing and export the later checkpoint's model as the run's final one
+    (before anything is written, so the refused restart leaves no record)."""
+    if steps and num_steps < max(steps):
+        raise WorkdirError(
+            f"config.num_steps={num_steps} is below the {max(steps)} RL steps this workdir's "
+            f"run reached (checkpoint {max(steps)} in {checkpoint_dir}): a run is never "
+            f"shortened after the fact. Use num_steps >= {max(steps)}, or a new --workdir "
+            "for a shorter run"
+        )
+
+
+class RunLock:
+    """The workdir's run lock, held by process 0 from `lock` until `release` (a no-op on
+    the other processes, and when called again)."""
+
+    def __init__(self, path: str, fd: int | None):
+        self.path, self._fd = path, fd
+
+    def release(self) -> None:
+        """Empty the record, then unlock (a file left non-empty means: not released). The
+        file itself stays: removing it would let a run that opened it just before lock a
+        file no longer in the directory, beside a third run that made a new one."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            os.ftruncate(fd, 0)
+        except OSError as e:  # a full or vanished filesystem must not hide the run's error
+            log.debug("emptying %s: %s", self.path, e)
+        finally:
+            os.close(fd)  # closing the last descriptor drops the flock
+
+
+def lock(workdir: str) -> RunLock:
+    """Take WORKDIR/run.lock for this run (process 0; module docstring). Raises
+    WorkdirError naming the holder when another run holds it; every process agrees."""
+    path = os.path.join(workdir, LOCK_FILE)
+    problem, fd = None, None
+    if jax.process_index() == 0:
+        try:
+            fd = _take(path)
+        except WorkdirError as e:
+            problem = str(e)
+        except OSError as e:
+            problem = f"cannot take the workdir lock {path}: {e.strerror or e}"
+    if sharding_lib.host_max(problem is not None):
+        if fd is not None:
+            RunLock(path, fd).release()
+        raise WorkdirError(problem or "process 0 could not lock the workdir (see its log)")
+    return RunLock(path, fd)
+
+
+def _take(path: str) -> int:
+    """The locked descriptor of `path` with this process's record written in it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            locks = True
+        except OSError as e:
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise WorkdirError(_in_use(path, _holder(fd))) from None
+            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
+            locks = False  # no locks on this filesystem: the record decides (docstring)
+        previous = _holder(fd)  # read under the lock: a released lock's record is empty
+        if previous:
+            _take_over(path, previous, locks)
+        record = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "command": " ".join(sys.argv),
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _take_over(path: str, previous: dict, locks: bool) -> None:
+    """Log the takeover of a record a run left behind, or refuse (no locks, holder alive
+    or on another host)."""
+    same_host = previous.get("host") == socket.gethostname()
+    alive = same_host and _alive(previous.get("pid"))
+    if not locks and (alive or not same_host):
+        where = "" if same_host else " (its pid cannot be checked from this host)"
+        raise WorkdirError(
+            _in_use(path, previous) + f"{where}; this filesystem has no file locks: once that "
+            f"run is known to be over, delete {path}"
+        )
+    state = "still running but not holding the lock" if alive else "no longer running"
+    log.warning(
+        "%s: taking over the lock of a run that ended without releasing it: %s (%s)",
+        path,
+        _describe(previous),
+        state if same_host else "on another host",
+    )
+
+
+def _in_use(path: str, holder: dict | None) -> str:
+    workdir = os.path.dirname(path)
+    return (
+        f"--workdir {workdir} is in use by another run: "
+        f"{_describe(holder) if holder else 'its holder is not recorded yet'}. Two runs on "
+        "one workdir would write the same checkpoints and metrics: wait for that run to end "
+        f"or stop it, or use another --workdir (lock file: {path})"
+    )
+
+
+def _describe(holder: dict) -> str:
+    return (
+        f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')}, started "
+        f"{holder.get('started', '?')}"
+        + (f" ({holder['command']})" if holder.get("command") else "")
+    )
+
+
+def _holder(fd: int) -> dict | None:
+    """The record in the lock file (None when empty: released, or not written yet)."""
+    text = os.pread(fd, 1 << 16, 0).decode(errors="replace").strip()
+    if not text:
+        return None
+    try:
+        holder = json.loads(text)
+    except ValueError:
+        return {"pid": "?", "host": "?", "started": f"? (unreadable record {text[:80]!r})"}
+    return holder if isinstance(holder, dict) else None
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (TypeError, ValueError, ProcessLookupError):
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def record_config(config, workdir: str, *, resuming: bool, allow_change: bool) -> dict:

@@ -93,8 +93,11 @@ class MetricsWriter:
         if not self.enabled:
             return
         row = {"step": int(step), **{k: _to_builtin(v) for k, v in metrics.items()}}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        try:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+        except OSError as e:  # a full disk's "[Errno 28] No space left on device" names no file
+            raise OSError(e.errno, e.strerror, self.path) from e
         self._open_tb()
         if self._tb is not None:
             for key, value in metrics.items():
