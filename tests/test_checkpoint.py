@@ -7,7 +7,6 @@ import glob
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -18,6 +17,7 @@ import numpy as np
 import optax
 import pytest
 from etils.epath import abstract_path
+from tiny_flags import fill_disk, small_tmpfs
 
 from gspo_jax import models
 from gspo_jax import sharding as sharding_lib
@@ -239,32 +239,8 @@ def orbax_filters_released():
 @pytest.fixture
 def tiny_tmpfs(tmp_path):
     """A 1 MiB tmpfs (root only; skipped where mount is not permitted)."""
-    mount = tmp_path / "tmpfs"
-    mount.mkdir()
-    tried = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
-        check=False,
-        capture_output=True,
-        text=True,
-    )
-    if tried.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {tried.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "tmpfs", "1m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def _fill(directory) -> None:
-    """Fill the filesystem holding `directory` to the last byte."""
-    fd = os.open(os.path.join(directory, "filler"), os.O_WRONLY | os.O_CREAT)
-    try:
-        while True:
-            os.write(fd, b"x" * 4096)
-    except OSError as e:
-        assert e.errno == errno.ENOSPC, e
-    finally:
-        os.close(fd)
 
 
 @pytest.mark.parametrize("disk", ["injected", "tmpfs"])
@@ -283,7 +259,7 @@ def test_a_full_disk_during_an_async_save_is_one_line_at_once_and_keeps_the_prev
     checkpoint.save(manager, state.replace(step=1, data="d1"))
     checkpoint.finish(manager)
     if disk == "tmpfs":
-        _fill(root)
+        fill_disk(root)
     else:  # orbax's file writes of step 2 fail (its array writes' failures are not raised)
         real = abstract_path.Path.write_text
 

@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 from test_train import TINY, _tiny_config
-from tiny_flags import main_command, metrics_by_step, steps_written
+from tiny_flags import fill_disk, main_command, metrics_by_step, small_tmpfs, steps_written
 
 from gspo_jax.rewards import build_reward
 from gspo_jax.trainer import loop as train
@@ -358,17 +358,7 @@ def test_a_full_disk_mid_run_ends_with_one_line_and_the_same_command_resumes(tmp
     tracebacks, then left the run idle for minutes without an error line. Now one line
     names the directory and the cause, exit 1, within seconds; the checkpoints before it
     restore (the same command resumes once there is room). A real tmpfs: root only."""
-    mount = tmp_path / "small"
-    mount.mkdir()
-    tried = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)],
-        check=False,
-        capture_output=True,
-        text=True,
-    )
-    if tried.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {tried.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "small", "4m") as mount:
         workdir = mount / "run"
         cmd = main_command(
             workdir,
@@ -385,14 +375,7 @@ def test_a_full_disk_mid_run_ends_with_one_line_and_the_same_command_resumes(tmp
                     break
                 time.sleep(0.2)
             filled = time.monotonic()
-            fd = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT)
-            try:
-                while True:
-                    os.write(fd, b"x" * 4096)
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
+            fill_disk(mount)
             err = proc.communicate(timeout=120)[1]
             took = time.monotonic() - filled
         finally:
@@ -415,5 +398,3 @@ def test_a_full_disk_mid_run_ends_with_one_line_and_the_same_command_resumes(tmp
         )
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         assert f"starting at RL step {saved} from checkpoint {saved}" in resumed.stderr
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)

@@ -1,10 +1,16 @@
 """Shared by the end-to-end tests: the `python -m gspo_jax.main` command line, flags
 shrinking configs/default.py to a 2-layer d=32 model, and the reader of a run's
-metrics.jsonl."""
+metrics.jsonl, and a small filesystem to fill."""
 
+import contextlib
+import errno
 import json
 import os
+import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 
 def main_command(workdir, *flags, config="configs/default.py") -> list[str]:
@@ -55,3 +61,35 @@ def steps_written(workdir) -> int:
         return -1
     complete = text[: text.rfind("\n") + 1].splitlines()  # a line still being written waits
     return max((json.loads(line)["step"] for line in complete if line.strip()), default=-1)
+
+
+@contextlib.contextmanager
+def small_tmpfs(directory, size: str):
+    """A tmpfs of `size` (e.g. "4m") mounted at `directory` for the block, unmounted after:
+    a real filesystem to fill. Root only: the test is skipped where mount is not permitted."""
+    directory = Path(directory)
+    directory.mkdir()
+    tried = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    if tried.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {tried.stderr.strip()}")
+    try:
+        yield directory
+    finally:
+        subprocess.run(["umount", "-l", str(directory)], check=False)
+
+
+def fill_disk(directory) -> None:
+    """Fill the filesystem holding `directory` to the last byte (a file named `filler`)."""
+    fd = os.open(os.path.join(directory, "filler"), os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            os.write(fd, b"x" * 4096)
+    except OSError as e:
+        assert e.errno == errno.ENOSPC, e
+    finally:
+        os.close(fd)
