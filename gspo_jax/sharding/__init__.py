@@ -5,8 +5,11 @@
                    and batch shardings
     multihost.py   this process's rows <-> global arrays, and the few host collectives
                    (host_max, host_sum, gather_*, lead_first)
+    hlo_stats.py   the collectives of a compiled program, read from its HLO text, with how
+                   often each runs (tools/aot.py's roofline estimate, the layout tests)
 
-Everything is importable from `gspo_jax.sharding` itself.
+Everything but hlo_stats (`from gspo_jax.sharding import hlo_stats`) is importable from
+`gspo_jax.sharding` itself.
 """
 
 from gspo_jax.sharding.mesh import (

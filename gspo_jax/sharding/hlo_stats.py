@@ -1,0 +1,430 @@
+"""The collectives of a compiled program, read from its optimised HLO text.
+
+    collectives(hlo_text)       -> list[Collective]  every collective, with how often it runs
+    collective_bytes(hlo_text)  -> {kind: bytes}     per device: sum of bytes x count
+    while_trip_counts(hlo_text) -> {while: n}        XLA's known trip count of each while
+
+`hlo_text` is `jax.jit(f).lower(...).compile().as_text()` (after SPMD partitioning, so every
+shape is one device's shard). Used by tools/aot.py's roofline estimate and by the layout tests.
+
+What "bytes" means, per device and per execution (the ring factor (n-1)/n and the
+per-collective latency are the roofline's job, tools/roofline.py):
+
+    all-gather          result bytes (the gathered array each device ends with)
+    all-reduce          operand bytes (= result bytes)
+    reduce-scatter      operand bytes (= result bytes x group size)
+    all-to-all          operand bytes (= result bytes)
+    collective-permute  operand bytes (= result bytes: what each device sends)
+
+Async pairs (`all-gather-start` / `-done`, ...) are counted once, at the start. XLA:TPU's
+async collective fusions clone one collective into its start, body and done fusions, all
+with the same channel id: those clones are counted once. A fusion computation XLA:TPU names
+`all-reduce-scatter*` (an all-reduce whose result is sliced) is reported as reduce-scatter.
+
+`count` = how often the collective runs in one call of the program: the product of the
+trip counts of the while loops enclosing it, through the call graph (while body and
+condition, fusions, calls, async computations, conditional branches). A trip count is
+XLA's (backend_config `"known_trip_count":{"n":"..."}`), else read off a condition
+`i < N` (XLA:TPU leaves loops unannotated; see `_trip_count`). A while with neither counts
+once, or `unknown_trip_count` times (its name is in `unknown_trip_loops`); a conditional
+branch counts as if always taken (an upper bound).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import re
+
+KINDS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
+# HLO opcodes -> kind; "-start" forms are the async halves ("-done" ones are not counted)
+_OPCODES = {k: k for k in KINDS} | {f"{k}-start": k for k in KINDS}
+_OPCODES |= {"ragged-all-to-all": "all-to-all", "collective-broadcast": "collective-permute"}
+
+_DTYPE_BYTES = {
+    "pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "s32": 4,
+    "u32": 4, "s64": 8, "u64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8, "c64": 8,
+    "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1,
+    "f8e4m3b11fnuz": 1, "f8e3m4": 1, "f4e2m1fn": 0.5, "f8e8m0fnu": 1, "token": 0,
+}  # fmt: skip
+_ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\](?:\{[^}]*\})?")
+_HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*->.*\{\s*$")
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
+_CALLEES = re.compile(r"\b(calls|body|condition|true_computation|false_computation)=%?([\w.\-]+)")
+_BRANCHES = re.compile(r"\bbranch_computations=\{([^}]*)\}")
+_TRIP = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(\d+)"')
+_CHANNEL = re.compile(r"\bchannel_id=(\d+)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """One collective of the program: bytes per device per execution, executions per call."""
+
+    kind: str  # one of KINDS
+    shape: str  # the counted array(s), e.g. "bf16[8,1024]" or "(f32[4], f32[8])"
+    dtype: str  # dtype of the (first) counted array
+    bytes: int  # per device, per execution (see the module docstring)
+    count: int  # executions per call of the program (product of enclosing trip counts)
+    computation: str  # the HLO computation holding the instruction
+    group_size: int = 1  # devices taking part in each group (replica_groups)
+    name: str = ""  # the HLO instruction's name
+
+
+@dataclasses.dataclass
+class _Instr:
+    name: str
+    type_str: str
+    opcode: str
+    rest: str  # operands and attributes
+
+
+def _split_type(text: str) -> tuple[str, str]:
+    """'(a[1], b[2]) op(...)' -> ('(a[1], b[2])', 'op(...)'): a tuple type has spaces."""
+    if not text.startswith("("):
+        head, _, tail = text.partition(" ")
+        return head, tail
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0:
+            return text[: i + 1], text[i + 1 :].lstrip()
+    raise ValueError(f"unbalanced tuple type in HLO: {text[:200]!r}")
+
+
+def _parse(hlo_text: str) -> tuple[dict[str, list[_Instr]], str]:
+    """{computation: instructions} and the ENTRY computation's name."""
+    comps: dict[str, list[_Instr]] = {}
+    entry, current = "", None
+    for line in hlo_text.splitlines():
+        if current is None:
+            m = _HEADER.match(line)
+            if m:
+                current = m.group(2)
+                comps[current] = []
+                entry = current if m.group(1) else entry
+            continue
+        if line.strip() == "}":
+            current = None
+            continue
+        m = _INSTR.match(line)
+        if m:
+            type_str, tail = _split_type(m.group(2))
+            opcode, _, rest = tail.partition("(")
+            comps[current].append(_Instr(m.group(1), type_str, opcode.strip(), rest))
+    if not entry:
+        raise ValueError("no ENTRY computation in the HLO text (pass compiled.as_text())")
+    return comps, entry
+
+
+def _arrays(type_str: str) -> list[tuple[str, tuple[int, ...]]]:
+    return [
+        (d, tuple(int(x) for x in dims.split(",") if x))
+        for d, dims in _ARRAY.findall(type_str)
+        if d in _DTYPE_BYTES
+    ]
+
+
+def _nbytes(arrays) -> int:
+    return int(sum(math.prod(s) * _DTYPE_BYTES[d] for d, s in arrays))
+
+
+def _show(arrays) -> str:
+    shown = [f"{d}[{','.join(map(str, s))}]" for d, s in arrays]
+    return shown[0] if len(shown) == 1 else "(" + ", ".join(shown) + ")"
+
+
+def _group_size(rest: str) -> int:
+    """Devices per group, from any of HLO's replica_groups spellings."""
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", rest)
+    if m:  # mesh['axis_0'=4,'axis_1'=2] {'axis_0'}
+        sizes = dict(re.findall(r"'([^']+)'=(\d+)", m.group(1)))
+        return math.prod(int(sizes[a]) for a in re.findall(r"'([^']+)'", m.group(2)))
+    m = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", rest)
+    if m:  # iota form: [num_groups, group_size]<=[...]
+        return int(m.group(2))
+    m = re.search(r"replica_groups=\{\{([^}]*)\}", rest)
+    if m:  # explicit: {{0,1,2,3},{4,5,6,7}}
+        return len(m.group(1).split(","))
+    m = re.search(r"source_target_pairs=\{(.*?)\}\}", rest)
+    if m:  # collective-permute: the devices that send or receive
+        return len(set(re.findall(r"\d+", m.group(1))))
+    return 1
+
+
+def _operands(ins: _Instr) -> list[str]:
+    return re.findall(r"%([\w.\-]+)", ins.rest.split(")", 1)[0])
+
+
+def _constant(comps, comp: str, name: str, depth: int = 0) -> int | None:
+    """The integer value of `name` in `comp` when it is a constant (through copies)."""
+    ins = next((i for i in comps[comp] if i.name == name), None)
+    if ins is None or depth > 8:
+        return None
+    if ins.opcode == "constant":
+        m = re.match(r"\s*(-?\d+)\s*\)", ins.rest)
+        return int(m.group(1)) if m else None
+    if ins.opcode in ("copy", "bitcast", "convert") and _operands(ins):
+        return _constant(comps, comp, _operands(ins)[0], depth + 1)
+    return None
+
+
+def _find(comps, comp: str, name: str) -> _Instr | None:
+    return next((i for i in comps[comp] if i.name == name), None)
+
+
+def _compares(comps, comp: str, name: str, outer: dict, depth: int = 0):
+    """The compares an `and` of compares (through fusions) makes of `name` in `comp`, as
+    (direction, [(computation, operand)] x 2); `outer` maps a fusion's parameters to the
+    caller's operands."""
+    ins = _find(comps, comp, name)
+    if ins is None or depth > 8:
+        return
+    if ins.opcode == "compare":
+        d = re.search(r"direction=(\w+)", ins.rest)
+        sides = [outer.get(o, (comp, o)) for o in _operands(ins)]
+        if d and len(sides) == 2:
+            yield d.group(1), sides
+    elif ins.opcode == "and":
+        for o in _operands(ins):
+            yield from _compares(comps, comp, o, outer, depth + 1)
+    elif ins.opcode == "fusion":
+        callee = re.search(r"calls=%?([\w.\-]+)", ins.rest)
+        if callee and callee.group(1) in comps and comps[callee.group(1)]:
+            body, args = callee.group(1), _operands(ins)
+            params = {
+                i.name: outer.get(args[int(m.group(1))], (comp, args[int(m.group(1))]))
+                for i in comps[body]
+                if i.opcode == "parameter"
+                and (m := re.match(r"\s*(\d+)", i.rest))
+                and int(m.group(1)) < len(args)
+            }
+            yield from _compares(comps, body, comps[body][-1].name, params, depth + 1)
+
+
+def _bounds(comps, cond: str) -> dict[int, int]:
+    """{loop-state tuple index i: N} for each bound `i < N` (`i <= N`: N + 1) the
+    condition's ROOT makes, alone or in an `and` (the sampler's `step < T & ~all_done`)."""
+    out: dict[int, int] = {}
+    if cond not in comps or not comps[cond]:
+        return out
+    for direction, sides in _compares(comps, cond, comps[cond][-1].name, {}):
+        values = [_constant(comps, c, o) for c, o in sides]
+        if (values[0] is None) == (values[1] is None):
+            continue
+        var_first = values[0] is None
+        d = direction if var_first else {"GT": "LT", "GE": "LE"}.get(direction, "")
+        if d not in ("LT", "LE"):
+            continue
+        limit = (values[1] if var_first else values[0]) + (d == "LE")
+        gte = _find(comps, *(sides[0] if var_first else sides[1]))
+        index = gte and re.search(r"index=(\d+)", gte.rest)
+        if gte is not None and gte.opcode == "get-tuple-element" and index:
+            i = int(index.group(1))
+            out[i] = min(limit, out.get(i, limit))
+    return out
+
+
+def _start(comps, caller: str, name: str, depth: int = 0) -> int:
+    """A loop counter's initial value: a constant, or the bound of the loop it comes out of
+    (the sampler's decode segments run one after another); else 0 (an upper bound)."""
+    ins = _find(comps, caller, name)
+    if ins is None or depth > 8:
+        return 0
+    value = _constant(comps, caller, name)
+    if value is not None:
+        return value
+    if ins.opcode in ("copy", "bitcast", "convert") and _operands(ins):
+        return _start(comps, caller, _operands(ins)[0], depth + 1)
+    index = re.search(r"index=(\d+)", ins.rest)
+    loop = _find(comps, caller, (_operands(ins) or [""])[0])
+    if ins.opcode == "get-tuple-element" and index and loop and loop.opcode == "while":
+        cond = re.search(r"condition=%?([\w.\-]+)", loop.rest)
+        return _bounds(comps, cond.group(1)).get(int(index.group(1)), 0) if cond else 0
+    return 0
+
+
+def _trip_count(comps, caller: str, ins: _Instr) -> int | None:
+    """XLA's known trip count, else N - start from a condition `i < N` (XLA:TPU omits the
+    annotation): i a tuple element of the loop state, N a constant, start that element of
+    the while's operand (`_start`)."""
+    trip = _TRIP.search(ins.rest)
+    if trip:
+        return int(trip.group(1))
+    cond = re.search(r"condition=%?([\w.\-]+)", ins.rest)
+    bounds = _bounds(comps, cond.group(1)) if cond else {}
+    state = _find(comps, caller, (_operands(ins) or [""])[0])
+    if not bounds or state is None or state.opcode != "tuple":
+        return None
+    elems = _operands(state)
+    trips = [n - _start(comps, caller, elems[i]) for i, n in bounds.items() if i < len(elems)]
+    return max(min(trips), 0) if trips else None
+
+
+def _call_graph(comps, unknown: int = 1) -> dict[str, list[tuple[str, int]]]:
+    """{callee: [(caller, executions of the callee per execution of the caller)]}; a while
+    whose trip count is unknown runs `unknown` times."""
+    callers: dict[str, list[tuple[str, int]]] = {}
+    for caller, instrs in comps.items():
+        for ins in instrs:
+            if ins.opcode in ("async-done", "async-update"):
+                continue  # the same computation as its async-start: counted there
+            n = 1
+            if ins.opcode == "while":
+                n = _trip_count(comps, caller, ins)
+                n = unknown if n is None else n
+            for role, callee in _CALLEES.findall(ins.rest):
+                times = n if role == "body" else (n + 1 if role == "condition" else 1)
+                callers.setdefault(callee, []).append((caller, times))
+            for branches in _BRANCHES.findall(ins.rest):
+                for callee in set(re.findall(r"%?([\w.\-]+)", branches)):
+                    callers.setdefault(callee, []).append((caller, 1))
+    return callers
+
+
+def _counts(comps, entry, unknown: int = 1) -> dict[str, int]:
+    """Executions of every computation per call of the program."""
+    callers = _call_graph(comps, unknown)
+
+    @functools.cache
+    def count(name: str) -> int:
+        if name == entry:
+            return 1
+        return sum(count(c) * t for c, t in callers.get(name, []) if c in comps)
+
+    return {name: count(name) for name in comps}
+
+
+def _counted_arrays(ins: _Instr, kind: str):
+    arrays = _arrays(ins.type_str)
+    tupled = ins.opcode.endswith("-start") and ins.type_str.startswith("(")
+    if tupled and kind in ("all-gather", "collective-permute"):  # (operands, results, ...)
+        arrays = [a for a in arrays if a[1]]  # drop u32[] context scalars
+        arrays = arrays[len(arrays) // 2 :]
+    return arrays
+
+
+def collectives(hlo_text: str, *, unknown_trip_count: int = 1) -> list[Collective]:
+    """Every collective of the program (see the module docstring for bytes and count); a
+    loop whose trip count XLA does not know runs `unknown_trip_count` times (a caller
+    that knows it, e.g. the sampler's decode loop of max_new_tokens steps, says so)."""
+    comps, entry = _parse(hlo_text)
+    counts = _counts(comps, entry, unknown_trip_count)
+    found: dict[tuple, Collective] = {}
+    for comp, instrs in comps.items():
+        for ins in instrs:
+            kind = _OPCODES.get(ins.opcode)
+            if kind is None or counts[comp] == 0:
+                continue
+            arrays = _counted_arrays(ins, kind)
+            group = _group_size(ins.rest)
+            nbytes = _nbytes(arrays)
+            if kind == "all-reduce" and comp.startswith("all-reduce-scatter"):
+                kind = "reduce-scatter"  # XLA:TPU's all-reduce + slice fusion
+            elif kind == "reduce-scatter":
+                nbytes *= group
+            channel = _CHANNEL.search(ins.rest)
+            key = (kind, channel.group(1)) if channel else (comp, ins.name)
+            c = Collective(
+                kind, _show(arrays), arrays[0][0] if arrays else "", nbytes,
+                counts[comp], comp, group, ins.name,
+            )  # fmt: skip
+            if key not in found or c.count > found[key].count:
+                found[key] = c
+    return list(found.values())
+
+
+def collective_bytes(hlo_text: str) -> dict[str, int]:
+    """Per kind: sum over collectives of bytes x count, per device per call (all KINDS)."""
+    total = dict.fromkeys(KINDS, 0)
+    for c in collectives(hlo_text):
+        total[c.kind] += c.bytes * c.count
+    return total
+
+
+def while_trip_counts(hlo_text: str) -> dict[str, int]:
+    """{while instruction name: XLA's known trip count}; loops XLA could not count are
+    left out (see unknown_trip_loops)."""
+    comps, _ = _parse(hlo_text)
+    out = {}
+    for comp, instrs in comps.items():
+        for ins in instrs:
+            n = _trip_count(comps, comp, ins) if ins.opcode == "while" else None
+            if n is not None:
+                out[ins.name] = n
+    return out
+
+
+def unknown_trip_loops(hlo_text: str) -> list[str]:
+    """While loops without a known trip count (collectives() counts their bodies once)."""
+    comps, _ = _parse(hlo_text)
+    return [
+        ins.name
+        for comp, instrs in comps.items()
+        for ins in instrs
+        if ins.opcode == "while" and _trip_count(comps, comp, ins) is None
+    ]
+
+
+# ------------------------------------------------------------------------ HBM traffic
+
+# no HBM traffic of their own (control flow, aliases, bookkeeping); collectives are ICI
+_FREE = {
+    "parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "call",
+    "conditional", "after-all", "partition-id", "replica-id", "opt-barrier", "async-start",
+    "async-done", "async-update", "copy-start", "copy-done", "send", "send-done", "recv",
+    "recv-done", "add-dependency", "domain",
+}  # fmt: skip
+
+
+def _fusion_bodies(comps) -> set[str]:
+    """Computations a fusion calls: their ops run on chip, only the fusion's operands and
+    results move through HBM."""
+    return {
+        m.group(1)
+        for instrs in comps.values()
+        for ins in instrs
+        if ins.opcode == "fusion" and (m := re.search(r"calls=%?([\w.\-]+)", ins.rest))
+    }
+
+
+def _instr_bytes(comps, types: dict[str, str], ins: _Instr) -> int:
+    """Bytes one execution of `ins` reads and writes: its operands and its result; an
+    in-place dynamic-update-slice (alone or as a fusion's root) moves only its update, a
+    gather or dynamic-slice reads only what it takes."""
+    operands = [_nbytes(_arrays(types.get(o, ""))) for o in _operands(ins)]
+    if ins.opcode.endswith("-start"):  # async op: ((operands), results, contexts)
+        k = sum(len(_arrays(types.get(o, ""))) for o in _operands(ins))
+        return 2 * _nbytes([a for a in _arrays(ins.type_str)[k:] if a[1]])
+    out = _nbytes(_arrays(ins.type_str))
+    callee = re.search(r"calls=%?([\w.\-]+)", ins.rest) if ins.opcode == "fusion" else None
+    body = comps.get(callee.group(1), []) if callee else []
+    root = body[-1].opcode if body else ""
+    if root not in ("dynamic-update-slice", "gather", "dynamic-slice"):  # through reshapes
+        root = next((i.opcode for i in body if i.opcode in ("gather", "dynamic-slice")), root)
+    if "dynamic-update-slice" in (ins.opcode, root) and out in operands:
+        operands.remove(out)  # the buffer updated in place
+        return 2 * sum(operands)
+    if {"gather", "dynamic-slice"} & {ins.opcode, root} and operands:
+        operands.remove(max(operands))  # reads only the rows it takes
+        return 2 * out + sum(operands)
+    return out + sum(operands)
+
+
+def hbm_bytes(hlo_text: str, *, unknown_trip_count: int = 1) -> int:
+    """HBM bytes one call of the program reads and writes, per device: every instruction
+    outside fusions (a fusion counts its operands and results) x its execution count, as
+    XLA's cost analysis counts 'bytes accessed' but with loop bodies x their trip counts.
+    Collectives are left to `collectives` (ICI), layouts' memory spaces are not told apart."""
+    comps, entry = _parse(hlo_text)
+    counts = _counts(comps, entry, unknown_trip_count)
+    total = 0
+    for comp in set(comps) - _fusion_bodies(comps):
+        if not counts[comp]:
+            continue
+        types = {i.name: i.type_str for i in comps[comp]}
+        for ins in comps[comp]:
+            if ins.opcode in _FREE or ins.opcode in _OPCODES or ins.opcode.endswith("-done"):
+                continue
+            total += counts[comp] * _instr_bytes(comps, types, ins)
+    return total

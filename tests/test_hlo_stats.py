@@ -1,0 +1,302 @@
+"""gspo_jax.sharding.hlo_stats: collectives, their bytes and execution counts, from HLO text.
+
+Hand-written snippets pin each rule (bytes per kind, async pairs counted once, nested loops
+multiply, XLA:TPU's unannotated loops and cloned async fusions); a program compiled on the
+8 fake CPU devices checks the reader against XLA's real output.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from gspo_jax.sharding import hlo_stats
+
+# A scan (trip count 3, annotated) nested in a loop XLA:TPU left unannotated (`i < 4` from
+# 0): the body all-gathers async, reduce-scatters and all-reduces a tuple; a conditional
+# branch holds a collective-permute; ENTRY all-to-alls once.
+NESTED = """HloModule m, num_partitions=8
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%inner_body (p: (s32[], bf16[4,16])) -> (s32[], bf16[4,16]) {
+  %p = (s32[], bf16[4,16]{1,0}) parameter(0)
+  %x = bf16[4,16]{1,0:T(8,128)(2,1)} get-tuple-element(%p), index=1
+  %ags = (bf16[4,16]{1,0}, bf16[32,16]{1,0}) all-gather-start(%x), channel_id=1, replica_groups=[1,8]<=[8], dimensions={0}
+  %agd = bf16[32,16]{1,0} all-gather-done(%ags)
+  %rs = bf16[4,16]{1,0} reduce-scatter(%agd), channel_id=2, replica_groups={{0,1,2,3,4,5,6,7}}, dimensions={0}, to_apply=%add
+  %ar = (f32[10]{0}, f32[6]{0}) all-reduce(%y, %z), channel_id=3, replica_groups=mesh['axis_0'=2,'axis_1'=4] {'axis_1'}, to_apply=%add
+  ROOT %t = (s32[], bf16[4,16]{1,0}) tuple(%i, %rs)
+}
+
+%inner_cond (p: (s32[], bf16[4,16])) -> pred[] {
+  %p = (s32[], bf16[4,16]{1,0}) parameter(0)
+  ROOT %c = pred[] constant(true)
+}
+
+%branch (q: f32[8]) -> f32[8] {
+  %q = f32[8]{0} parameter(0)
+  %cps = (f32[8]{0}, f32[8]{0}, u32[], u32[]) collective-permute-start(%q), channel_id=4, source_target_pairs={{0,1},{1,0}}
+  ROOT %cpd = f32[8]{0} collective-permute-done(%cps)
+}
+
+%outer_body (p: (s32[], bf16[4,16])) -> (s32[], bf16[4,16]) {
+  %p = (s32[], bf16[4,16]{1,0}) parameter(0)
+  %w = (s32[], bf16[4,16]{1,0}) while(%p), condition=%inner_cond, body=%inner_body, backend_config={"known_trip_count":{"n":"3"}}
+  %k = f32[8]{0} conditional(%pr, %q, %q), branch_computations={%branch, %branch}
+  ROOT %r = (s32[], bf16[4,16]{1,0}) tuple(%i, %x)
+}
+
+%cmp (param_0: s32[], param_1: s32[]) -> pred[] {
+  %param_0 = s32[] parameter(0)
+  %param_1 = s32[] parameter(1)
+  ROOT %lt = pred[] compare(%param_0, %param_1), direction=LT
+}
+
+%outer_cond (p: (s32[], bf16[4,16])) -> pred[] {
+  %p = (s32[], bf16[4,16]{1,0}) parameter(0)
+  %limit = s32[]{:T(128)} constant(4)
+  %i = s32[]{:T(128)} get-tuple-element(%p), index=0
+  ROOT %f = pred[] fusion(%i, %limit), kind=kLoop, calls=%cmp
+}
+
+ENTRY %main (x: bf16[4,16]) -> bf16[4,16] {
+  %x = bf16[4,16]{1,0} parameter(0)
+  %zero = s32[] constant(0)
+  %init = s32[] copy(%zero)
+  %state = (s32[], bf16[4,16]{1,0}) tuple(%init, %x)
+  %loop = (s32[], bf16[4,16]{1,0}) while(%state), condition=%outer_cond, body=%outer_body
+  %a2a = f32[2,5]{1,0} all-to-all(%v), channel_id=5, replica_groups={{0,1}}, dimensions={0}
+  ROOT %out = bf16[4,16]{1,0} get-tuple-element(%loop), index=1
+}
+"""
+
+# XLA:TPU's async collective fusion: one all-gather (channel 9) cloned into start, body
+# and done fusions of a loop body; an all-reduce + slice fusion named all-reduce-scatter.
+TPU_CLONES = """HloModule t
+
+%ag_start (p0: bf16[1,256]) -> bf16[1,1024] {
+  %p0 = bf16[1,256]{1,0} parameter(0)
+  ROOT %ag.1 = bf16[1,1024]{1,0} all-gather(%p0), channel_id=9, replica_groups=mesh['x'=4] {'x'}, dimensions={1}
+}
+
+%ag_done (p0: bf16[1,256]) -> bf16[1,1024] {
+  %p0 = bf16[1,256]{1,0} parameter(0)
+  ROOT %ag.2 = bf16[1,1024]{1,0} all-gather(%p0), channel_id=9, replica_groups=mesh['x'=4] {'x'}, dimensions={1}
+}
+
+%all-reduce-scatter.clone (in: f32[64]) -> f32[16] {
+  %in = f32[64]{0} parameter(0)
+  %ar = f32[64]{0} all-reduce(%in), channel_id=10, replica_groups={{0,1,2,3}}, to_apply=%add
+  ROOT %ds = f32[16]{0} dynamic-slice(%ar, %o), dynamic_slice_sizes={16}
+}
+
+%body (p: (s32[], bf16[1,256])) -> (s32[], bf16[1,256]) {
+  %p = (s32[], bf16[1,256]{1,0}) parameter(0)
+  %s = bf16[1,1024]{1,0} fusion(%x), kind=kCustom, calls=%ag_start
+  %d = bf16[1,1024]{1,0} fusion(%x), kind=kCustom, calls=%ag_done
+  %r = f32[16]{0} fusion(%g), kind=kCustom, calls=%all-reduce-scatter.clone
+  ROOT %t = (s32[], bf16[1,256]{1,0}) tuple(%i, %x)
+}
+
+%cond (p: (s32[], bf16[1,256])) -> pred[] {
+  %p = (s32[], bf16[1,256]{1,0}) parameter(0)
+  %n = s32[] constant(7)
+  %i = s32[] get-tuple-element(%p), index=0
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+ENTRY %main (x: bf16[1,256]) -> bf16[1,256] {
+  %x = bf16[1,256]{1,0} parameter(0)
+  %two = s32[] constant(2)
+  %state = (s32[], bf16[1,256]{1,0}) tuple(%two, %x)
+  %loop = (s32[], bf16[1,256]{1,0}) while(%state), condition=%cond, body=%body
+  ROOT %out = bf16[1,256]{1,0} get-tuple-element(%loop), index=1
+}
+"""
+
+
+# The sampler's segmented decode: two loops over one counter, one after the other, each
+# `i < 100 & i <= bound & ~done` (XLA:TPU, no annotation); the second starts where the
+# first stopped. Each body all-reduces 4 bytes per token: 41 + 59 = 100 tokens.
+SEGMENTS = """HloModule s
+
+%body (p: (s32[], pred[])) -> (s32[], pred[]) {
+  %p = (s32[], pred[]) parameter(0)
+  %ar = f32[] all-reduce(%v), channel_id=1, replica_groups={{0,1}}, to_apply=%add
+  ROOT %t = (s32[], pred[]) tuple(%i, %d)
+}
+
+%cond1 (p: (s32[], pred[])) -> pred[] {
+  %p = (s32[], pred[]) parameter(0)
+  %n = s32[] constant(100)
+  %b = s32[] constant(40)
+  %i = s32[] get-tuple-element(%p), index=0
+  %lt = pred[] compare(%i, %n), direction=LT
+  %le = pred[] compare(%i, %b), direction=LE
+  %both = pred[] and(%lt, %le)
+  %done = pred[] get-tuple-element(%p), index=1
+  %more = pred[] not(%done)
+  ROOT %go = pred[] and(%both, %more)
+}
+
+%cond2 (p: (s32[], pred[])) -> pred[] {
+  %p = (s32[], pred[]) parameter(0)
+  %n = s32[] constant(100)
+  %i = s32[] get-tuple-element(%p), index=0
+  ROOT %lt = pred[] compare(%n, %i), direction=GT
+}
+
+ENTRY %main (d: pred[]) -> s32[] {
+  %d = pred[] parameter(0)
+  %zero = s32[] constant(0)
+  %s1 = (s32[], pred[]) tuple(%zero, %d)
+  %w1 = (s32[], pred[]) while(%s1), condition=%cond1, body=%body
+  %i1 = s32[] get-tuple-element(%w1), index=0
+  %c1 = s32[] copy(%i1)
+  %s2 = (s32[], pred[]) tuple(%c1, %d)
+  %w2 = (s32[], pred[]) while(%s2), condition=%cond2, body=%body
+  ROOT %out = s32[] get-tuple-element(%w2), index=0
+}
+"""
+
+
+def test_segmented_loops_run_from_where_the_last_one_stopped():
+    assert hlo_stats.while_trip_counts(SEGMENTS) == {"w1": 41, "w2": 59}
+    # one body computation, called by both loops: 41 + 59 executions of its all-reduce
+    assert [(c.count, c.bytes) for c in hlo_stats.collectives(SEGMENTS)] == [(100, 4)]
+
+
+# HBM bytes: a fusion counts its operands and result (not its body), a loop body x its trip
+# count, an in-place dynamic-update-slice only its update, collectives nothing (ICI).
+BYTES = """HloModule b
+
+%fused (a: f32[10], b: f32[10]) -> f32[10] {
+  %a = f32[10]{0} parameter(0)
+  %b = f32[10]{0} parameter(1)
+  %m = f32[10]{0} multiply(%a, %b)
+  ROOT %s = f32[10]{0} add(%m, %b)
+}
+
+%body (p: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %p = (s32[], f32[4]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = f32[4]{0} get-tuple-element(%p), index=1
+  %y = f32[4]{0} add(%x, %x)
+  %ar = f32[4]{0} all-reduce(%y), channel_id=1, replica_groups={{0,1}}, to_apply=%add
+  ROOT %t = (s32[], f32[4]{0}) tuple(%i, %ar)
+}
+
+%cond (p: (s32[], f32[4])) -> pred[] {
+  %p = (s32[], f32[4]{0}) parameter(0)
+  ROOT %c = pred[] constant(true)
+}
+
+ENTRY %main (a: f32[10], b: f32[10], buf: f32[100], u: f32[5], s: (s32[], f32[4])) -> f32[10] {
+  %a = f32[10]{0} parameter(0)
+  %b = f32[10]{0} parameter(1)
+  %buf = f32[100]{0} parameter(2)
+  %u = f32[5]{0} parameter(3)
+  %s = (s32[], f32[4]{0}) parameter(4)
+  %k = s32[] constant(7)
+  %w = (s32[], f32[4]{0}) while(%s), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"3"}}
+  %dus = f32[100]{0} dynamic-update-slice(%buf, %u, %k)
+  %ss = ((f32[100]{0}), f32[8]{0}, u32[]) slice-start(%buf), slice={[0:8]}
+  %ds = f32[6]{0} dynamic-slice(%buf, %k), dynamic_slice_sizes={6}
+  ROOT %f = f32[10]{0} fusion(%a, %b), kind=kLoop, calls=%fused
+}
+"""
+
+
+def test_hbm_bytes_by_hand():
+    # fusion 3 x 40; loop body's add 3 x 48; in-place update 2 x (20 + 4); async slice
+    # 2 x 32; dynamic slice 2 x 24 + its index 4
+    assert hlo_stats.hbm_bytes(BYTES) == 120 + 3 * 48 + 48 + 64 + 52
+
+
+def _by_name(hlo):
+    return {c.name: c for c in hlo_stats.collectives(hlo)}
+
+
+def test_bytes_counts_and_groups_of_each_kind():
+    got = _by_name(NESTED)
+    assert sorted(got) == ["a2a", "ags", "ar", "cps", "rs"]  # the -done halves not counted
+    ag, rs, ar, cp, a2a = got["ags"], got["rs"], got["ar"], got["cps"], got["a2a"]
+    # all-gather-start: the result half of its tuple, 32 x 16 bf16; 4 x 3 executions
+    assert (ag.kind, ag.shape, ag.bytes, ag.count, ag.group_size) == (
+        "all-gather", "bf16[32,16]", 32 * 16 * 2, 12, 8,
+    )  # fmt: skip
+    # reduce-scatter: operand bytes = result 4 x 16 bf16 x group of 8
+    assert (rs.kind, rs.bytes, rs.count, rs.group_size) == ("reduce-scatter", 1024, 12, 8)
+    # tuple all-reduce over mesh axis_1 (4 devices): 10 + 6 f32
+    assert (ar.shape, ar.dtype, ar.bytes, ar.group_size) == ("(f32[10], f32[6])", "f32", 64, 4)
+    # collective-permute-start in a conditional branch of the outer loop: 4 executions,
+    # the sent f32[8] (not its context scalars); the all-to-all once, in ENTRY
+    assert (cp.kind, cp.shape, cp.bytes, cp.count) == ("collective-permute", "f32[8]", 32, 4)
+    assert cp.group_size == 2  # the devices of its source_target_pairs
+    assert (a2a.kind, a2a.bytes, a2a.count, a2a.computation) == ("all-to-all", 40, 1, "main")
+    assert ag.computation == "inner_body"
+
+
+def test_collective_bytes_and_trip_counts():
+    assert hlo_stats.while_trip_counts(NESTED) == {"w": 3, "loop": 4}
+    assert hlo_stats.unknown_trip_loops(NESTED) == []
+    assert hlo_stats.collective_bytes(NESTED) == {
+        "all-gather": 1024 * 12,
+        "all-reduce": 64 * 12,
+        "reduce-scatter": 1024 * 12,
+        "all-to-all": 40,
+        "collective-permute": 32 * 4,
+    }
+
+
+def test_tpu_clones_counted_once_and_trip_count_from_the_condition():
+    assert hlo_stats.while_trip_counts(TPU_CLONES) == {"loop": 5}  # i from 2 while i < 7
+    got = hlo_stats.collectives(TPU_CLONES)
+    assert sorted((c.kind, c.bytes, c.count) for c in got) == [
+        ("all-gather", 2048, 5),
+        ("reduce-scatter", 256, 5),
+    ]
+
+
+def test_unknown_loop_counts_once():
+    hlo = TPU_CLONES.replace("direction=LT", "direction=NE")
+    assert hlo_stats.while_trip_counts(hlo) == {}
+    assert hlo_stats.unknown_trip_loops(hlo) == ["loop"]
+    assert {c.count for c in hlo_stats.collectives(hlo)} == {1}
+
+
+def test_not_hlo_is_an_error():
+    with pytest.raises(ValueError, match="ENTRY"):
+        hlo_stats.collectives("not an HLO module")
+
+
+def test_a_compiled_scan_gathers_its_weight_every_iteration():
+    """8 fake CPU devices: a scan over 5 stacked fsdp-sharded weights all-gathers one
+    [64, 64] f32 weight per iteration; the reader must say 5 x 16 KiB."""
+    mesh = jax.make_mesh((8,), ("fsdp",))
+    n, d = 5, 64
+
+    def f(ws, x):
+        def body(c, w):
+            w = jax.lax.with_sharding_constraint(w, NamedSharding(mesh, P()))
+            return jnp.tanh(c @ w), None
+
+        return jax.lax.scan(body, x, ws)[0]
+
+    ws = jax.ShapeDtypeStruct((n, d, d), jnp.float32, sharding=NamedSharding(mesh, P(None, "fsdp")))
+    x = jax.ShapeDtypeStruct((16, d), jnp.float32, sharding=NamedSharding(mesh, P("fsdp")))
+    hlo = jax.jit(f).lower(ws, x).compile().as_text()
+    assert list(hlo_stats.while_trip_counts(hlo).values()) == [n]
+    gathers = [c for c in hlo_stats.collectives(hlo) if c.kind == "all-gather"]
+    assert [(c.shape, c.bytes, c.count, c.group_size) for c in gathers] == [
+        (f"f32[{d},{d}]", d * d * 4, n, 8)
+    ]
+    assert hlo_stats.collective_bytes(hlo)["all-gather"] == n * d * d * 4
+    np.testing.assert_equal(hlo_stats.collective_bytes(hlo)["all-to-all"], 0)
