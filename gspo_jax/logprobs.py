@@ -229,6 +229,31 @@ def _vocab_slices(num_tokens: int, V: int, chunk_size: int):
     return -(-V // Vc), Vc
 
 
+def _mesh_in_context() -> bool:
+    """Whether the pass is traced under a mesh of several devices (`jax.set_mesh`).
+
+    There the backward takes W whole, once, before its loop, and returns ∂L/∂W's column
+    blocks as the loop's output, laid side by side after it (`_side_by_side`): with W and
+    its gradient sharded along V (tensor parallelism), `dynamic_slice` of W and
+    `dynamic_update_slice` into a gradient carry each made XLA gather the whole array at
+    every slice, inside the loop. Each block is then one all-reduce over the batch axes:
+    ∂L/∂W once per pass. Without a mesh the blocks are written in place into one carry
+    (no second W-sized array); the values are the same either way.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    return not mesh.empty and mesh.size > 1
+
+
+def _side_by_side(blocks_JDVc, V: int):
+    """[J, D, Vc] column blocks of slices [k·Vc, (k+1)·Vc), the last one shifted to end at
+    V (`_core_bwd`) -> [D, V]: the last block's columns shared with the one before are
+    dropped (their cotangent there was masked to zero)."""
+    J, D, Vc = blocks_JDVc.shape
+    head_DX = blocks_JDVc[:-1].transpose(1, 0, 2).reshape(D, (J - 1) * Vc)
+    tail_DY = blocks_JDVc[-1][:, J * Vc - V :]
+    return jnp.concatenate([head_DX, tail_DY], axis=1)
+
+
 def _core_bwd(temperature, chunk_size, want_entropy, residuals, cotangents):
     """Vocab-sliced backward: recompute each slice of logits once, form ∂L/∂logits directly.
 
@@ -287,6 +312,8 @@ def _core_bwd(temperature, chunk_size, want_entropy, residuals, cotangents):
         d_unembed_DVc = jnp.einsum(
             "btd,btv->dv", hidden_BTD, d_logits_BTVc, preferred_element_type=jnp.float32
         )
+        if d_unembed_DV is None:  # under a mesh: the block is the loop's output
+            return (d_hidden_BTD, None), d_unembed_DVc.astype(unembed_DV.dtype)
         # + the slice already there: zero, or (shifted last slice) the previous slice's
         # values on the shared columns, to which this slice adds exact zeros.
         d_unembed_DVc = d_unembed_DVc + jax.lax.dynamic_slice_in_dim(
@@ -297,8 +324,14 @@ def _core_bwd(temperature, chunk_size, want_entropy, residuals, cotangents):
         )
         return (d_hidden_BTD, d_unembed_DV), None
 
-    init = (jnp.zeros(hidden_BTD.shape, jnp.float32), jnp.zeros_like(unembed_DV))
-    (d_hidden_BTD, d_unembed_DV), _ = jax.lax.scan(one_slice, init, jnp.arange(J))
+    sharded = _mesh_in_context()
+    if sharded:
+        unembed_DV = jax.lax.with_sharding_constraint(unembed_DV, jax.sharding.PartitionSpec())
+    d_hidden_BTD = jnp.zeros(hidden_BTD.shape, jnp.float32)
+    init = (d_hidden_BTD, None if sharded else jnp.zeros_like(unembed_DV))
+    (d_hidden_BTD, d_unembed_DV), blocks_JDVc = jax.lax.scan(one_slice, init, jnp.arange(J))
+    if sharded:
+        d_unembed_DV = _side_by_side(blocks_JDVc, V)
     return d_hidden_BTD.astype(hidden_BTD.dtype), d_unembed_DV, None
 
 

@@ -97,40 +97,45 @@ def _one_step(workdir, config, devices, modes) -> dict:
     """The rollout of RL step 0 and, per (ratio, agg) mode, the step's metrics and params."""
     run = setup.setup(config, str(workdir), devices=devices)
     try:
-        state = train.init_or_restore(run)
-        prompts = next(run.train_iter)
-        out = run.rollouts.collect(state, prompts)
-        result = {
-            "tokens": np.asarray(out.batch["tokens"]),
-            "rewards": out.rewards,
-            "sampler log-probs": np.asarray(out.batch["sampler_logprobs"]),
-            "advantages": np.asarray(out.batch["advantages"]),
-        }
-        for ratio, agg in modes:
-            variant = _with_modes(config, ratio, agg)
-            step_config = specs.step_config(variant, run.model_config)
-            # What setup builds for `variant` (make_train_step with the run's shardings).
-            step = make_train_step(
-                step_config, run.tx, state_shardings=run.state_shardings.train, mesh=run.mesh
-            )
-            pieces = dataclasses.replace(run, step_config=step_config, train_step=step)
-            # The train step donates its state: give each mode its own copy.
-            fresh = state.replace(
-                train=jax.device_put(jax.tree.map(jnp.copy, state.train), run.state_shardings.train)
-            )
-            new, metrics = train.rl_step(pieces, fresh, out)
-            assert int(new.train.step) == config.num_mini_batches
-            metrics = {
-                k: float(v)
-                for k, v in jax.device_get(metrics).items()
-                if k.startswith(("policy/", "sampler/")) and np.ndim(v) == 0
+        # Traced under the mesh, as `loop.run` traces them: the model pins its activation
+        # layouts (partition.constrain) only with a mesh in context.
+        with jax.set_mesh(run.mesh):
+            state = train.init_or_restore(run)
+            prompts = next(run.train_iter)
+            out = run.rollouts.collect(state, prompts)
+            result = {
+                "tokens": np.asarray(out.batch["tokens"]),
+                "rewards": out.rewards,
+                "sampler log-probs": np.asarray(out.batch["sampler_logprobs"]),
+                "advantages": np.asarray(out.batch["advantages"]),
             }
-            result[ratio, agg] = (metrics, jax.device_get(new.train.params))
-        result["params0"] = jax.device_get(state.train.params)
-        result["param shardings"] = {
-            len(x.sharding.device_set) for x in jax.tree.leaves(state.train.params)
-        }
-        return result
+            for ratio, agg in modes:
+                variant = _with_modes(config, ratio, agg)
+                step_config = specs.step_config(variant, run.model_config)
+                # What setup builds for `variant` (make_train_step with the run's shardings).
+                step = make_train_step(
+                    step_config, run.tx, state_shardings=run.state_shardings.train, mesh=run.mesh
+                )
+                pieces = dataclasses.replace(run, step_config=step_config, train_step=step)
+                # The train step donates its state: give each mode its own copy.
+                fresh = state.replace(
+                    train=jax.device_put(
+                        jax.tree.map(jnp.copy, state.train), run.state_shardings.train
+                    )
+                )
+                new, metrics = train.rl_step(pieces, fresh, out)
+                assert int(new.train.step) == config.num_mini_batches
+                metrics = {
+                    k: float(v)
+                    for k, v in jax.device_get(metrics).items()
+                    if k.startswith(("policy/", "sampler/")) and np.ndim(v) == 0
+                }
+                result[ratio, agg] = (metrics, jax.device_get(new.train.params))
+            result["params0"] = jax.device_get(state.train.params)
+            result["param shardings"] = {
+                len(x.sharding.device_set) for x in jax.tree.leaves(state.train.params)
+            }
+            return result
     finally:
         run.close()
 

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 from flax import nnx
 
+from gspo_jax.models import partition
 from gspo_jax.models.config import ModelConfig
 from gspo_jax.models.layers import MLP, Attention, MoE, RMSNorm, _param
+from gspo_jax.models.partition import RESIDUAL
 
 
 class Block(nnx.Module):
@@ -36,13 +38,14 @@ class Block(nnx.Module):
     def __call__(self, x_BLD, cos, sin, attention, forced_BLX=None):
         """attention: this layer's context, `(q, k, v) -> (out, cache_entry)`.
         Returns (x_BLD, cache_entry, expert indices [B, L, X] or None)."""
+        x_BLD = partition.constrain(x_BLD, RESIDUAL)
         attn_out, cache_entry = self.attn(self.input_norm(x_BLD), cos, sin, attention)
-        x_BLD = x_BLD + attn_out
+        x_BLD = partition.constrain(x_BLD + attn_out, RESIDUAL)
         if self.is_moe:
             mlp_out, idx_BLX = self.mlp(self.post_attn_norm(x_BLD), forced_BLX)
         else:
             mlp_out, idx_BLX = self.mlp(self.post_attn_norm(x_BLD)), None
-        return x_BLD + mlp_out, cache_entry, idx_BLX
+        return partition.constrain(x_BLD + mlp_out, RESIDUAL), cache_entry, idx_BLX
 
 
 def _stacked(n: int, make, rngs: nnx.Rngs):

@@ -19,10 +19,12 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
+from gspo_jax.models import partition
 from gspo_jax.models.block import Embed, Layers, LMHead
 from gspo_jax.models.config import ModelConfig
 from gspo_jax.models.layer_stack import apply_layers, apply_layers_unrolled, split_layers
 from gspo_jax.models.layers import RMSNorm, rope_cos_sin
+from gspo_jax.models.partition import RESIDUAL
 
 
 class Decoder(nnx.Module):
@@ -63,7 +65,10 @@ class Decoder(nnx.Module):
         """
         cfg = self.cfg
         dtype = jnp.dtype(cfg.dtype)
-        x = jnp.take(self.embed.embedding[...], tokens_BL, axis=0).astype(dtype)
+        # The table gathered over fsdp (its vocabulary stays over tensor), the rows of the
+        # result over the batch axes: token ids are never gathered (partition.constrain).
+        table_VD = partition.constrain(self.embed.embedding[...], ("vocab", None))
+        x = partition.constrain(jnp.take(table_VD, tokens_BL, axis=0).astype(dtype), RESIDUAL)
         cos, sin = rope_cos_sin(cfg, positions_BL)
         stacks = nnx.to_pure_dict(nnx.state(self.layers, nnx.Param))
         if unroll:
@@ -76,7 +81,7 @@ class Decoder(nnx.Module):
             x, entries, routing_out = apply_layers(
                 cfg, stacks, x, cos, sin, attention, routing, remat
             )
-        return self.final_norm(x), entries, routing_out
+        return partition.constrain(self.final_norm(x), RESIDUAL), entries, routing_out
 
 
 # ---------------------------------------------------------------------------- params

@@ -29,6 +29,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from gspo_jax.models import partition
 from gspo_jax.models.config import ModelConfig
 from gspo_jax.models.contexts import SharedPromptAttention, full_context
 from gspo_jax.models.params import merge
@@ -122,20 +123,26 @@ def unembedding(model_config: ModelConfig, params):
     """Output projection [D, V] in the compute dtype (the embedding transposed when tied).
 
     logits = hidden_states @ unembedding (accumulate in float32).
+
+    Under a mesh in context it comes gathered over fsdp (whole D), its vocabulary still
+    over tensor: the gather happens here, once, and not inside a caller's loop over
+    chunks (`logprobs.token_logprobs`), where XLA did not hoist it; logits then come out
+    vocabulary-sharded, and only per-row reductions cross chips.
     """
     if model_config.tie_word_embeddings:
         w = params["embed"]["embedding"].T
     else:
         w = params["lm_head"]["kernel"]
-    return w.astype(model_config.dtype)
+    return partition.constrain(w.astype(model_config.dtype), (None, "vocab"))
 
 
 def logits_from_hidden(model_config: ModelConfig, params, hidden_BLD):
     """hidden @ unembedding with float32 accumulation -> float32 logits."""
     w_DV = unembedding(model_config, params)
-    return jnp.einsum(
+    logits = jnp.einsum(
         "...d,dv->...v", hidden_BLD.astype(w_DV.dtype), w_DV, preferred_element_type=F32
     )
+    return partition.constrain(logits, ("batch", *[None] * (logits.ndim - 2), "vocab"))
 
 
 @functools.partial(jax.jit, static_argnums=0)

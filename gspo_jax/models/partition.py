@@ -15,11 +15,36 @@ from collections.abc import Sequence
 import jax
 from jax.sharding import PartitionSpec
 
+# Logical layouts of the model's activations (Shape letters: B rows, L tokens, D width,
+# H / K query / kv heads, C head dim, F MLP width, V vocabulary).
+RESIDUAL = ("batch", None, None)  # [B, L, D]: rows over the batch axes, D whole
+HEADS = ("batch", None, "heads", None)  # [B, L, H, C]
+KV_HEADS = ("batch", None, "kv_heads", None)  # [B, L, K, C]
+HIDDEN = ("batch", None, "mlp")  # [B, L, F]
+
 
 def context_mesh():
     """The mesh in context, or None (no `jax.set_mesh`, or a single device)."""
     mesh = jax.sharding.get_abstract_mesh()
     return None if mesh.empty or mesh.size == 1 else mesh
+
+
+def constrain(x, names: Sequence[str | None]):
+    """`x` laid out by its logical dimension `names` on the mesh in context
+    (`jax.lax.with_sharding_constraint`); `x` itself without a mesh or on one device.
+
+    The model pins its activations with this where GSPMD would otherwise guess (embedding
+    output, every layer's input and output, attention, MLP, the unembedding): rows over
+    the batch axes, heads / MLP width / vocabulary over tensor. Left to propagation, the
+    parameters' fsdp-sharded `embed` dimension spread into the activations, and every
+    chip multiplied all rows by its slice of the weights, then all-reduced activations
+    (docs/architecture.md, "Performance rules": Layouts). A constraint changes where
+    values live, never their values.
+    """
+    mesh = context_mesh()
+    if mesh is None:
+        return x
+    return jax.lax.with_sharding_constraint(x, spec(mesh, names, x.shape))
 
 
 def spec(mesh, names: Sequence[str | None], shape: Sequence[int]) -> PartitionSpec:
