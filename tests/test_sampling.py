@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from gspo_jax import models, sampling
-from gspo_jax.sampling import draw, sampler
+from gspo_jax.sampling import continuous, draw, sampler
 
 # Shape letters: N prompts, G samples per prompt, B = N·G, P prompt width, T new tokens.
 
@@ -175,10 +175,12 @@ def test_shared_prefix_equals_unshared(fixture_models, sampling_prompts, tempere
 
 
 def test_cache_segments_do_not_change_samples(fixture_models, sampling_prompts, tempered):
-    """3 time segments of the response cache (3 while_loops, each attending to the
-    segments reached so far) give the 1-segment result."""
+    """The static engine with 3 time segments of the response cache (3 while_loops, each
+    attending to the segments reached so far) gives the default (one segment) result."""
     cfg, params, _ = fixture_models("qwen3")
-    segmented = _sample(cfg, params, sampling_prompts, jax.random.key(7), decode_segments=3)
+    segmented = _sample(
+        cfg, params, sampling_prompts, jax.random.key(7), decode_segments=3, engine="static"
+    )
     np.testing.assert_array_equal(segmented.tokens, tempered.tokens)
     np.testing.assert_allclose(segmented.logprobs, tempered.logprobs, atol=1e-5)
     assert sampler._segments(T, 3) == [(0, 4), (4, 4), (8, 4)]
@@ -288,7 +290,10 @@ def test_draw_categorical_matches_softmax():
 
 def trace_counts() -> dict[str, int]:
     """Compiled versions of the sampler's two jitted stages (a new one = a recompile)."""
-    return {"prefill": sampler._prefill._cache_size(), "decode": sampler._decode._cache_size()}
+    return {
+        "prefill": sampler._prefill._cache_size() + continuous._prefill_pages._cache_size(),
+        "decode": sampler._decode._cache_size() + continuous._engine._cache_size(),
+    }
 
 
 def test_prompts_of_a_known_bucket_do_not_recompile(fixture_models, sampling_prompts, tempered):
@@ -347,6 +352,13 @@ def test_sharded_prompts_give_the_same_samples(fixture_models, sampling_prompts,
         ({"eos_ids": (2, 999)}, r"eos_ids \[999\] outside the vocabulary"),
         ({"max_new_tokens": 0}, r"max_new_tokens must be >= 1"),
         ({"decode_segments": 0}, r"decode_segments must be None or an int >= 1"),
+        ({"engine": "fast"}, r"engine='fast': expected one of \('continuous', 'static'\)"),
+        ({"num_slots": 0}, r"num_slots must be None or an int >= 1"),
+        ({"page_size": 0}, r"page_size must be an int >= 1"),
+        (
+            {"page_size": 4, "kv_budget_tokens": 15},
+            r"kv_budget_tokens=15 holds 3 pages of page_size=4; one sequence of max_new_tokens",
+        ),
     ],
 )
 def test_bad_options_raise_before_compiling(fixture_models, change, message):

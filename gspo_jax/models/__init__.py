@@ -15,6 +15,9 @@
     kv_cache.py     cached decoding with a shared prefix: PromptCache / ResponseCache,
                     prefill_shared / decode_step_shared (the sampler's), through the same
                     Decoder
+    paged.py        the continuous sampler's paged KV pool: prompt_pages, ragged paged
+                    attention (XLA; the Pallas kernel on TPU), decode_step_paged
+    lora.py         LoRA adapters: partition / combine (what trains), merged, PEFT export
     hf_io.py        load_pretrained / save_pretrained (safetensors, no torch); tokenizers load
                     with gspo_jax.data.load_tokenizer
 
@@ -62,6 +65,8 @@ attention half, over the dense layers for `mlp`, over the MoE layers for `moe`
     layers/moe/down_proj                   [M, E, F, D]    (layers, expert, mlp, embed)
     final_norm/scale                       [D]             (None,)
     lm_head/kernel                         [D, V]          (embed, vocab)   untied only
+    .../<proj>/lora_a, lora_b              [n, *in, r], [n, r, *out]  (the kernel's axes, rank
+                                           None)   with model_config.lora_rank = r (lora.py)
 """
 
 from gspo_jax.models.config import ModelConfig
@@ -84,14 +89,28 @@ from gspo_jax.models.kv_cache import (
     response_segments,
 )
 from gspo_jax.models.layer_stack import layer_runs, split_layers
-from gspo_jax.models.params import abstract_params, init_params, logical_axes, param_count
+from gspo_jax.models.paged import (
+    decode_step_paged,
+    paged_attention_impl,
+    prompt_pages,
+    ragged_paged_attention,
+)
+from gspo_jax.models.params import (
+    abstract_params,
+    for_decoding,
+    init_params,
+    logical_axes,
+    param_count,
+)
 
 __all__ = [
     "ModelConfig",
     "PromptCache",
     "ResponseCache",
     "abstract_params",
+    "decode_step_paged",
     "decode_step_shared",
+    "for_decoding",
     "forward",
     "forward_with_routing",
     "hidden_states",
@@ -102,9 +121,12 @@ __all__ = [
     "load_pretrained",
     "logical_axes",
     "logits_from_hidden",
+    "paged_attention_impl",
     "param_count",
     "positions_from_mask",
     "prefill_shared",
+    "prompt_pages",
+    "ragged_paged_attention",
     "read_hf_config",
     "response_segments",
     "save_pretrained",

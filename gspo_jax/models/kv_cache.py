@@ -112,7 +112,7 @@ def init_response_cache(
 
     Under a mesh in context (`jax.set_mesh`) the buffers are constrained to rows over the
     batch axes and kv heads over the tensor axis: zeros depend on no input, and left to
-    itself XLA replicated them (compiled for v5p-64, Qwen3-8B at 16k-token responses: a
+    itself XLA replicated them (compiled for v5p:4x4x4 = v5p-128, Qwen3-8B at 16k-token responses: a
     1.1 TiB per-chip prefill instead of the cache's 1/64th).
     """
     cfg = model_config

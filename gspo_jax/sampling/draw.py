@@ -1,6 +1,7 @@
 """Token draws: which distribution a sampled token comes from, and its log-prob.
 
-`sampler._decode` calls `next_token` once per decode step (inside its while_loop):
+`sampler._decode` and `continuous._engine` call `next_token` once per decode step (inside
+their while_loops), every row with its own key (`row_keys`: sequence index, token index):
 temperature τ, then top-k, then top-p on the logits (`filter_logits`), then one
 categorical draw per row by inverse CDF (`draw_categorical`); greedy (τ = 0) is argmax.
 The log-prob reported with each token is always of the *unfiltered* softmax(logits / τ),
@@ -68,9 +69,27 @@ def _block_size(V: int) -> int:
     return int(min(512, max(16, 2 ** round(math.log2(math.sqrt(V))))))
 
 
-def draw_categorical(z_BV, key):
+def row_keys(rng, sequence_B, position_B):
+    """Per-row keys fold_in(fold_in(rng, sequence), position): the key of a response token
+    depends only on which sequence it belongs to and its index in the response, never on
+    the decode row (slot) or the step it was drawn at — the static and continuous samplers
+    draw the same tokens from the same rng."""
+
+    def one(s, t):
+        return jax.random.fold_in(jax.random.fold_in(rng, s), t)
+
+    return jax.vmap(one)(sequence_B, position_B)
+
+
+def row_uniforms(keys_B):
+    """One f32 uniform in [0, 1) per row from its own key: [B, 1]."""
+    return jax.vmap(lambda k: jax.random.uniform(k, (1,), F32))(keys_B)
+
+
+def draw_categorical(z_BV, key=None, *, u_B1=None):
     """One draw per row from softmax(z) (z may hold −inf), by inverse CDF: one f32 uniform
-    per row, u·Σp located first among block sums, then inside the chosen block.
+    per row (from `key`, or given as `u_B1`, e.g. `row_uniforms` of per-row keys), u·Σp
+    located first among block sums, then inside the chosen block.
 
         p = exp(z − max z),  token = min{i : Σ_{j≤i} p_j > u·Σ_j p_j}
 
@@ -89,7 +108,9 @@ def draw_categorical(z_BV, key):
     p_BNb = p_BV.reshape(B, nb, blk)
     mass_BN = jnp.sum(p_BNb, axis=-1)
     cdf_BN = jnp.cumsum(mass_BN, axis=-1)
-    u_B1 = jax.random.uniform(key, (B, 1), F32) * cdf_BN[:, -1:]
+    if u_B1 is None:
+        u_B1 = jax.random.uniform(key, (B, 1), F32)
+    u_B1 = u_B1 * cdf_BN[:, -1:]
     block_index = jnp.arange(nb, dtype=jnp.int32)
     last_block = jnp.max(jnp.where(mass_BN > 0, block_index, 0), axis=-1, keepdims=True)
     j_B1 = jnp.minimum(jnp.sum(cdf_BN <= u_B1, axis=-1, keepdims=True), last_block)
@@ -103,14 +124,15 @@ def draw_categorical(z_BV, key):
     return (j_B1 * blk + jnp.minimum(t_B1, last_in))[:, 0].astype(jnp.int32)
 
 
-def next_token(logits_BV, key, temperature: float, top_k, top_p):
+def next_token(logits_BV, keys_B, temperature: float, top_k, top_p):
     """(token [B], log-prob [B]) for one step: one categorical draw per row from the
-    filtered tempered distribution (`draw_categorical`, one key for the [B, V] draw, every
-    row its own uniform); greedy is argmax. The log-prob is always of the unfiltered
+    filtered tempered distribution (`draw_categorical`), row b's uniform from its own key
+    keys_B[b] (`row_keys`); greedy is argmax. The log-prob is always of the unfiltered
     softmax(logits / τ) (τ = 1 for greedy), via the trainer's `logprobs_from_logits`."""
     if temperature == 0.0:
         token = _argmax(logits_BV)
         return token, logprobs_from_logits(logits_BV, token, 1.0)
     z = logits_BV.astype(F32) / temperature
-    token = draw_categorical(filter_logits(z, top_k=top_k, top_p=top_p), key)
+    u_B1 = row_uniforms(keys_B)
+    token = draw_categorical(filter_logits(z, top_k=top_k, top_p=top_p), u_B1=u_B1)
     return token, logprobs_from_logits(logits_BV, token, temperature)

@@ -16,6 +16,15 @@ How it runs (no per-token Python):
            of `models.decode_step_shared` that stop when every row has emitted an end token
            or `max_new_tokens` is reached; the state is donated and updated in place
 
+Engines (`engine=`): "static" (the default, jit 1 and 2 above) decodes all B rows until
+the last one ends. "continuous" (continuous.py) prefills the same way, then runs S decode
+slots over a queue of the B sequences with a paged KV cache — a finished
+slot takes the next sequence, so no row waits for the longest: it computes ~90 % useful
+rows on a long tail against static's ~24 %, but on CPU one of its steps still costs
+several static steps and it compiles about twice as long, so static stays the default
+until that per-step cost is fixed (docs/benchmarks.md, "The rollout on a long tail"). Token t of sequence b is drawn with key
+fold_in(fold_in(rng, b), t) in both (`draw.row_keys`), so they return the same samples.
+
 The model owns the decode arithmetic (models/kv_cache.py, through the same `Decoder` as
 `models.forward`); this module owns what is sampling-specific: bucketing and validation,
 the loop, and the schedule of the response cache's time segments. The G
@@ -61,7 +70,8 @@ import numpy as np
 from flax import struct
 
 from gspo_jax import models
-from gspo_jax.sampling.draw import next_token
+from gspo_jax.sampling import continuous
+from gspo_jax.sampling.draw import next_token, row_keys
 
 __all__ = [
     "DEFAULT_BUCKETS",
@@ -124,7 +134,8 @@ class SamplerState:
     length    int32 [B]       generated tokens up to and including the end token
     last      int32 [B]       token fed to the next decode step (response slot step − 1,
                               position = real prompt length + step − 1)
-    rng       key             the call's key; step s draws with fold_in(rng, s)
+    rng       key             the call's key; token t of row b draws with
+                              fold_in(fold_in(rng, b), t) (`draw.row_keys`)
     cache     models.ResponseCache: the rows' response keys/values in time segments
     """
 
@@ -214,11 +225,12 @@ def _decode(
     response mask [B, T], truncated [B])."""
     cfg = model_config
     B, T = state.tokens.shape
+    params = models.for_decoding(cfg, params)  # weights gathered once, not once per token
 
     def emit(state, logits_BV):
         """Draws token `step` for every row, writes it (pad / 0 for finished rows)."""
-        key = jax.random.fold_in(state.rng, state.step)
-        token, logprob = next_token(logits_BV, key, temperature, top_k, top_p)
+        keys = row_keys(state.rng, jnp.arange(B, dtype=jnp.int32), jnp.full((B,), state.step))
+        token, logprob = next_token(logits_BV, keys, temperature, top_k, top_p)
         live = ~state.done
         token = jnp.where(live, token, pad_id)
         col = (jnp.zeros((), jnp.int32), state.step)
@@ -443,6 +455,11 @@ def sample(
     max_cache_len: int | None = None,
     logprobs_as_pi_old: bool = False,
     decode_segments: int | None = None,
+    engine: str = "static",
+    num_slots: int | None = None,
+    page_size: int = 16,
+    kv_budget_tokens: int | None = None,
+    drain_levels: int = 2,
 ) -> SampleOutput:
     """Samples `num_samples` (G) responses for each of N left-padded prompts.
 
@@ -451,8 +468,9 @@ def sample(
         sharded — the jitted stages follow the inputs' shardings).
       prompt_tokens, prompt_mask: int [N, P], LEFT padded (mask 1 = real token); numpy or
         jax arrays (possibly sharded over a mesh). Every row needs ≥ 1 real token.
-      rng: one PRNG key (typed or raw uint32) for the whole call; the token of step s is
-        drawn with fold_in(rng, s) — one categorical draw over [B, V], each row its own noise.
+      rng: one PRNG key (typed or raw uint32) for the whole call; token t of row b is drawn
+        with fold_in(fold_in(rng, b), t) (`draw.row_keys`): independent of the engine, the
+        decode slot and the step it was drawn at.
       num_samples: G; the output has B = N·G rows, the G samples of prompt n contiguous.
       max_new_tokens: T, the response width (fixed, for the trainer).
       temperature: τ; 0 is greedy (argmax).
@@ -469,8 +487,20 @@ def sample(
         model_config.max_position_embeddings.
       logprobs_as_pi_old: the caller will use `logprobs` as π_old; warns when that is biased
         (`warn_if_biased_pi_old`).
-      decode_segments: time segments of the response cache (see the module docstring);
-        None = max(1, min(4, max_new_tokens // 32)). Changes speed and compile time only.
+      decode_segments: time segments of the static engine's response cache (see the
+        module docstring); None = max(1, min(4, max_new_tokens // 32)). Speed only.
+      engine: "static" (default: every row decodes until the last one ends) or
+        "continuous" (continuous batching over a paged KV cache, continuous.py). Both give
+        the same tokens for the same rng and log-probs equal to float rounding.
+      num_slots: continuous decode rows S (None: one per sequence, N·G); fewer slots than
+        sequences make a queue that finished slots take from.
+      page_size: tokens per KV page (continuous).
+      kv_budget_tokens: response tokens the page pool holds at once (continuous); None =
+        every slot at full length. A smaller budget makes rows wait or be preempted and
+        rerun (same results); less than one full-length sequence is an error.
+      drain_levels: once the queue is empty, the continuous loop halves its width (rows
+        computed per step) up to this many times as rows end (each level is one more
+        compiled copy of the decode step; 0 keeps num_slots rows to the end).
 
     Returns `SampleOutput`. `logprobs[b, t]` = log softmax(logits_t / τ)[token_t] in f32, the
     UNFILTERED tempered distribution — what the trainer recomputes with the same τ
@@ -486,7 +516,8 @@ def sample(
     no real token or with padding after a real token (not left padded); a row longer than
     max_prompt_length; bucket + max_new_tokens beyond the cache limit; num_samples < 1,
     max_new_tokens < 1, temperature < 0, top_k < 1, top_p outside (0, 1], eos / pad ids
-    outside the vocabulary.
+    outside the vocabulary, an unknown engine, bad num_slots / page_size / drain_levels, a
+    kv_budget_tokens below one full-length response.
     """
     cfg = model_config
     eos_ids = _check_options(
@@ -512,17 +543,97 @@ def sample(
         cfg.max_position_embeddings,
     )
 
+    options = {
+        "num_samples": int(num_samples),
+        "max_new_tokens": int(max_new_tokens),
+        "temperature": temperature,
+        "top_k": top_k,
+        "top_p": top_p,
+        "share_prefix": bool(share_prefix),
+        "drain_levels": _drain_levels(drain_levels),
+    }
+    B = np.shape(prompt_tokens)[0] * int(num_samples)
+    page_plan = _page_plan(engine, B, bucket, options, num_slots, page_size, kv_budget_tokens)
     tokens_NP = _trim_to_int32(prompt_tokens, bucket)
     mask_NP = _trim_to_int32(prompt_mask, bucket)
+    # numpy, not device arrays: the same on every process of a multi-host run.
+    eos_E = np.asarray(eos_ids, np.int32).reshape(len(eos_ids))
+    if engine == "static":
+        return _sample_static(
+            cfg, params, tokens_NP, mask_NP, rng, eos_E, pad_id, options, segments
+        )
+    return _sample_continuous(
+        cfg, params, tokens_NP, mask_NP, rng, eos_E, pad_id, options, page_plan
+    )
+
+
+def _sample_continuous(cfg, params, tokens_NP, mask_NP, rng, eos_E, pad_id, options, page_plan):
+    """The continuous engine (continuous.py) as a `SampleOutput`."""
+    out = continuous.run(
+        cfg,
+        params,
+        tokens_NP,
+        mask_NP,
+        rng,
+        eos_E,
+        np.int32(pad_id),
+        options=options,
+        page_plan=page_plan,
+    )
+    tokens, mask, logprobs, lengths, truncated, tokens_BP, mask_BP, _ = out
+    return SampleOutput(
+        tokens=tokens,
+        mask=mask,
+        logprobs=logprobs,
+        lengths=lengths,
+        truncated=truncated,
+        prompt_tokens=tokens_BP,
+        prompt_mask=mask_BP,
+        num_steps=jnp.max(lengths),
+    )
+
+
+ENGINES = ("continuous", "static")
+
+
+def _drain_levels(drain_levels) -> int:
+    if (
+        isinstance(drain_levels, bool)
+        or not isinstance(drain_levels, (int, np.integer))
+        or drain_levels < 0
+    ):
+        raise ValueError(f"drain_levels must be an int >= 0, got {drain_levels!r}")
+    return int(drain_levels)
+
+
+def _page_plan(engine, num_sequences, bucket, options, num_slots, page_size, kv_budget_tokens):
+    """The continuous engine's `continuous.plan` (None for "static"); ValueError for an
+    unknown engine or bad slot / page / budget options, before anything compiles."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine={engine!r}: expected one of {ENGINES}")
+    if engine == "static":
+        return None
+    return continuous.plan(
+        num_sequences,
+        bucket,
+        options["max_new_tokens"],
+        num_slots=num_slots,
+        page_size=page_size,
+        kv_budget_tokens=kv_budget_tokens,
+    )
+
+
+def _sample_static(cfg, params, tokens_NP, mask_NP, rng, eos_E, pad_id, options, segments):
+    """The static engine: `_prefill`, then `_decode` until every row has ended."""
     prompt, state, first_logits, tokens_BP, mask_BP = _prefill(
         cfg,
         params,
         tokens_NP,
         mask_NP,
         rng,
-        num_samples=int(num_samples),
-        share_prefix=bool(share_prefix),
-        max_new_tokens=int(max_new_tokens),
+        num_samples=options["num_samples"],
+        share_prefix=options["share_prefix"],
+        max_new_tokens=options["max_new_tokens"],
         segments=segments,
     )
     state, mask, truncated = _decode(
@@ -531,12 +642,11 @@ def sample(
         prompt,
         state,
         first_logits,
-        # numpy, not device arrays: the same on every process of a multi-host run.
-        np.asarray(eos_ids, np.int32).reshape(len(eos_ids)),
+        eos_E,
         np.int32(pad_id),
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
+        temperature=options["temperature"],
+        top_k=options["top_k"],
+        top_p=options["top_p"],
     )
     return SampleOutput(
         tokens=state.tokens,

@@ -1,0 +1,287 @@
+"""Paged KV cache and ragged paged attention: the decode arithmetic of the continuous sampler.
+
+Where it sits: `sampling/continuous.py` keeps every layer's keys/values in one page pool
+and calls `prompt_pages` once (the prefilled prompts, written into pages) and
+`decode_step_paged` inside its `lax.while_loop`. The step runs the one `decoder.Decoder`
+composition, unrolled over layers, with `_PagedAttention` as its attention context (as
+kv_cache.py's `_CacheAttention`; nothing here re-states the block).
+
+Layout (that of jax's Pallas kernel `jax.experimental.pallas.ops.tpu.ragged_paged_attention`,
+so the TPU path hands the pool to the kernel as it is):
+
+    kv pages   per layer [num_pages, page_size, 2K, C]: keys at combined head 2k, values
+               at 2k + 1 (kv head k)
+    page table int32 [S, M]: row s's m-th page; context position i of row s lives in page
+               table[s, i // page_size] at offset i % page_size
+    kv_lens    int32 [S]: context positions 0 .. kv_len − 1 of row s are real
+
+A row's context is its prompt's real tokens (left padding dropped, position 0 first) then
+its own response tokens; a group's G rows share the pages of their prompt (the table
+entries point at the same pages), and only a prompt's partly filled last page is copied
+into a page of the row's own (the row writes after it).
+
+`ragged_paged_attention` (the XLA implementation; CPU / GPU and the tests) gives one query
+per row the kernel's result: softmax(q·kᵀ·scale over positions < kv_len) · v with kv head
+h // R for query head h. It reads the pages in blocks, in `lax.while_loop`s that stop at
+the longest row's kv_len, so a step reads the real context of its rows, not every row's
+full capacity (twice: one pass for the softmax statistics, one for the output, to keep the
+trainer's arithmetic; see the function). `paged_attention` picks the Pallas kernel when
+compiling for a TPU (`paged_attention_impl`).
+
+Shape letters: S decode rows (slots), M page-table width, N prompts, P prompt slots, K kv
+heads, C head dim, H query heads, R = H/K, W key positions of one block, V vocab.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from gspo_jax.models.attention import target_platform
+from gspo_jax.models.config import ModelConfig
+from gspo_jax.models.functional import logits_from_hidden
+from gspo_jax.models.params import merge
+
+F32 = jnp.float32
+MASK_VALUE = -0.7 * float(jnp.finfo(F32).max)  # the Pallas kernel's DEFAULT_MASK_VALUE
+PAGED_IMPLS = ("xla", "pallas")
+
+
+def paged_attention_impl(attention_impl: str, platform: str | None = None) -> str:
+    """ "pallas" when compiling for a TPU and `attention_impl` is "auto" or "splash" (the
+    Pallas kernels), "xla" otherwise."""
+    platform = platform or target_platform()
+    if platform == "tpu" and attention_impl in ("auto", "splash"):
+        return "pallas"
+    return "xla"
+
+
+def ragged_paged_attention(
+    q_SHC, kv_pages, kv_lens_S, page_table_SM, *, sm_scale, block_pages=8, split_S=None
+):
+    """One query per row over its paged context (XLA; the Pallas kernel's semantics for
+    decode, cu_q_lens = 0, 1, …, S): out[s, h] = Σ_i softmax_i(q[s,h]·k_i·sm_scale) v_i over
+    the row's positions i < kv_lens[s], k_i / v_i of kv head h // R. Returns [S, H, C] in
+    q's dtype.
+
+    Two while_loops over blocks of `block_pages` pages, up to the longest row only (rows
+    shorter than a block mask the rest): the first finds each row's score maximum and
+    softmax denominator (f32), the second forms the normalised probabilities, casts them to
+    the value dtype and multiplies by the values — the arithmetic of `attention.attend`
+    (what the trainer recomputes log-probs with), so that in bf16 the sampler's log-probs
+    stay as close to the trainer's as the dense cache's; a context within one block gives
+    `attend`'s numbers exactly up to the order of the additions. `split_S` (int32 [S],
+    optional): positions before it (the prompt) and from it (the response) are multiplied
+    by the values separately and the two outputs added in the value dtype, as the trainer's
+    shared-prompt attention (`attention.attend_shared_prompt`) does."""
+    S, H, C = q_SHC.shape
+    _, page_size, K2, _ = kv_pages.shape
+    K = K2 // 2
+    M = page_table_SM.shape[1]
+    bp = max(1, min(int(block_pages), M))
+    nb = -(-M // bp)
+    table = jnp.pad(page_table_SM, ((0, 0), (0, nb * bp - M)))
+    W = bp * page_size
+    q_SKRC = q_SHC.reshape(S, K, H // K, C)
+    kv_lens_S = kv_lens_S.astype(jnp.int32)
+    blocks = (jnp.max(kv_lens_S) + W - 1) // W
+
+    def block(j):
+        """Scores [S, K, R, W] (masked) and values [S, W, K, C] of block j."""
+        pages_Sb = jax.lax.dynamic_slice_in_dim(table, j * bp, bp, axis=1)
+        kv_SWKC = kv_pages[pages_Sb].reshape(S, W, K, 2, C)
+        k_SWKC, v_SWKC = kv_SWKC[..., 0, :], kv_SWKC[..., 1, :]
+        s_SKRW = jnp.einsum(
+            "skrc,swkc->skrw", q_SKRC, k_SWKC.astype(q_SHC.dtype), preferred_element_type=F32
+        )
+        s_SKRW = s_SKRW * sm_scale
+        live_SW = (j * W + jnp.arange(W, dtype=jnp.int32))[None, :] < kv_lens_S[:, None]
+        return jnp.where(live_SW[:, None, None, :], s_SKRW, MASK_VALUE), v_SWKC
+
+    def stats(carry):
+        j, m_SKR, l_SKR = carry
+        s_SKRW, _ = block(j)
+        m_new = jnp.maximum(m_SKR, jnp.max(s_SKRW, axis=-1))
+        l_SKR = l_SKR * jnp.exp(m_SKR - m_new) + jnp.sum(jnp.exp(s_SKRW - m_new[..., None]), -1)
+        return j + 1, m_new, l_SKR
+
+    def output(carry):
+        j, acc_SKRC = carry
+        s_SKRW, v_SWKC = block(j)
+        p_SKRW = (jnp.exp(s_SKRW - m_SKR[..., None]) / l_SKR[..., None]).astype(v_SWKC.dtype)
+        v_SWKC = v_SWKC.astype(q_SHC.dtype)
+        if split_S is None:
+            o_SKRC = jnp.einsum("skrw,swkc->skrc", p_SKRW, v_SWKC)
+        else:
+            before_SW = (j * W + jnp.arange(W, dtype=jnp.int32))[None, :] < split_S[:, None]
+            before = before_SW[:, None, None, :]
+            o_SKRC = jnp.einsum("skrw,swkc->skrc", jnp.where(before, p_SKRW, 0), v_SWKC)
+            o_SKRC = o_SKRC + jnp.einsum("skrw,swkc->skrc", jnp.where(before, 0, p_SKRW), v_SWKC)
+        return j + 1, acc_SKRC + o_SKRC.astype(F32)
+
+    zero = jnp.zeros((), jnp.int32)
+    shape = (S, K, H // K)
+    _, m_SKR, l_SKR = jax.lax.while_loop(
+        lambda c: c[0] < blocks,
+        stats,
+        (zero, jnp.full(shape, -jnp.inf, F32), jnp.zeros(shape, F32)),
+    )
+    l_SKR = jnp.where(l_SKR > 0, l_SKR, 1.0)  # no block read (every kv_len 0): output 0
+    _, acc_SKRC = jax.lax.while_loop(
+        lambda c: c[0] < blocks, output, (zero, jnp.zeros((*shape, C), F32))
+    )
+    return acc_SKRC.reshape(S, H, C).astype(q_SHC.dtype)
+
+
+def _pallas_paged_attention(q_SHC, kv_pages, kv_lens_S, page_table_SM, *, sm_scale):
+    """jax's Pallas TPU kernel with one query per row (decode)."""
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
+
+    S = q_SHC.shape[0]
+    page_size, M = kv_pages.shape[1], page_table_SM.shape[1]
+    # Block sizes given (the kernel's own lookup reads the runtime's devices, which are not
+    # the target's when compiling ahead of time): ~512 keys per block, 32 queries.
+    return ragged_paged_attention(
+        q_SHC,
+        kv_pages.astype(q_SHC.dtype),
+        kv_lens_S.astype(jnp.int32),
+        page_table_SM.astype(jnp.int32),
+        jnp.arange(S + 1, dtype=jnp.int32),
+        jnp.array([S], jnp.int32),
+        sm_scale=sm_scale,
+        num_kv_pages_per_block=max(1, min(M, 512 // page_size)),
+        num_queries_per_block=min(32, S),
+    )
+
+
+def paged_attention(
+    impl: str, q_SHC, kv_pages, kv_lens_S, page_table_SM, *, sm_scale, split_S=None
+):
+    """`ragged_paged_attention` ("xla", with `split_S`) or the Pallas kernel ("pallas",
+    one product over the whole context)."""
+    if impl == "pallas":
+        return _pallas_paged_attention(q_SHC, kv_pages, kv_lens_S, page_table_SM, sm_scale=sm_scale)
+    if impl == "xla":
+        return ragged_paged_attention(
+            q_SHC, kv_pages, kv_lens_S, page_table_SM, sm_scale=sm_scale, split_S=split_S
+        )
+    raise ValueError(f"paged attention impl {impl!r}: expected one of {PAGED_IMPLS}")
+
+
+def kv_entry(k_SKC, v_SKC, dtype):
+    """Keys and values of one token per row interleaved as the pool's [S, 2K, C]."""
+    S, K, C = k_SKC.shape
+    return jnp.stack([k_SKC, v_SKC], axis=2).reshape(S, 2 * K, C).astype(dtype)
+
+
+def prompt_pages(prompt, page_size: int):
+    """The prompts of a `kv_cache.PromptCache` (left padded, cache layout) as pages: per
+    layer [N · ⌈P/page_size⌉, page_size, 2K, C], prompt n's real tokens from position 0 in
+    its pages n·⌈P/ps⌉ …; positions past its length hold copies of other slots (never read:
+    kv_lens stops before them)."""
+    N, K, C, P = prompt.k[0].shape
+    per = -(-P // page_size)
+    width = per * page_size
+    # Real tokens first: slot (P − length + i) becomes position i.
+    src_NW = jnp.clip(jnp.arange(width)[None, :] + (P - prompt.length)[:, None], 0, P - 1)
+    out = []
+    for k_NKCP, v_NKPC in zip(prompt.k, prompt.v):
+        k_NPKC = k_NKCP.transpose(0, 3, 1, 2)
+        v_NPKC = v_NKPC.transpose(0, 2, 1, 3)
+        k_NWKC = jnp.take_along_axis(k_NPKC, src_NW[:, :, None, None], axis=1)
+        v_NWKC = jnp.take_along_axis(v_NPKC, src_NW[:, :, None, None], axis=1)
+        kv = jnp.stack([k_NWKC, v_NWKC], axis=3).reshape(N * per, page_size, 2 * K, C)
+        out.append(kv)
+    return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class _PagedAttention:
+    """Decode attention context: every layer writes its token's k/v at (write_page,
+    write_offset) of its pool, then attends over the row's pages (`paged_attention`).
+    The cache entry a layer returns is its updated pool."""
+
+    kv: tuple
+    write_page: jax.Array
+    write_offset: jax.Array
+    kv_lens: jax.Array
+    page_table: jax.Array
+    impl: str
+    split: jax.Array | None = None  # per row: the prompt's length (see ragged_paged_attention)
+    layer_data = None  # per-layer pools are indexed by layer (unrolled decoder)
+
+    def __call__(self, layer: int, q_BLHC, k_BLKC, v_BLKC):
+        pool = self.kv[layer]
+        entry = kv_entry(k_BLKC[:, 0], v_BLKC[:, 0], pool.dtype)
+        pool = pool.at[self.write_page, self.write_offset].set(entry)
+        C = q_BLHC.shape[-1]
+        out = paged_attention(
+            self.impl,
+            q_BLHC[:, 0],
+            pool,
+            self.kv_lens,
+            self.page_table,
+            sm_scale=C**-0.5,
+            split_S=self.split,
+        )
+        return out[:, None], pool
+
+
+@functools.partial(jax.jit, static_argnums=0, static_argnames=("impl",))
+def decode_step_paged(
+    model_config: ModelConfig,
+    params,
+    kv: tuple,
+    tokens_S,
+    positions_S,
+    write_page_S,
+    write_offset_S,
+    kv_lens_S,
+    page_table_SM,
+    *,
+    impl: str = "xla",
+    layer_params=None,
+    prompt_lens_S=None,
+):
+    """One token per row: row s feeds tokens_S[s] at position positions_S[s], writes its
+    k/v at (write_page_S[s], write_offset_S[s]) of every layer's pool and attends over its
+    first kv_lens_S[s] context positions (the new one included) through page_table_SM[s].
+    Returns (next-token logits [S, V] f32, the pools updated). Carry `kv` through a loop (or
+    donate it) so the writes happen in place; pass `layer_params=split_layers(cfg, params)`
+    computed once before the loop. `prompt_lens_S`: the rows' prompt lengths, for the
+    trainer's prompt / response split of the value product (XLA path)."""
+    cfg = model_config
+    context = _PagedAttention(
+        kv=tuple(kv),
+        write_page=write_page_S,
+        write_offset=write_offset_S,
+        kv_lens=kv_lens_S,
+        page_table=page_table_SM,
+        impl=impl,
+        split=prompt_lens_S,
+    )
+    model = merge(cfg, params)
+    hidden_S1D, entries, _ = model(
+        tokens_S[:, None],
+        positions_S[:, None],
+        context,
+        None,
+        unroll=True,
+        layer_params=layer_params,
+    )
+    return logits_from_hidden(cfg, params, hidden_S1D[:, 0]), tuple(entries)
+
+
+__all__ = [
+    "MASK_VALUE",
+    "PAGED_IMPLS",
+    "decode_step_paged",
+    "kv_entry",
+    "paged_attention",
+    "paged_attention_impl",
+    "prompt_pages",
+    "ragged_paged_attention",
+]

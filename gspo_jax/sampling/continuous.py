@@ -1,0 +1,487 @@
+"""Continuous batching over a paged KV cache: the default engine of `sample`.
+
+A fixed number S of decode slots works through a queue of the N·G sequences (sequence b
+continues prompt b // G). One `lax.while_loop` step decodes one token for every running
+slot; a slot whose sequence ends (end token or max_new_tokens) frees its pages and takes the
+next sequence from the queue in the same step, so no slot waits for the longest response.
+
+  jit 1  `_prefill_pages`: one prefill per prompt (`models.prefill_shared`, shared by its G
+         responses), its keys/values written into pages (`models.prompt_pages`), and the
+         prompts' last-position logits [Q, V]
+  jit 2  `_engine`: the while_loop; a sequence needs no prefill of its own — its slot draws
+         its first token from its prompt's logits, and points its page table at the
+         prompt's pages (a prompt's partly filled last page is copied into a page of the
+         slot's own, since the slot writes after it)
+
+Drain: once the queue is empty, the slots still running are fewer and fewer. When at most
+half of them run, they move (`_compact`: a gather of the per-slot arrays; their pages stay
+where they are) to a loop of half the width, `drain_levels` times (default 2: S, S/2,
+S/4), so the long tail of a rollout is not decoded S rows at a time. At lognormal(mean
+2048, cap 8192) lengths this lifts the useful share of computed rows from ~0.71-0.74 to
+~0.84-0.93 (benchmarks/sampler_longtail.py --simulate).
+
+Memory is budgeted in tokens in flight: a pool of `num_pages` response pages of
+`page_size` tokens (`kv_budget_tokens` / page_size; default: every slot at full length)
+next to the prompts' pages. A page is taken from the free list when a row crosses a page
+boundary and returned when the row ends. When the free list is empty:
+
+  - a row that needs a page waits (it skips the step; its state is unchanged);
+    the oldest rows (admission order) get pages first;
+  - while a row waits, no new sequence is admitted;
+  - if every running row waits, the youngest one holding pages is preempted: its pages are
+    freed and its sequence goes back to the queue, to be decoded again from its first
+    token. Tokens are drawn with per-sequence keys (`draw.row_keys`), so the rerun produces
+    the same tokens and log-probs: preemption costs time, never changes a result.
+
+`plan` rejects, before anything compiles, a budget that cannot hold one full-length
+sequence (that row could never finish). Nothing is ever truncated silently.
+
+Results are written to [B, T] by sequence index, so the output is the static sampler's:
+the same tokens for the same rng (its draws use the same keys), log-probs equal to float
+rounding (tests/test_sampling_continuous.py).
+
+Shape letters: B = N·G sequences, Q prompt rows (N shared, B not), S slots, T
+max_new_tokens, M page-table width, R response pages, V vocab.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from gspo_jax import models
+from gspo_jax.sampling.draw import next_token, row_keys
+
+F32 = jnp.float32
+TRASH = 0  # page 0: where rows that write nothing write; never read as context
+
+
+@dataclasses.dataclass(frozen=True)
+class PagePlan:
+    """Static sizes of one engine call (hashable: a jit static argument).
+
+    num_slots   S decode rows
+    page_size   tokens per page
+    num_pages   R response pages (the budget of tokens in flight / page_size)
+    prompt_pages pages per prompt row, ⌈P / page_size⌉
+    seq_pages   most own pages one sequence can need: ⌈T / page_size⌉ + 1
+    """
+
+    num_slots: int
+    page_size: int
+    num_pages: int
+    prompt_pages: int
+    seq_pages: int
+
+    @property
+    def table_width(self) -> int:
+        return self.prompt_pages + self.seq_pages
+
+
+def plan(
+    num_sequences: int,
+    prompt_width: int,
+    max_new_tokens: int,
+    *,
+    num_slots=None,
+    page_size: int = 16,
+    kv_budget_tokens=None,
+) -> PagePlan:
+    """The page plan, checked (ValueError naming the option): num_slots None = one per
+    sequence (capped at the sequence count); kv_budget_tokens None = every slot at full
+    length (no row ever waits), else ⌊budget / page_size⌋ pages, at least one full-length
+    sequence's."""
+    for name, value in (("num_slots", num_slots), ("kv_budget_tokens", kv_budget_tokens)):
+        if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
+            raise ValueError(f"{name} must be None or an int >= 1, got {value!r}")
+    if isinstance(page_size, bool) or int(page_size) != page_size or page_size < 1:
+        raise ValueError(f"page_size must be an int >= 1, got {page_size!r}")
+    S = min(int(num_slots or num_sequences), num_sequences)
+    seq_pages = -(-max_new_tokens // page_size) + 1
+    if kv_budget_tokens is None:
+        num_pages = S * seq_pages
+    else:
+        num_pages = int(kv_budget_tokens) // page_size
+        if num_pages < seq_pages:
+            raise ValueError(
+                f"kv_budget_tokens={kv_budget_tokens} holds {num_pages} pages of page_size="
+                f"{page_size}; one sequence of max_new_tokens={max_new_tokens} needs up to "
+                f"{seq_pages} pages ({seq_pages * page_size} tokens): raise the budget"
+            )
+    return PagePlan(S, int(page_size), num_pages, -(-prompt_width // page_size), seq_pages)
+
+
+@struct.dataclass
+class EngineState:
+    """The while_loop's carry. Per slot [S]: seq (−1 idle), t (tokens drawn), last (token
+    to feed next), plen (its prompt's length), stamp (admission order), table [S, M] (its
+    pages), npages (table entries in use), first_own (first entry it owns). Free list:
+    free [R] (page ids, the first free_top valid). Queue: next_seq, requeue [B] (preempted
+    sequences, the first requeue_len valid). Outputs by sequence: tokens, logprobs [B, T],
+    length, ended [B]. Counters: steps, row_steps (Σ slots over steps), preemptions."""
+
+    kv: tuple
+    seq: jax.Array
+    t: jax.Array
+    last: jax.Array
+    plen: jax.Array
+    stamp: jax.Array
+    table: jax.Array
+    npages: jax.Array
+    first_own: jax.Array
+    free: jax.Array
+    free_top: jax.Array
+    next_seq: jax.Array
+    requeue: jax.Array
+    requeue_len: jax.Array
+    counter: jax.Array
+    tokens: jax.Array
+    logprobs: jax.Array
+    length: jax.Array
+    ended: jax.Array
+    steps: jax.Array
+    row_steps: jax.Array
+    preemptions: jax.Array
+
+
+@functools.partial(
+    jax.jit, static_argnames=("model_config", "num_samples", "share_prefix", "page_size")
+)
+def _prefill_pages(
+    model_config, params, tokens_NP, mask_NP, *, num_samples, share_prefix, page_size
+):
+    """(prompt pages per layer, prompt lengths [Q], last-position logits [Q, V], the prompts
+    repeated G times [B, P] and their mask)."""
+    G = num_samples
+    tokens_BP = jnp.repeat(tokens_NP, G, axis=0)
+    mask_BP = jnp.repeat(mask_NP, G, axis=0)
+    tokens_QP, mask_QP = (tokens_NP, mask_NP) if share_prefix else (tokens_BP, mask_BP)
+    prompt, logits_QV, _ = models.prefill_shared(model_config, params, tokens_QP, mask_QP)
+    pages = models.prompt_pages(prompt, page_size)
+    return pages, prompt.length, logits_QV, tokens_BP, mask_BP.astype(jnp.int32)
+
+
+def _init_state(prompt_pages, B: int, T: int, p: PagePlan) -> EngineState:
+    """Every slot idle, every response page free, the queue full."""
+    S, M, R = p.num_slots, p.table_width, p.num_pages
+    first_free = 1 + prompt_pages[0].shape[0]
+    kv = tuple(
+        jnp.concatenate(
+            [jnp.zeros((1, *x.shape[1:]), x.dtype), x, jnp.zeros((R, *x.shape[1:]), x.dtype)]
+        )
+        for x in prompt_pages
+    )
+    i32 = functools.partial(jnp.zeros, dtype=jnp.int32)
+    return EngineState(
+        kv=kv,
+        seq=jnp.full((S,), -1, jnp.int32),
+        t=i32((S,)),
+        last=i32((S,)),
+        plen=i32((S,)),
+        stamp=i32((S,)),
+        table=i32((S, M)),
+        npages=i32((S,)),
+        first_own=i32((S,)),
+        free=first_free + jnp.arange(R, dtype=jnp.int32),
+        free_top=jnp.int32(R),
+        next_seq=i32(()),
+        requeue=i32((B,)),
+        requeue_len=i32(()),
+        counter=i32(()),
+        tokens=i32((B, T)),
+        logprobs=jnp.zeros((B, T), F32),
+        length=i32((B,)),
+        ended=jnp.zeros((B,), bool),
+        steps=i32(()),
+        row_steps=i32(()),
+        preemptions=i32(()),
+    )
+
+
+def _grant(state: EngineState, p: PagePlan):
+    """Pages for running rows that cross a page boundary, oldest first. Returns (state,
+    progress [S]: the row decodes this step, stalled [S]: it needed a page and got none)."""
+    S, M, R = state.seq.shape[0], p.table_width, p.num_pages
+    active = state.seq >= 0
+    pos = state.plen + state.t - 1  # position of the token fed this step
+    need = active & (pos // p.page_size >= state.npages)
+    older = need[None, :] & (state.stamp[None, :] < state.stamp[:, None])
+    rank = jnp.sum(older, axis=1, dtype=jnp.int32)
+    granted = need & (rank < state.free_top)
+    page = state.free[jnp.clip(state.free_top - 1 - rank, 0, R - 1)]
+    col = jnp.where(granted, state.npages, M)  # M: out of range, dropped
+    table = state.table.at[jnp.arange(S), col].set(page, mode="drop")
+    state = state.replace(
+        table=table,
+        npages=state.npages + granted,
+        free_top=state.free_top - jnp.sum(granted, dtype=jnp.int32),
+    )
+    stalled = need & ~granted
+    return state, active & ~stalled, stalled
+
+
+def _victim(state: EngineState, progress):
+    """[S] bool: when running rows exist but none can progress, the youngest holding pages."""
+    active = state.seq >= 0
+    stuck = jnp.any(active) & ~jnp.any(progress)
+    holds = active & (state.npages > state.first_own)
+    youngest = jnp.max(jnp.where(holds, state.stamp, -1))
+    return stuck & holds & (state.stamp == youngest)
+
+
+def _decode(cfg, params, layers, state: EngineState, progress, p: PagePlan, impl: str):
+    """Logits [S, V] of the running rows (rows not progressing write to the trash page)."""
+    pos = state.plen + state.t - 1
+    S = state.seq.shape[0]
+    page = state.table[jnp.arange(S), jnp.clip(pos // p.page_size, 0, p.table_width - 1)]
+    logits, kv = models.decode_step_paged(
+        cfg,
+        params,
+        state.kv,
+        state.last,
+        jnp.maximum(pos, 0),
+        jnp.where(progress, page, TRASH),
+        jnp.where(progress, pos % p.page_size, 0),
+        jnp.where(progress, pos + 1, 1),
+        jnp.where(progress[:, None], state.table, TRASH),
+        impl=impl,
+        layer_params=layers,
+        prompt_lens_S=state.plen,
+    )
+    return logits, state.replace(kv=kv)
+
+
+def _admit(state: EngineState, allowed, plen_Q, group: int, B: int, p: PagePlan):
+    """Idle slots take the next sequences (preempted ones first), one free page each at
+    most (a prompt's partly filled last page, copied). Returns (state, admitted [S])."""
+    M, R, ps = p.table_width, p.num_pages, p.page_size
+    idle = state.seq < 0
+    r = jnp.cumsum(idle, dtype=jnp.int32) - 1
+    avail = state.requeue_len + (B - state.next_seq)
+    admitted = idle & allowed & (r < jnp.minimum(avail, state.free_top))
+    from_requeue = r < state.requeue_len
+    requeued = state.requeue[jnp.clip(state.requeue_len - 1 - r, 0, B - 1)]
+    seq = jnp.where(from_requeue, requeued, state.next_seq + r - state.requeue_len)
+    n_adm = jnp.sum(admitted, dtype=jnp.int32)
+    n_req = jnp.minimum(n_adm, state.requeue_len)
+    q = jnp.clip(seq, 0, B - 1) // group
+    plen = plen_Q[q]
+    full, tail = plen // ps, admitted & (plen % ps != 0)
+    own = state.free[jnp.clip(state.free_top - jnp.cumsum(tail, dtype=jnp.int32), 0, R - 1)]
+    base = 1 + q * p.prompt_pages  # the prompt's first page
+    src = jnp.where(tail, base + full, TRASH)
+    dst = jnp.where(tail, own, TRASH)
+    kv = tuple(pool.at[dst].set(pool[src]) for pool in state.kv)
+    j = jnp.arange(M)[None, :]
+    row = jnp.where(j < full[:, None], base[:, None] + j, TRASH)
+    row = jnp.where((j == full[:, None]) & tail[:, None], own[:, None], row)
+    state = state.replace(
+        kv=kv,
+        seq=jnp.where(admitted, seq, state.seq),
+        t=jnp.where(admitted, 0, state.t),
+        plen=jnp.where(admitted, plen, state.plen),
+        stamp=jnp.where(admitted, state.counter + r, state.stamp),
+        table=jnp.where(admitted[:, None], row, state.table),
+        npages=jnp.where(admitted, full + tail, state.npages),
+        first_own=jnp.where(admitted, full, state.first_own),
+        free_top=state.free_top - jnp.sum(tail, dtype=jnp.int32),
+        next_seq=state.next_seq + n_adm - n_req,
+        requeue_len=state.requeue_len - n_req,
+        counter=state.counter + n_adm,
+    )
+    return state, admitted
+
+
+def _emit(state: EngineState, logits_SV, emit, rng, eos_E, draw, T: int):
+    """Draws token t of every emitting row with its sequence's key, writes it by sequence
+    index. Returns (state, finished [S]: the row's sequence ended)."""
+    B = state.tokens.shape[0]
+    keys = row_keys(rng, jnp.maximum(state.seq, 0), state.t)
+    token, logprob = next_token(logits_SV, keys, *draw)
+    row = jnp.where(emit, state.seq, B)  # B: out of range, dropped
+    t1 = state.t + emit
+    is_end = jnp.any(token[:, None] == eos_E[None, :], axis=-1) & emit
+    finished = emit & (is_end | (t1 >= T))
+    done_row = jnp.where(finished, state.seq, B)
+    state = state.replace(
+        tokens=state.tokens.at[row, state.t].set(token, mode="drop"),
+        logprobs=state.logprobs.at[row, state.t].set(logprob, mode="drop"),
+        length=state.length.at[done_row].set(t1, mode="drop"),
+        ended=state.ended.at[done_row].set(is_end, mode="drop"),
+        t=t1,
+        last=jnp.where(emit, token, state.last),
+    )
+    return state, finished
+
+
+def _release(state: EngineState, finished, victim, p: PagePlan):
+    """Frees the own pages of finished and preempted rows; requeues the preempted."""
+    B = state.requeue.shape[0]
+    rel = finished | victim
+    j = jnp.arange(p.table_width)[None, :]
+    own = rel[:, None] & (j >= state.first_own[:, None]) & (j < state.npages[:, None])
+    flat = own.reshape(-1)
+    at = jnp.where(flat, state.free_top + jnp.cumsum(flat, dtype=jnp.int32) - 1, p.num_pages)
+    back = jnp.where(victim, state.requeue_len, B)
+    return state.replace(
+        free=state.free.at[at].set(state.table.reshape(-1), mode="drop"),
+        free_top=state.free_top + jnp.sum(flat, dtype=jnp.int32),
+        requeue=state.requeue.at[back].set(state.seq, mode="drop"),
+        requeue_len=state.requeue_len + jnp.sum(victim, dtype=jnp.int32),
+        preemptions=state.preemptions + jnp.sum(victim, dtype=jnp.int32),
+        seq=jnp.where(rel, -1, state.seq),
+        npages=jnp.where(rel, 0, state.npages),
+    )
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "model_config",
+        "num_sequences",
+        "max_new_tokens",
+        "page_plan",
+        "temperature",
+        "top_k",
+        "top_p",
+        "impl",
+        "drain_levels",
+    ),
+)
+def _engine(
+    model_config,
+    params,
+    prompt_pages,
+    plen_Q,
+    logits_QV,
+    rng,
+    eos_ids_E,
+    pad_id,
+    *,
+    num_sequences,
+    max_new_tokens,
+    page_plan,
+    temperature,
+    top_k,
+    top_p,
+    impl,
+    drain_levels=2,
+):
+    """The continuous loop. Returns (tokens [B, T] pad after the end, mask [B, T],
+    logprobs [B, T] 0 where masked, lengths [B], truncated [B], loop steps, row steps,
+    preemptions)."""
+    cfg, B, T, p = model_config, num_sequences, max_new_tokens, page_plan
+    group = B // plen_Q.shape[0]
+    draw = (temperature, top_k, top_p)
+    params = models.for_decoding(cfg, params)  # weights gathered once, not once per token
+    layers = models.split_layers(cfg, params)
+
+    def body(state):
+        state, progress, stalled = _grant(state, p)
+        victim = _victim(state, progress)
+        decoded, state = _decode(cfg, params, layers, state, progress, p, impl)
+        allowed = ~jnp.any(stalled) & ~jnp.any(victim)
+        state, admitted = _admit(state, allowed, plen_Q, group, B, p)
+        first = logits_QV[jnp.clip(state.seq, 0, B - 1) // group]
+        logits = jnp.where(admitted[:, None], first, decoded)
+        state, finished = _emit(state, logits, progress | admitted, rng, eos_ids_E, draw, T)
+        state = _release(state, finished, victim, p)
+        width = state.seq.shape[0]
+        return state.replace(steps=state.steps + 1, row_steps=state.row_steps + width)
+
+    def cond(narrower: int):
+        def go_on(state):
+            queued = (state.next_seq < B) | (state.requeue_len > 0)
+            return queued | (jnp.sum(state.seq >= 0) > narrower)
+
+        return go_on
+
+    # One while_loop per width: once the queue is empty and at most half the slots run,
+    # the running rows move to a loop of half the width (the pages stay where they are).
+    widths = drain_widths(p.num_slots, drain_levels)
+    state = _init_state(prompt_pages, B, T, p)
+    for k, width in enumerate(widths):
+        if k:
+            state = _compact(state, width)
+        narrower = widths[k + 1] if k + 1 < len(widths) else 0
+        state = jax.lax.while_loop(cond(narrower), body, state)
+    mask = jnp.arange(T)[None, :] < state.length[:, None]
+    return (
+        jnp.where(mask, state.tokens, pad_id),
+        mask.astype(jnp.int32),
+        jnp.where(mask, state.logprobs, 0.0),
+        state.length,
+        ~state.ended,
+        state.steps,
+        state.row_steps,
+        state.preemptions,
+    )
+
+
+def drain_widths(num_slots: int, drain_levels: int) -> tuple[int, ...]:
+    """Loop widths: num_slots, then halved `drain_levels` times (while ≥ 1)."""
+    widths = [num_slots]
+    for _ in range(drain_levels):
+        if widths[-1] // 2 < 1:
+            break
+        widths.append(widths[-1] // 2)
+    return tuple(widths)
+
+
+def _compact(state: EngineState, width: int) -> EngineState:
+    """The running slots (at most `width`) moved to the first `width` slots; the per-slot
+    arrays shrink to them."""
+    order = jnp.argsort(state.seq < 0, stable=True)[:width]  # running slots first
+    per_slot = ("seq", "t", "last", "plen", "stamp", "table", "npages", "first_own")
+    return state.replace(**{name: getattr(state, name)[order] for name in per_slot})
+
+
+@struct.dataclass
+class EngineStats:
+    """What one continuous call did: loop steps, row steps (Σ over steps of the loop's
+    width: the decode rows computed), sequences preempted (and decoded again).
+    Useful-row efficiency = Σ lengths / row_steps."""
+
+    steps: jax.Array
+    row_steps: jax.Array
+    preemptions: jax.Array
+
+
+def run(cfg, params, tokens_NP, mask_NP, rng, eos_ids, pad_id, *, options: dict, page_plan):
+    """Prefill + engine on checked inputs (sampler.sample validates). Returns (tokens, mask,
+    logprobs, lengths, truncated, prompt tokens [B, P], prompt mask [B, P], EngineStats)."""
+    G = options["num_samples"]
+    pages, plen, logits, tokens_BP, mask_BP = _prefill_pages(
+        cfg,
+        params,
+        tokens_NP,
+        mask_NP,
+        num_samples=G,
+        share_prefix=options["share_prefix"],
+        page_size=page_plan.page_size,
+    )
+    B = tokens_NP.shape[0] * G
+    tokens, mask, logprobs, lengths, truncated, steps, row_steps, preempted = _engine(
+        cfg,
+        params,
+        pages,
+        plen,
+        logits,
+        rng,
+        eos_ids,
+        pad_id,
+        num_sequences=B,
+        max_new_tokens=options["max_new_tokens"],
+        page_plan=page_plan,
+        temperature=options["temperature"],
+        top_k=options["top_k"],
+        top_p=options["top_p"],
+        impl=models.paged_attention_impl(cfg.attention_impl),
+        drain_levels=options.get("drain_levels", 2),
+    )
+    stats = EngineStats(steps=steps, row_steps=row_steps, preemptions=preempted)
+    return tokens, mask, logprobs, lengths, truncated, tokens_BP, mask_BP, stats
