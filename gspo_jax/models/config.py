@@ -35,6 +35,10 @@ REMAT_POLICIES = ("none", "full", "dots")
 MOE_IMPLS = ("dense", "ragged")
 ATTENTION_IMPLS = ("auto", "xla", "splash", "cudnn")  # see attention.py
 DTYPES = ("float32", "bfloat16", "float16")
+# Projections LoRA can adapt (models/lora.py): attention q/k/v/o, dense SwiGLU MLP.
+LORA_ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+LORA_MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
+LORA_TARGETS = LORA_ATTENTION_TARGETS + LORA_MLP_TARGETS
 ROPE_TYPES = ("linear", "yarn")
 # Keys allowed inside a rope dict, per type (besides rope_type/type/rope_theta).
 _ROPE_KEYS = {
@@ -117,6 +121,11 @@ class ModelConfig:
     moe_impl: str = "ragged"
     attention_impl: str = "auto"
     scan_layers: bool = True
+    # LoRA adapters (models/lora.py): rank 0 = off; y = W x + (alpha/rank)·B(A x) on each
+    # projection named in lora_targets.
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_targets: tuple[str, ...] = LORA_TARGETS
     # Special tokens, when the checkpoint's config names them.
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -165,6 +174,37 @@ class ModelConfig:
                 bad("decoder_sparse_step", "must be positive")
         elif self.num_experts:
             bad("num_experts", f"only qwen3_moe has experts, not {self.arch}")
+        self._check_lora(bad)
+
+    def _check_lora(self, bad) -> None:
+        if not isinstance(self.lora_rank, int) or self.lora_rank < 0:
+            bad("lora_rank", "must be an integer >= 0 (0: no LoRA adapters)")
+        if not self.lora_rank:
+            return
+        if not float(self.lora_alpha) > 0:
+            bad("lora_alpha", "must be > 0 (the adapters' scale is lora_alpha / lora_rank)")
+        targets = self.lora_targets
+        if not isinstance(targets, tuple) or not targets:
+            bad("lora_targets", f"must be a non-empty tuple of names from {LORA_TARGETS}")
+        unknown = [t for t in targets if t not in LORA_TARGETS]
+        if unknown or len(set(targets)) != len(targets):
+            bad("lora_targets", f"unknown or repeated {unknown or targets}; known: {LORA_TARGETS}")
+        mlp = [t for t in targets if t in LORA_MLP_TARGETS]
+        if mlp and self.num_moe_layers:
+            bad(
+                "lora_targets",
+                f"{mlp} on a Mixture-of-Experts model: LoRA on MoE experts is not supported; "
+                f"adapt the attention projections {LORA_ATTENTION_TARGETS} only",
+            )
+
+    @property
+    def lora_scale(self) -> float:
+        """alpha / rank: the factor of the adapters' B(A x) (0 without LoRA)."""
+        return float(self.lora_alpha) / self.lora_rank if self.lora_rank else 0.0
+
+    def lora_rank_of(self, name: str) -> int:
+        """The adapter rank of projection `name` (0: not adapted)."""
+        return self.lora_rank if name in self.lora_targets else 0
 
     # ------------------------------------------------------------------ derived
     def is_moe_layer(self, i: int) -> bool:

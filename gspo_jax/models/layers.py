@@ -35,9 +35,14 @@ _INIT_STD = 0.02  # transformers' initializer_range default for Qwen
 
 
 def _param(rngs: nnx.Rngs | None, shape, axes, param_dtype, init: str = "normal") -> nnx.Param:
-    """A parameter with logical axis names; normal(0, 0.02) like HF init, ones, or zeros."""
+    """A parameter with logical axis names; normal(0, 0.02) like HF init, ones, zeros, or
+    "lora_a": uniform(±1/√fan_in) over all but the last (rank) dim, PEFT's default for A
+    (kaiming_uniform with a = √5)."""
     if init == "normal":
         value = _INIT_STD * jax.random.normal(rngs.params(), shape, F32)
+    elif init == "lora_a":
+        bound = 1.0 / math.sqrt(math.prod(shape[:-1]))
+        value = jax.random.uniform(rngs.params(), shape, F32, -bound, bound)
     elif init == "ones":
         value = jnp.ones(shape, F32)
     else:
@@ -88,14 +93,32 @@ def apply_rope(x_BLHC, cos_BLc, sin_BLc):
 
 class Proj(nnx.Module):
     """Linear map contracting the trailing `len(in_shape)` dims of x with the kernel's
-    leading dims: y = x · W (+ b), W [*in_shape, *out_shape]."""
+    leading dims: y = x · W (+ b), W [*in_shape, *out_shape].
 
-    def __init__(self, in_shape, out_shape, in_axes, out_axes, cfg, rngs, *, bias=False):
+    With a LoRA rank r > 0 (`cfg.lora_rank_of(name)`, models/lora.py):
+    y = x · W + (alpha/r) · (x · A) · B (+ b), A [*in_shape, r] (uniform ±1/√fan_in, seeded
+    by the params RNG), B [r, *out_shape] zeros, so a fresh adapter leaves y unchanged. A
+    and B carry the kernel's logical axes on their in / out dims; the rank dim is
+    replicated. They are float32 whatever `param_dtype` (a bf16 base, f32 adapters)."""
+
+    def __init__(self, in_shape, out_shape, in_axes, out_axes, cfg, rngs, *, bias=False, name=""):
         in_shape, out_shape = tuple(in_shape), tuple(out_shape)
         self.kernel = _param(rngs, in_shape + out_shape, in_axes + out_axes, cfg.param_dtype)
         self.bias = (
             _param(None, out_shape, out_axes, cfg.param_dtype, init="zeros") if bias else None
         )
+        rank = cfg.lora_rank_of(name)
+        self.lora_scale = cfg.lora_scale
+        if rank:
+            # Adapters keep float32 master weights whatever the (frozen) base's param_dtype.
+            self.lora_a = _param(
+                rngs, in_shape + (rank,), in_axes + (None,), "float32", init="lora_a"
+            )
+            self.lora_b = _param(
+                None, (rank,) + out_shape, (None,) + out_axes, "float32", init="zeros"
+            )
+        else:
+            self.lora_a = self.lora_b = None
         self.n_in = len(in_shape)
         self.dtype = jnp.dtype(cfg.dtype)
 
@@ -106,7 +129,12 @@ class Proj(nnx.Module):
         kernel = self.kernel[...].astype(self.dtype)
         lead, out_shape = x.shape[: x.ndim - self.n_in], kernel.shape[self.n_in :]
         fan_in = math.prod(kernel.shape[: self.n_in])
-        y = jnp.dot(x.astype(self.dtype).reshape(-1, fan_in), kernel.reshape(fan_in, -1))
+        x2 = x.astype(self.dtype).reshape(-1, fan_in)
+        y = jnp.dot(x2, kernel.reshape(fan_in, -1))
+        if self.lora_a is not None:
+            a = self.lora_a[...].astype(self.dtype).reshape(fan_in, -1)
+            b = self.lora_b[...].astype(self.dtype)
+            y = y + self.lora_scale * jnp.dot(jnp.dot(x2, a), b.reshape(b.shape[0], -1))
         y = y.reshape(lead + out_shape)
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
@@ -120,14 +148,15 @@ class Attention(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         D, H, K, C = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_proj = Proj((D,), (H, C), ("embed",), ("heads", None), cfg, rngs, bias=cfg.qkv_bias)
-        self.k_proj = Proj(
-            (D,), (K, C), ("embed",), ("kv_heads", None), cfg, rngs, bias=cfg.qkv_bias
+        self.q_proj = Proj(
+            (D,), (H, C), ("embed",), ("heads", None), cfg, rngs, bias=cfg.qkv_bias, name="q_proj"
         )
-        self.v_proj = Proj(
-            (D,), (K, C), ("embed",), ("kv_heads", None), cfg, rngs, bias=cfg.qkv_bias
+        kv = ((D,), (K, C), ("embed",), ("kv_heads", None), cfg, rngs)
+        self.k_proj = Proj(*kv, bias=cfg.qkv_bias, name="k_proj")
+        self.v_proj = Proj(*kv, bias=cfg.qkv_bias, name="v_proj")
+        self.o_proj = Proj(
+            (H, C), (D,), ("heads", None), ("embed",), cfg, rngs, bias=cfg.o_bias, name="o_proj"
         )
-        self.o_proj = Proj((H, C), (D,), ("heads", None), ("embed",), cfg, rngs, bias=cfg.o_bias)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(C, cfg.rms_norm_eps, cfg)
             self.k_norm = RMSNorm(C, cfg.rms_norm_eps, cfg)
@@ -139,12 +168,15 @@ class Attention(nnx.Module):
         decoder's attention context for this layer (see decoder.py): it gets this
         call's normed, rotated queries/keys and values, stores what its cache keeps, and
         attends. Returns (y_BLD, cache_entry)."""
-        q, k, v = self.q_proj(x_BLD), self.k_proj(x_BLD), self.v_proj(x_BLD)
+        q = partition.constrain(self.q_proj(x_BLD), partition.HEADS)
+        k = partition.constrain(self.k_proj(x_BLD), partition.KV_HEADS)
+        v = partition.constrain(self.v_proj(x_BLD), partition.KV_HEADS)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out_BLHC, cache_entry = attention(q, k, v)
-        return self.o_proj(out_BLHC), cache_entry
+        out_BLHC = partition.constrain(out_BLHC, partition.HEADS)
+        return partition.constrain(self.o_proj(out_BLHC), partition.RESIDUAL), cache_entry
 
 
 class MLP(nnx.Module):
@@ -152,12 +184,16 @@ class MLP(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, width: int, rngs: nnx.Rngs):
         D = cfg.hidden_size
-        self.gate_proj = Proj((D,), (width,), ("embed",), ("mlp",), cfg, rngs)
-        self.up_proj = Proj((D,), (width,), ("embed",), ("mlp",), cfg, rngs)
-        self.down_proj = Proj((width,), (D,), ("mlp",), ("embed",), cfg, rngs)
+        self.gate_proj = Proj((D,), (width,), ("embed",), ("mlp",), cfg, rngs, name="gate_proj")
+        self.up_proj = Proj((D,), (width,), ("embed",), ("mlp",), cfg, rngs, name="up_proj")
+        self.down_proj = Proj((width,), (D,), ("mlp",), ("embed",), cfg, rngs, name="down_proj")
 
     def __call__(self, x_BLD):
-        return self.down_proj(jax.nn.silu(self.gate_proj(x_BLD)) * self.up_proj(x_BLD))
+        gate_BLF = partition.constrain(self.gate_proj(x_BLD), partition.HIDDEN)
+        up_BLF = partition.constrain(self.up_proj(x_BLD), partition.HIDDEN)
+        return partition.constrain(
+            self.down_proj(jax.nn.silu(gate_BLF) * up_BLF), partition.RESIDUAL
+        )
 
 
 def route(router_logits_JE, k: int, norm_topk_prob: bool, forced_JX=None):
@@ -170,13 +206,30 @@ def route(router_logits_JE, k: int, norm_topk_prob: bool, forced_JX=None):
     """
     probs_JE = jax.nn.softmax(router_logits_JE.astype(F32), axis=-1)
     if forced_JX is None:
-        gates_JX, idx_JX = jax.lax.top_k(probs_JE, k)
+        gates_JX, idx_JX = _top_k_per_device(probs_JE, k)
     else:
         idx_JX = forced_JX.astype(jnp.int32)
         gates_JX = jnp.take_along_axis(probs_JE, idx_JX, axis=-1)
     if norm_topk_prob:
         gates_JX = gates_JX / jnp.sum(gates_JX, axis=-1, keepdims=True)
     return gates_JX, idx_JX.astype(jnp.int32)
+
+
+def _top_k_per_device(probs_JE, k: int):
+    """`jax.lax.top_k` over experts, each device on its own tokens (rows over the batch
+    axes) under a mesh in context: GSPMD partitioned top_k by gathering every token's
+    router probabilities on every device."""
+    mesh = partition.context_mesh()
+    if mesh is None:
+        return jax.lax.top_k(probs_JE, k)
+    rows = partition.spec(mesh, ("batch", None), probs_JE.shape)
+    return jax.shard_map(
+        lambda p: tuple(jax.lax.top_k(p, k)),
+        mesh=mesh,
+        in_specs=rows,
+        out_specs=(rows, rows),
+        check_vma=False,
+    )(probs_JE)
 
 
 class MoE(nnx.Module):
@@ -203,10 +256,12 @@ class MoE(nnx.Module):
         count how many choices the router would change (paper §5.3's volatility)."""
         B, L, D = x_BLD.shape
         J = B * L
-        x_JD = x_BLD.reshape(J, D)
+        x_JD = partition.constrain(x_BLD.reshape(J, D), ("batch", None))
         # Router matmul in float32: routing decisions are discrete and bf16 noise would
         # flip them (the routing volatility the paper's §5.3 is about).
         logits_JE = jnp.dot(x_JD.astype(F32), self.router.kernel[...].astype(F32))
+        # Tokens' rows stay where they are (GSPMD gathered every token's logits).
+        logits_JE = partition.constrain(logits_JE, ("batch", None))
         forced_JX = None if forced_BLX is None else forced_BLX.reshape(J, self.k)
         gates_JX, idx_JX = route(logits_JE, self.k, self.norm_topk_prob, forced_JX)
         own_JX = idx_JX if forced_JX is None else route(logits_JE, self.k, False)[1]

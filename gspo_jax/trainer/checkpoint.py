@@ -67,6 +67,7 @@ import orbax.checkpoint as ocp
 
 from gspo_jax import models
 from gspo_jax import sharding as sharding_lib
+from gspo_jax.models import lora
 from gspo_jax.trainer.state import RunState
 
 log = logging.getLogger(__name__)
@@ -639,6 +640,35 @@ def export_hf(model_config, tokenizer, params, path: str) -> str:
         _remove(path)
         os.replace(partial, path)
     return path
+
+
+def export_peft(model_config, params, path: str, *, base_model: str = "") -> str:
+    """LoRA's adapters alone at `path`, in PEFT's layout (`lora.save_peft`). Every process
+    takes part in gathering them; process 0 writes."""
+    adapters = sharding_lib.gather_params(lora.trainable(params))
+    require_finite(adapters, f"the final LoRA adapters (not exported to {path})")
+    return lora.save_peft(model_config, adapters, path, base_model=base_model)
+
+
+def save_params(path: str, params) -> None:
+    """A params tree saved once at `path` (orbax, sharded; LoRA's warm-started base)."""
+    with ocp.StandardCheckpointer() as ckptr:
+        ckptr.save(os.path.abspath(path), params, force=True)
+        ckptr.wait_until_finished()
+
+
+def restore_params(path: str, abstract_params, shardings):
+    """`save_params`' tree, restored straight into `shardings`."""
+    if not os.path.isdir(path):
+        raise CheckpointError(
+            f"{path} is missing: a LoRA run that warm-started its base saves it there, and "
+            "resuming needs it (the checkpoints hold the adapters only)"
+        )
+    target = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_params, shardings
+    )
+    with ocp.StandardCheckpointer() as ckptr:
+        return ckptr.restore(os.path.abspath(path), target)
 
 
 def _remove(path: str) -> None:

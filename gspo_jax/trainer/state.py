@@ -1,7 +1,8 @@
 """`RunState`: everything a run changes as it goes, as one value that is saved, restored and
 passed from one RL step to the next.
 
-    train       TrainState: params, optimizer state, optimizer updates applied
+    train       TrainState: params, optimizer state, optimizer updates applied (with LoRA
+                the optimizer state covers the adapters only, and so does the checkpoint)
     rng         uint32 [2] key data of config.seed; RL step k samples with fold_in(rng, k)
     running     RunningMoments of the rewards (reward_norm="running")
     ref_params  π_ref's params (only with a KL term: use_kl_loss / add_token_level_kl)
@@ -29,6 +30,7 @@ import optax
 
 from gspo_jax import advantages
 from gspo_jax import sharding as sharding_lib
+from gspo_jax.models import lora
 from gspo_jax.train_step import TrainState
 
 
@@ -43,12 +45,16 @@ class RunState:
     origin: str = flax.struct.field(pytree_node=False, default="")
 
     def arrays(self) -> dict[str, Any]:
-        """The array fields by name (None ones left out): the checkpoint's `state` item."""
-        return {
+        """The array fields by name (None ones left out): the checkpoint's `state` item.
+        With LoRA the train state's params are the adapters alone: the frozen base comes
+        from where the run started (hf_path, the saved warm start, the seed)."""
+        out = {
             f.name: getattr(self, f.name)
             for f in dataclasses.fields(self)
             if f.metadata.get("pytree_node", True) and getattr(self, f.name) is not None
         }
+        out["train"] = self.train.replace(params=lora.trainable(self.train.params))
+        return out
 
     def meta(self) -> dict[str, Any]:
         """The host fields by name: the checkpoint's `meta` item."""
@@ -66,7 +72,9 @@ class RunState:
 def new_state(params, tx: optax.GradientTransformation, seed: int, *, with_ref: bool) -> RunState:
     """The state before the first RL step: fresh optimizer, π_ref = the starting policy."""
     return RunState(
-        train=TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params)),
+        train=TrainState(
+            step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(lora.trainable(params))
+        ),
         rng=jax.random.key_data(jax.random.PRNGKey(seed)),
         running=advantages.init_running_moments(),
         ref_params=params if with_ref else None,
@@ -84,7 +92,9 @@ def state_shardings(
     (`param_shardings`), the optimizer's moments like their params, the rest replicated."""
     replicated = sharding_lib.replicated(mesh)
     shapes = _shapes(abstract_params, tx, with_ref)
-    opt = sharding_lib.optimizer_state_shardings(tx, abstract_params, param_shardings, mesh)
+    opt = sharding_lib.optimizer_state_shardings(
+        tx, lora.trainable(abstract_params), lora.trainable(param_shardings), mesh
+    )
     return shapes.replace(
         train=TrainState(step=replicated, params=param_shardings, opt_state=opt),
         rng=replicated,
