@@ -312,6 +312,106 @@ def kl_penalty(
 
 
 # ---------------------------------------------------------------------------------------------
+# Rollout correction: the sampler / trainer mismatch, as a weight kept apart from the ratio.
+# ---------------------------------------------------------------------------------------------
+
+ROLLOUT_CORRECTIONS = ("none", "tis", "mask")
+ROLLOUT_CORRECTION_LEVELS = ("token", "seq")
+
+
+def rollout_correction_weights(
+    old_logprobs: Array,
+    rollout_logprobs: Array,
+    mask: Array,
+    *,
+    mode: str,
+    level: str,
+    threshold: float,
+    log_ratio_clamp: float = 20.0,
+) -> tuple[Array, dict[str, Array]]:
+    """Stop-gradient weight [B, T] correcting for tokens drawn from the sampler μ rather than
+    from the trainer's π_old (docs/rollout_correction.md), and its metrics.
+
+        token:  log ρ_t = log π_old(y_t) − log μ(y_t)                    per valid token
+        seq:    log ρ_i = (1/|y_i|) Σ_t m_t (log π_old − log μ)           (geometric mean,
+                broadcast to the sequence's tokens; never exp of the sum, which is ~0 or
+                ~∞ for long responses)
+        tis:    w = min(ρ, C)                    (truncated importance sampling)
+        mask:   w = ρ if 1/C <= ρ <= C, else 0   (outliers dropped; ρ kept inside)
+
+    with C = `threshold` (> 1; inf: no cap) and log ρ clamped to ±`log_ratio_clamp` before
+    exp. Masked positions get weight 0 and may hold garbage (-inf, NaN). Neither π_old nor μ
+    depends on the params, so the weight carries no gradient.
+
+    Metrics (declared in `policy_metric_reductions`; over valid tokens for `token`, over
+    valid sequences for `seq`): correction/weight_mean (after the cap or mask),
+    correction/weight_mean_raw, correction/weight_min_raw and correction/weight_max_raw (ρ
+    before it), correction/capped_frac (tis: ρ > C) or correction/masked_frac (mask: ρ
+    outside [1/C, C]).
+    """
+    _choice_of("rollout_correction", mode, ROLLOUT_CORRECTIONS[1:])
+    _choice_of("rollout_correction_level", level, ROLLOUT_CORRECTION_LEVELS)
+    if isinstance(threshold, int | float) and not threshold > 1.0:
+        raise ValueError(f"rollout_correction_threshold must be > 1, got {threshold}")
+    if old_logprobs.shape != mask.shape or rollout_logprobs.shape != mask.shape:
+        raise ValueError(
+            f"rollout_correction_weights: old_logprobs {old_logprobs.shape}, rollout_logprobs "
+            f"{rollout_logprobs.shape} and mask {mask.shape} must all be [B, T]"
+        )
+    sg = jax.lax.stop_gradient
+    mask_BT = jnp.asarray(mask, jnp.float32)
+    valid_BT = mask_BT > 0
+    old_BT = jnp.where(valid_BT, sg(old_logprobs).astype(jnp.float32), 0.0)
+    mu_BT = jnp.where(valid_BT, sg(rollout_logprobs).astype(jnp.float32), 0.0)
+    log_rho_BT = old_BT - mu_BT
+    if level == "seq":
+        log_rho_BT = jnp.where(valid_BT, row_mean(log_rho_BT, mask_BT)[:, None], 0.0)
+    log_rho_BT = jnp.clip(log_rho_BT, -log_ratio_clamp, log_ratio_clamp)
+    rho_BT = jnp.where(valid_BT, jnp.exp(log_rho_BT), 1.0)
+    if mode == "tis":
+        out_BT = valid_BT & (rho_BT > threshold)
+        weight_BT = jnp.minimum(rho_BT, threshold)
+    else:
+        out_BT = valid_BT & ((rho_BT < 1.0 / threshold) | (rho_BT > threshold))
+        weight_BT = jnp.where(out_BT, 0.0, rho_BT)
+    weight_BT = jnp.where(valid_BT, weight_BT, 0.0)
+    metrics = _correction_metrics(mode, level, mask_BT, rho_BT, weight_BT, out_BT)
+    return sg(weight_BT), metrics
+
+
+def _choice_of(name: str, value: str, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        raise ValueError(f"{name}={value!r} is not one of {list(valid)}")
+
+
+def _correction_metrics(mode, level, mask_BT, rho_BT, weight_BT, out_BT) -> dict[str, Array]:
+    """`rollout_correction_weights`' metrics: per token, or per sequence (a sequence's
+    tokens share its value, so its first valid token stands for it)."""
+    valid_BT = mask_BT > 0
+    if level == "seq":
+        first_BT = valid_BT & (jnp.cumsum(mask_BT > 0, axis=-1) == 1)
+        count_BT = first_BT.astype(jnp.float32)
+    else:
+        count_BT = mask_BT
+    counted_BT = count_BT > 0
+    any_counted = jnp.any(counted_BT)
+    metrics = {
+        "correction/weight_mean": masked_mean(weight_BT, count_BT),
+        "correction/weight_mean_raw": jnp.where(any_counted, masked_mean(rho_BT, count_BT), 1.0),
+        "correction/weight_min_raw": jnp.where(
+            any_counted, jnp.min(jnp.where(counted_BT, rho_BT, jnp.inf)), 1.0
+        ),
+        "correction/weight_max_raw": jnp.where(
+            any_counted, jnp.max(jnp.where(counted_BT, rho_BT, -jnp.inf)), 1.0
+        ),
+        f"correction/{'capped' if mode == 'tis' else 'masked'}_frac": masked_mean(
+            out_BT.astype(jnp.float32), count_BT
+        ),
+    }
+    return {k: jax.lax.stop_gradient(jnp.asarray(v, jnp.float32)) for k, v in metrics.items()}
+
+
+# ---------------------------------------------------------------------------------------------
 # The policy loss.
 # ---------------------------------------------------------------------------------------------
 
@@ -332,6 +432,10 @@ def policy_loss(
     num_valid_tokens: Array | float | None = None,
     num_valid_seqs: Array | float | None = None,
     log_ratio_clamp: float | None = 20.0,
+    rollout_logprobs: Array | None = None,
+    rollout_correction: str = "none",
+    rollout_correction_level: str = "token",
+    rollout_correction_threshold: float = 2.0,
 ) -> tuple[Array, dict[str, Array]]:
     """Clipped policy-gradient loss for GRPO (token ratio), GSPO and GSPO-token (paper §4).
 
@@ -358,6 +462,13 @@ def policy_loss(
       log_ratio_clamp: the log-ratio is clamped to ±this before exp (the token log-ratio, or
         log s_i — the mean, never a sum — for seq modes) so an extreme policy drift cannot
         overflow; its gradient is 0 beyond the clamp. None disables.
+      rollout_logprobs: [B, T] log μ, the sampler's log-probs of the tokens (needed with a
+        rollout correction; `old_logprobs` must then be the trainer's own π_old).
+      rollout_correction, rollout_correction_level, rollout_correction_threshold: "none"
+        (default), or "tis" / "mask" at "token" / "seq" level with threshold C: each L_t is
+        multiplied by the stop-gradient weight of `rollout_correction_weights` (ρ = π_old / μ)
+        before aggregation. The weight never enters r or its clip, so the clip measures the
+        policy's change since π_old only; the denominators are unchanged.
 
     Returns:
       (loss, metrics). metrics is a flat dict of f32 scalars over this call's valid data, each
@@ -374,10 +485,18 @@ def policy_loss(
       sequences for sequence modes; 1.0 when nothing is valid), approx_kl (masked mean of
       old − logp, k1 of KL(π_old ‖ π_θ)), approx_kl_k3 (masked mean of r_t − 1 − log r_t with
       the token ratio), pg_loss (= loss), num_valid_tokens and num_valid_seqs (local counts,
-      for weighting metrics across micro-batches).
+      for weighting metrics across micro-batches). With a rollout correction, also the
+      correction/* metrics of `rollout_correction_weights`.
     """
     ratio = RATIOS.get(importance_sampling)
     _check_policy_args(logprobs, old_logprobs, advantages, mask, clip_low, clip_high)
+    correction = _correction_args(
+        rollout_logprobs,
+        rollout_correction,
+        level=rollout_correction_level,
+        threshold=rollout_correction_threshold,
+        log_ratio_clamp=20.0 if log_ratio_clamp is None else log_ratio_clamp,
+    )
     if dual_clip_loss and isinstance(dual_clip_ratio, int | float) and dual_clip_ratio <= 1.0:
         raise ValueError(f"policy_loss: dual_clip_ratio must be > 1, got {dual_clip_ratio}")
     mask_BT = jnp.asarray(mask, jnp.float32)
@@ -403,6 +522,12 @@ def policy_loss(
         loss_BT = jnp.where(flags["dual"], cap_BT, loss_BT)
     else:
         flags["dual"] = jnp.zeros_like(valid_BT)
+    correction_metrics = {}
+    if correction is not None:
+        weight_BT, correction_metrics = rollout_correction_weights(
+            old_BT, correction.pop("rollout_logprobs"), mask_BT, **correction
+        )
+        loss_BT = loss_BT * weight_BT
     loss_BT = jnp.where(valid_BT, loss_BT, 0.0)
     loss = aggregate_loss(
         loss_BT,
@@ -414,7 +539,30 @@ def policy_loss(
     )
     clamp = 20.0 if log_ratio_clamp is None else log_ratio_clamp
     metrics = _policy_metrics(ratio, loss, logp_BT, old_BT, mask_BT, ratio_BT, flags, clamp)
-    return loss, metrics
+    return loss, {**metrics, **correction_metrics}
+
+
+def _correction_args(
+    rollout_logprobs, mode: str, *, level: str, threshold, log_ratio_clamp: float
+) -> dict | None:
+    """`rollout_correction_weights`' arguments, or None without a correction."""
+    _choice_of("rollout_correction", mode, ROLLOUT_CORRECTIONS)
+    if mode == "none":
+        if rollout_logprobs is not None:
+            raise ValueError(
+                "policy_loss: rollout_logprobs given with rollout_correction='none' (they "
+                "would be ignored); pass rollout_correction='tis' or 'mask' to use them"
+            )
+        return None
+    if rollout_logprobs is None:
+        raise ValueError(f"policy_loss: rollout_correction={mode!r} needs rollout_logprobs")
+    return {
+        "rollout_logprobs": rollout_logprobs,
+        "mode": mode,
+        "level": level,
+        "threshold": threshold,
+        "log_ratio_clamp": log_ratio_clamp,
+    }
 
 
 def _check_policy_args(logprobs, old_logprobs, advantages, mask, clip_low, clip_high) -> None:
@@ -453,11 +601,21 @@ def _clipped_loss(ratio_BT, adv_BT, valid_BT, clip_low, clip_high):
     return loss_BT, flags
 
 
-def policy_metric_reductions(importance_sampling: str) -> dict[str, Reduction]:
+def policy_metric_reductions(
+    importance_sampling: str, rollout_correction_level: str = "token"
+) -> dict[str, Reduction]:
     """How each metric of `policy_loss` combines over micro-batches and updates
-    (gspo_jax.reductions); per-update ones are also logged as updates/<name>."""
+    (gspo_jax.reductions); per-update ones are also logged as updates/<name>. The
+    correction/* metrics are means over tokens or sequences as `rollout_correction_level`."""
     per_seq = is_sequence_level(importance_sampling)
+    mean = SEQ_MEAN if rollout_correction_level == "seq" else TOKEN_MEAN
     return {
+        "correction/weight_mean": mean.logged(),
+        "correction/weight_mean_raw": mean,
+        "correction/weight_min_raw": MIN,
+        "correction/weight_max_raw": MAX.logged(),
+        "correction/capped_frac": mean.logged(),
+        "correction/masked_frac": mean.logged(),
         "pg_loss": SUM,  # with global denominators, the micro-batches' losses add up
         "clipfrac": TOKEN_MEAN.logged(),
         "clipfrac_low": TOKEN_MEAN,

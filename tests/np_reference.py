@@ -69,8 +69,10 @@ def policy_loss(
     horizon=None,
     num_valid_tokens=None,
     num_valid_seqs=None,
+    weights=None,
 ):
-    """Returns (loss, dloss/dlogprobs [B, T], metrics) in float64."""
+    """Returns (loss, dloss/dlogprobs [B, T], metrics) in float64. `weights` [B, T]: constant
+    per-token factors of L (a rollout correction's), 1 when None."""
     lp = np.asarray(logprobs, np.float64)
     old = np.asarray(old_logprobs, np.float64)
     mask = np.asarray(mask, np.float64)
@@ -119,8 +121,9 @@ def policy_loss(
             if dual_clip_loss and a < 0 and value > -a * dual_clip_ratio:
                 value, deriv = -a * dual_clip_ratio, 0.0
                 dual[b, t] = True
-            loss_tok[b, t] = value
-            dldr[b, t] = deriv
+            factor = 1.0 if weights is None else float(weights[b, t])
+            loss_tok[b, t] = value * factor
+            dldr[b, t] = deriv * factor
 
     loss = float(np.sum(w * loss_tok))
     # Chain rule to logprobs. token: dr_t/dlp_t = r_t. seq: r = s_b for every token, and
@@ -163,6 +166,33 @@ def policy_loss(
         "num_valid_seqs": float(len(valid_seqs)),
     }
     return loss, grad, metrics
+
+
+def rollout_correction_weights(old_logprobs, rollout_logprobs, mask, mode, level, threshold):
+    """Rollout-correction weights [B, T] (0 where masked): ρ = π_old / μ per token, or per
+    sequence exp(mean over its valid tokens of log ρ); "tis": min(ρ, C); "mask": ρ inside
+    [1/C, C], else 0. Also returns the raw ρ values (per token or per sequence)."""
+    old = np.asarray(old_logprobs, np.float64)
+    mu = np.asarray(rollout_logprobs, np.float64)
+    w = np.zeros(old.shape)
+    raw = []
+    for b in range(old.shape[0]):
+        idx = [t for t in range(old.shape[1]) if mask[b, t] > 0]
+        if not idx:
+            continue
+        if level == "seq":
+            rho_seq = math.exp(sum(old[b, t] - mu[b, t] for t in idx) / len(idx))
+            rhos = {t: rho_seq for t in idx}
+            raw.append(rho_seq)
+        else:
+            rhos = {t: math.exp(old[b, t] - mu[b, t]) for t in idx}
+            raw.extend(rhos.values())
+        for t, rho in rhos.items():
+            if mode == "tis":
+                w[b, t] = min(rho, threshold)
+            else:
+                w[b, t] = rho if 1.0 / threshold <= rho <= threshold else 0.0
+    return w, raw
 
 
 def kl_penalty(logprobs, ref_logprobs, estimator):

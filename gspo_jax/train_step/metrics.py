@@ -22,7 +22,9 @@ def metric_reductions(step_config) -> dict[str, Reduction]:
     """How every metric of the train step combines over micro-batches and updates
     (gspo_jax.reductions): the policy loss's own (`objectives.policy_metric_reductions`) and
     the step's."""
-    declared = objectives.policy_metric_reductions(step_config.importance_sampling)
+    declared = objectives.policy_metric_reductions(
+        step_config.importance_sampling, step_config.rollout_correction_level
+    )
     declared.update(
         {
             "loss": SUM.logged(),

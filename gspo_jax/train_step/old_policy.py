@@ -15,6 +15,13 @@ sampled from. `old_logprobs_source` (a `StepConfig` field) chooses it:
                greedy decoding the ratio is biased: `check_source` refuses greedy and warns
                for filters, once, at start-up.
 
+A rollout correction (`rollout_correction` "tis" / "mask", docs/rollout_correction.md) keeps
+the mismatch out of the ratio: the pass runs whatever the source, the ratio's π_old is the
+trainer's own (so the clip measures policy change only), and the sampler's log-probs μ enter
+only a separate stop-gradient weight of ρ = π_old / μ (`correction_kwargs`). With it both
+sources give the same train step and cost the pass; the source still picks π_old for the
+token-level KL reward (`for_token_kl_reward`).
+
 On a Mixture-of-Experts model the pass runs whatever the source, for π_old's routing: Routing
 Replay (paper §5.3) forces it in every update, and every update reports how many experts the
 current router would choose differently (`expert_change`).
@@ -38,10 +45,33 @@ from gspo_jax.train_step.split import strided_merge, strided_split
 SOURCES = ("recompute", "sampler")
 
 
+def corrects(step_config) -> bool:
+    """Whether a rollout correction is on (it needs the trainer's own π_old: the pass)."""
+    return step_config.rollout_correction != "none"
+
+
 def runs_pass(step_config) -> bool:
-    """Whether the train step runs its π_old pass: to recompute π_old, or for π_old's MoE
-    routing (replayed, and compared with every update's)."""
-    return step_config.old_logprobs_source == "recompute" or step_config.is_moe
+    """Whether the train step runs its π_old pass: to recompute π_old (also for a rollout
+    correction's ρ = π_old / μ), or for π_old's MoE routing (replayed, and compared with
+    every update's)."""
+    return (
+        step_config.old_logprobs_source == "recompute"
+        or corrects(step_config)
+        or step_config.is_moe
+    )
+
+
+def correction_kwargs(step_config, micro_batch: dict) -> dict:
+    """`objectives.policy_loss`' rollout-correction arguments for one micro-batch: none
+    without a correction, else μ = the sampler's log-probs and the configured mode."""
+    if not corrects(step_config):
+        return {}
+    return {
+        "rollout_logprobs": micro_batch["sampler_logprobs"],
+        "rollout_correction": step_config.rollout_correction,
+        "rollout_correction_level": step_config.rollout_correction_level,
+        "rollout_correction_threshold": step_config.rollout_correction_threshold,
+    }
 
 
 def check_source(source: str, *, temperature: float, top_k, top_p) -> None:
@@ -62,12 +92,13 @@ def check_source(source: str, *, temperature: float, top_k, top_p) -> None:
 
 def attach(step_config, params, mini_batches: dict, pass_fn) -> dict:
     """`mini_batches` ([Mn, mini, ...] each) with `old_logprobs` [Mn, mini, T] and, MoE,
-    `old_routing` [Mn, mini, M, L, X] added, as `old_logprobs_source` says.
+    `old_routing` [Mn, mini, M, L, X] added, as `old_logprobs_source` says (with a rollout
+    correction: always the pass's).
     `pass_fn(params, mini_batches)` is the train step's π_old pass (`old_policy_pass`)."""
     if not runs_pass(step_config):
         return {**mini_batches, "old_logprobs": mini_batches["sampler_logprobs"]}
     old = pass_fn(params, mini_batches)
-    if step_config.old_logprobs_source == "sampler":
+    if step_config.old_logprobs_source == "sampler" and not corrects(step_config):
         old["old_logprobs"] = mini_batches["sampler_logprobs"]
     return {**mini_batches, **old}
 

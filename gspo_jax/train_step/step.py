@@ -40,7 +40,8 @@ Batch (a dict of arrays, leading axis B):
   attention_mask  int32 [B, L]   1 for real prompt tokens and valid response tokens
   response_mask   f32   [B, T]   1 for generated tokens up to and including the end token
   sampler_logprobs f32  [B, T]   the sampler's log-prob of each response token; π_old with
-                                 old_logprobs_source="sampler"
+                                 old_logprobs_source="sampler" (without a rollout
+                                 correction), else μ of the rollout correction
   advantages      f32   [B] or [B, T]
   ref_logprobs    f32   [B, T]   only with use_kl_loss
 
@@ -64,6 +65,7 @@ from gspo_jax import logprobs as logprobs_lib
 from gspo_jax import models, objectives
 from gspo_jax import sharding as sharding_lib
 from gspo_jax.masked import masked_mean
+from gspo_jax.models import lora
 from gspo_jax.models.attention import resolve_impl
 from gspo_jax.train_step import old_policy
 from gspo_jax.train_step.metrics import (
@@ -111,6 +113,11 @@ class StepConfig:
     temperature: float  # log-probs are of softmax(logits / temperature), as sampled
     logprob_chunk_size: int
     old_logprobs_source: str  # "recompute": π_old from this step's own pass; "sampler"
+    # The sampler / trainer mismatch as a separate weight (objectives.rollout_correction_weights;
+    # old_policy.py): "none" | "tis" | "mask", at "token" | "seq" level, threshold C > 1.
+    rollout_correction: str
+    rollout_correction_level: str
+    rollout_correction_threshold: float
     routing_replay: bool  # force π_old's expert choices in every update (MoE, paper §5.3)
     token_advantages: bool  # advantages are [B, T] (add_token_level_kl), not [B]
     group_size: int  # G: rows n·G … n·G+G−1 of a batch share prompt n
@@ -255,6 +262,7 @@ def _micro_loss(
         dual_clip_ratio=step_config.dual_clip_ratio,
         loss_agg_mode=step_config.loss_agg_mode,
         **denominators,
+        **old_policy.correction_kwargs(step_config, mb),
     )
     loss = pg_loss
     metrics = dict(metrics)
@@ -305,14 +313,19 @@ def _micro_batching(step_config: StepConfig, mini_size: int) -> tuple[int, int]:
     return micro, shared_group(step_config, step_config.num_mini_batches * micro)
 
 
-def _mini_batch_grads(step_config: StepConfig, params, mini):
-    """Accumulated gradient and metrics of one mini-batch over its micro-batches."""
+def _mini_batch_grads(step_config: StepConfig, params, mini, *, frozen=None):
+    """Accumulated gradient (of `params`, the trained leaves; `frozen`: the rest, LoRA's
+    base weights, `lora.partition`) and metrics of one mini-batch over its micro-batches."""
+    frozen = frozen or {}
     micro, group = _micro_batching(step_config, mini["tokens"].shape[0])
     mask_BT = mini["response_mask"]
     num_valid_tokens = jnp.sum(mask_BT)
     num_valid_seqs = jnp.sum(jnp.any(mask_BT > 0, axis=-1).astype(jnp.float32))
     reductions = metric_reductions(step_config)
-    loss_fn = functools.partial(_micro_loss, step_config, group=group)
+
+    def loss_fn(trained, *args):
+        return _micro_loss(step_config, lora.combine(frozen, trained), *args, group=group)
+
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     micro_batches = jax.tree.map(lambda x: strided_split(x, micro), mini)
@@ -346,9 +359,11 @@ def _update(step_config: StepConfig, tx, mini_batches, carry, u):
     """Optimizer update u on mini-batch u mod num_mini_batches. A non-finite gradient, or a
     finite one the optimizer turned into a non-finite update (a NaN learning rate, eps = 0),
     never reaches the params or the moments: the update is skipped and counted."""
-    step, params, opt_state = carry
+    step, all_params, opt_state = carry
+    # Only the trained leaves get gradients and moments: LoRA's adapters, else all.
+    frozen, params = lora.partition(all_params)
     mini = jax.tree.map(lambda x: x[u % step_config.num_mini_batches], mini_batches)
-    grads, metrics = _mini_batch_grads(step_config, params, mini)
+    grads, metrics = _mini_batch_grads(step_config, params, mini, frozen=frozen)
     grad_norm = optax.tree.norm(grads)
     updates, new_opt_state = tx.update(grads, opt_state, params)
     new_params = optax.apply_updates(params, updates)
@@ -367,6 +382,7 @@ def _update(step_config: StepConfig, tx, mini_batches, carry, u):
         update_ratio=jnp.where(finite, update_ratio, 0.0),
         skipped=1.0 - finite.astype(jnp.float32),
     )
+    params = lora.combine(frozen, params)
     return (step + finite.astype(step.dtype), params, opt_state), metrics
 
 
