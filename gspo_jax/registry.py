@@ -8,6 +8,7 @@ Each extension point is a `Registry` held by the module that uses its entries, w
     objectives.KL_ESTIMATORS     kl_estimator        (`register_kl_estimator`)
     advantages.ADV_ESTIMATORS    adv_estimator       (`register_advantage_estimator`)
     rewards.registry.REWARDS     reward.spec terms   (`gspo_jax.rewards.register_reward`)
+    rewards.voting.ANSWER_KEYS   maj@k's answers     (`gspo_jax.rewards.register_answer`)
     data.build.DATASETS          data.name           (`gspo_jax.data.register_dataset`)
 
 A registry maps a name to an entry and reads like a read-only dict (`name in r`, `r[name]`,

@@ -4,11 +4,12 @@ timeouts; `scoring`: `score_batch`).
 
 Data flow: decoded completions (host) -> `score_batch(build_reward(config.reward), ...)`
 -> rewards [B] + failure stats -> advantages. Importing this package registers the
-built-in rewards: math, math_strict, format, boxed_format, arith_exact, arith_digits.
+built-in rewards: math, math_strict, format, boxed_format, arith_exact, arith_digits, and
+the answers maj@k votes with (`voting`).
 `gspo_jax.rewards.testing` (test-only, not imported here) adds deliberately broken ones.
 """
 
-from gspo_jax.rewards import arith, math_rewards  # noqa: F401  (registers the built-ins)
+from gspo_jax.rewards import arith, math_rewards, voting  # noqa: F401  (registers the built-ins)
 from gspo_jax.rewards.answers import (
     answer_value,
     answers_match,
@@ -34,6 +35,7 @@ from gspo_jax.rewards.registry import (
     register_reward,
 )
 from gspo_jax.rewards.scoring import RewardError, score_batch, summarize
+from gspo_jax.rewards.voting import majority_vote, register_answer
 
 __all__ = [
     "STATUS_ERROR",
@@ -54,7 +56,9 @@ __all__ = [
     "get_default_pool",
     "get_reward_fn",
     "list_rewards",
+    "majority_vote",
     "parse_number",
+    "register_answer",
     "register_reward",
     "score_batch",
     "shutdown_default_pool",
