@@ -64,12 +64,31 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # update's ratios are exactly 1, also in bf16) or "sampler" (the sampler's log-probs,
     # paper §5.4: saves that pass; the first update's ratios then carry the train/inference
     # mismatch, logged as policy/ratio_noise_floor and sampler/*)
+    c.rollout_correction = "none"  # sampler/trainer mismatch as a separate stop-gradient
+    # weight on the loss, never in the GSPO ratio or its clip (docs/rollout_correction.md):
+    # "none" | "tis" (w = min(rho, C)) | "mask" (w = rho inside [1/C, C], else 0), with
+    # rho = pi_old / pi_sampler and pi_old the trainer's own (runs the pi_old pass whatever
+    # old_logprobs_source says; the ratio then measures policy change only)
+    c.rollout_correction_level = "token"  # "token": rho per token; "seq": one rho per
+    # response, exp(mean_t log rho) (the geometric mean, as GSPO's s_i; never exp of the sum)
+    c.rollout_correction_threshold = 2.0  # C > 1: the TIS cap, or the mask's [1/C, C]
     c.shared_prompt = True  # train step and log-prob pass: each prompt's tokens through the
     # model once per group, its G responses attending to them (dense models; the same numbers)
     c.logprob_chunk_size = 256  # tokens per chunk of the chunked log-softmax: [B, T, V] f32
     # logits never exist (docs/architecture.md); larger chunks are faster, smaller use less memory
     c.invalid_reward = "mask"  # NaN / non-numeric / failed-verifier rewards: "mask" (excluded
     # from group statistics, advantage 0, counted) or "zero" (treated as reward 0, counted)
+    # DAPO (Yu et al. 2025) rollout options, all off by default (gspo_jax/trainer/filtering.py):
+    c.dynamic_sampling = False  # drop groups whose rewards are all equal (zero std: zero
+    # advantage, no gradient) and sample more prompts until rollout_batch_size groups are live
+    c.dynamic_sampling_max_rounds = 3  # extra sampling rounds per RL step at most; a batch
+    # still short after them is filled with masked dead groups (rollout/groups_short)
+    c.overlong_filter = False  # truncated responses (no end token within response_length) get
+    # no loss; they still count in their group's reward statistics (DAPO §3.4, TRL)
+    c.overlong_buffer_len = 0  # DAPO's soft overlong penalty: a response of length L in
+    # (response_length - buffer, response_length] gets reward -= (L - (response_length -
+    # buffer)) / buffer * overlong_penalty_factor; 0: no penalty
+    c.overlong_penalty_factor = 1.0  # the penalty at L = response_length (>= 0)
 
     # ------------------------------------------------------------------------------------
     # Policy model.
@@ -83,10 +102,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.model.moe_impl = "ragged"  # MoE dispatch: "ragged" (sorted, lax.ragged_dot) | "dense"
     c.model.attention_impl = "auto"  # "auto" (splash on TPU, cudnn on GPU, xla on CPU) | "xla" |
     # "splash" | "cudnn": kernel of the full-sequence attention (gspo_jax/models/attention.py)
-    c.model.scan_layers = True  # full-sequence pass: one lax.scan over the stacked layers
-    # (compile time independent of depth); False: a Python loop, faster for a few small layers
+    c.model.scan_layers = config_dict.FieldReference(True, field_type=bool)  # full-sequence
+    # pass: True, one lax.scan over the stacked layers (compile time independent of depth);
+    # False, a Python loop, faster for a few small layers; None, scan a model of more than
+    # 4 layers (every published architecture: a checkpoint's, a --preset's), loop otherwise
     c.model.routing_replay = False  # MoE only: replay the rollout policy's expert choices in
     # the train step (paper §5.3; GRPO needs it on MoE, GSPO should not)
+    c.model.lora_rank = 0  # LoRA adapters of this rank on the lora_targets (0: off, every
+    # weight trains); only the adapters train, are in the optimizer state and checkpoints
+    c.model.lora_alpha = 16.0  # LoRA scale alpha: y = W x + (alpha / rank) * B(A x)
+    c.model.lora_targets = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"  # comma-
+    # separated projections LoRA adapts: attention q/k/v/o, dense MLP gate/up/down (not MoE)
     # Architecture of a model trained from scratch (used when hf_path is None):
     c.model.arch = "qwen3"
     c.model.hidden_size = 128
@@ -110,6 +136,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.sampling.top_p = _placeholder(float)  # nucleus filter (None: off)
     c.sampling.prompt_buckets = (32, 64, 128, 256, 512, 1024, 2048)  # padded prompt lengths:
     # prompts of a bucket seen before never recompile
+    c.sampling.engine = "static"  # "static": every row decodes until the last one ends;
+    # "continuous": a finished row takes the next queued sequence (paged KV cache; more useful
+    # rows, slower per step on CPU today). Same samples for the same seed (README, "Rollout engines")
+    c.sampling.num_slots = _placeholder(int)  # continuous decode rows (None: one per sequence)
+    c.sampling.page_size = 16  # tokens per KV page (continuous)
+    c.sampling.kv_budget_tokens = _placeholder(int)  # response tokens the KV pages hold at
+    # once (None: every slot at full length); below that, rows wait or are preempted and rerun
 
     # ------------------------------------------------------------------------------------
     # Optimizer (optax AdamW, clip-by-global-norm, warmup + constant/cosine schedule).
@@ -182,6 +215,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval.every_steps = 10  # greedy evaluation on the held-out split (0: only start and end)
     c.eval.num_prompts = 128  # held-out prompts per evaluation
     c.eval.batch_size = 64  # prompts per greedy sampling call
+    c.eval.num_samples = 0  # k: also sample k responses per prompt at eval.temperature and log
+    # eval/pass@1..pass@k (Chen et al. 2021's unbiased estimator) and eval/maj@k (majority
+    # vote over the answers); 0: greedy accuracy only. Costs k x the greedy eval's tokens
+    c.eval.temperature = 1.0  # sampling temperature of those k samples (> 0; no top-k / top-p)
 
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every_steps = 50  # orbax checkpoint period in RL steps (0: only at the end);
@@ -199,4 +236,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.log.progress_bar = True  # tqdm bar with reward, accuracy, clip fraction, KL
     c.log.tensorboard = True  # TensorBoard event files in workdir/tb (no TensorFlow needed)
     c.log.plot = True  # workdir/curves.png at the end
+    c.log.wandb_project = _placeholder(str)  # Weights & Biases project (None: no W&B); needs
+    # `pip install wandb`. Run name: the workdir's name; run id kept in workdir/wandb_run_id
+    c.log.wandb_entity = _placeholder(str)  # W&B team or user (None: your default entity)
+    c.log.wandb_mode = "online"  # "online" | "offline" (sync later: `wandb sync`) | "disabled"
     return c

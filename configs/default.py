@@ -48,7 +48,8 @@ def get_config(arg: str | None = None):
     c.model.num_heads = 4
     c.model.num_kv_heads = 2
     c.model.head_dim = 16
-    c.model.scan_layers = False  # 3 small layers: unrolled is faster, compiles as fast
+    c.model.scan_layers = None  # this 3-layer model unrolled (faster, compiles as fast); a
+    # checkpoint's or --preset's architecture (28+ layers) scanned
     # Supervised warm start from an imperfect teacher.
     c.warm_start.steps = 1200
     c.warm_start.batch_size = 32

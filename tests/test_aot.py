@@ -2,7 +2,8 @@
 
 - the whole RL step of configs/default.py (sampler prefill and decode, log-probs,
   advantages, train step) compiles for v5e:2x2 (4 chips) with the splash kernel, fits,
-  and the command prints its table and exits 0;
+  and the command prints its table and exits 0, with a roofline estimate for every
+  function whose phases add up to the RL step's total (tools/roofline.py);
 - a configuration that does not fit (the einsum attention at a 32k-token response) exits
   1 with a message naming the function and the shortfall.
 
@@ -14,6 +15,7 @@ rather than skips).
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -68,6 +70,16 @@ def test_tiny_rl_step_compiles_for_a_tpu_slice(env, tmp_path):
     assert train["alias"] > 0 and train["flops"] > 0  # the train state is donated
     assert "attention splash" in proc.stdout and "| train step |" in proc.stdout
     assert "fits: peak" in proc.stdout
+    # the roofline estimate: every function's, positive; the RL step's total is their sum
+    est = [r["estimate"] for r in reports]
+    assert all(0 < e["overlapped_s"] <= e["serial_s"] for e in est), est
+    assert train["estimate"]["compute_s"] > 0 and train["hbm"] > 0 and train["xla_flops"] > 0
+    # mesh data=4: the train step all-reduces its gradients across the 4 chips
+    assert train["estimate"]["ici_bytes"].get("all-reduce", 0) > 0, train["estimate"]
+    total = re.search(r"\| RL step \| (\S+) to (\S+) \|", proc.stdout)
+    assert total and "ESTIMATED" in proc.stdout and "train step MFU (est.)" in proc.stdout
+    assert float(total[1]) == pytest.approx(sum(e["overlapped_s"] for e in est), rel=0.01)
+    assert float(total[2]) == pytest.approx(sum(e["serial_s"] for e in est), rel=0.01)
 
 
 def test_a_config_that_does_not_fit_names_function_and_shortfall(env, tmp_path):

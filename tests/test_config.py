@@ -364,6 +364,10 @@ def test_multi_process_prompt_batches_must_split_over_devices():
         ("warm_start.learning_rate", 0.0, r"warm_start.learning_rate=0.0"),
         ("kl_loss_coef", float("nan"), r"kl_loss_coef=nan"),
         ("sampling.prompt_buckets", (32, 0), r"prompt_buckets=\(32, 0\)"),
+        ("sampling.engine", "fast", r"sampling.engine='fast' is not one of"),
+        ("sampling.num_slots", 0, r"sampling.num_slots=0 must be a positive integer"),
+        ("sampling.page_size", 0, r"sampling.page_size=0 must be a positive integer"),
+        ("sampling.kv_budget_tokens", 16, r"kv_budget_tokens=16 holds 1 pages of sampling.page"),
         ("data.overlong", "truncate", r"data.overlong='truncate' is not one of"),
         ("data.config_name", "add9", r"data.config_name='add9' is not one of"),
         ("model.head_dim", 15, r"config.model.head_dim=15"),
@@ -492,7 +496,7 @@ def test_a_tokenizer_larger_than_the_model_vocabulary_is_an_error(tmp_path):
 
 @pytest.mark.parametrize("hf", [False, True])
 def test_model_config_carries_every_numerics_field(hf, tmp_path):
-    """config.model.{param_dtype, dtype, remat, moe_impl, attention_impl, scan_layers} reach
+    """config.model.{param_dtype, dtype, remat, moe_impl, attention_impl, scan_layers, lora_*} reach
     the model (scan_layers=False differs from ModelConfig's default),
     from scratch and from a checkpoint (the scratch path once dropped attention_impl)."""
     from gspo_jax import data
@@ -504,9 +508,10 @@ def test_model_config_carries_every_numerics_field(hf, tmp_path):
     c.model.update(
         param_dtype="bfloat16", dtype="bfloat16", remat="dots", moe_impl="dense",
         attention_impl="splash", scan_layers=False,
+        lora_rank=4, lora_alpha=8.0, lora_targets="q_proj, v_proj",
     )  # fmt: skip
     cfg = specs.model_config(c, None if hf else data.make_char_tokenizer(str(tmp_path)))
-    got = {k: getattr(cfg, k) for k in specs.model_numerics(c)}
+    got = {k: getattr(cfg, k) for k in specs.model_numerics(c, cfg.num_layers)}
     assert got == {
         "param_dtype": "bfloat16",
         "dtype": "bfloat16",
@@ -514,4 +519,30 @@ def test_model_config_carries_every_numerics_field(hf, tmp_path):
         "moe_impl": "dense",
         "attention_impl": "splash",
         "scan_layers": False,
+        "lora_rank": 4,
+        "lora_alpha": 8.0,
+        "lora_targets": ("q_proj", "v_proj"),
     }
+
+
+def test_real_models_scan_their_layers_whatever_the_tiny_default_says(tmp_path):
+    """configs/default.py's scan_layers=None: its 3-layer scratch model unrolled, a
+    --preset's or a checkpoint's 28-layer architecture scanned; True / False still decide."""
+    import json
+
+    from gspo_jax import data
+    from gspo_jax.trainer import specs
+    from tools import aot
+
+    c = gspo_paper.get_config()  # the tiny default underneath, as the documented aot command
+    assert c.model.scan_layers is None
+    validate(c, num_devices=1, num_processes=1)
+    assert specs.model_config(c, data.make_char_tokenizer(str(tmp_path))).scan_layers is False
+    assert {aot.model_config_for(c, p).scan_layers for p in aot.PRESETS} == {True}
+    (tmp_path / "config.json").write_text(json.dumps(aot.PRESETS["Qwen3-0.6B"]))
+    c.model.hf_path = str(tmp_path)
+    assert specs.model_config(c, None).scan_layers is True
+    c.model.scan_layers = False  # an explicit choice holds for any model
+    assert specs.model_config(c, None).scan_layers is False
+    assert aot.model_config_for(c, "Qwen3-8B").scan_layers is False
+    assert base.get_config().model.scan_layers is True

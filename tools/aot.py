@@ -26,6 +26,13 @@ cost analysis counts a loop body once, so it undercounts scans). It exits 1 nami
 function and the shortfall when one does not fit (XLA:TPU itself refuses to compile a
 program larger than HBM; that error is reported the same way).
 
+Then a roofline ESTIMATE per function and per RL step (tools/roofline.py): compute time
+of the model FLOPs at the chip's peak, HBM time of XLA's 'bytes accessed' (corrected for
+loops it counts once), ICI time of every collective read from the optimised HLO
+(gspo_jax.sharding.hlo_stats: bytes x loop trip counts x ring factor), and a latency per
+collective execution; printed as seconds by phase (prefill, decode, π_old pass, updates),
+the train step's MFU and decode tokens/s/chip. Estimates, not measurements.
+
 The rollout batch is taken at its worst case: every prompt at `prompt_length` (the largest
 bucket the sampler can pick) and every response `response_length` long.
 """
@@ -55,11 +62,14 @@ from ml_collections import config_flags
 from gspo_jax import advantages as advantages_lib
 from gspo_jax import models
 from gspo_jax import sharding as sharding_lib
+from gspo_jax.models import lora
 from gspo_jax.models.attention import resolve_impl
 from gspo_jax.sampling import sampler
+from gspo_jax.sharding import hlo_stats
 from gspo_jax.train_step import TrainState, batch_ndims, make_logprobs_fn, make_train_step, optim
 from gspo_jax.trainer import config as config_lib
 from gspo_jax.trainer import rollout, specs
+from tools import roofline
 
 GiB = 2**30
 
@@ -155,7 +165,10 @@ def model_config_for(config, preset: str | None) -> models.ModelConfig:
     if preset:
         if preset not in PRESETS:
             raise ValueError(f"--preset={preset!r}: known presets {sorted(PRESETS)}")
-        return models.ModelConfig.from_hf_config(PRESETS[preset], **specs.model_numerics(config))
+        layers = PRESETS[preset]["num_hidden_layers"]
+        return models.ModelConfig.from_hf_config(
+            PRESETS[preset], **specs.model_numerics(config, layers)
+        )
     if m.hf_path:
         return specs.model_config(config, tokenizer=None)
     import tempfile
@@ -180,6 +193,20 @@ class Report:
     flops: float = 0.0  # model FLOPs of one call, per chip
     error: str | None = None  # XLA's message when it refused to compile (e.g. out of HBM)
     needed: int | None = None  # bytes XLA said it needed, when it refused for memory
+    # the roofline estimate's inputs (tools/roofline.py), per chip per call:
+    xla_flops: float = 0.0  # XLA's cost analysis (loop bodies counted once)
+    xla_bytes: float = 0.0  # XLA's cost analysis 'bytes accessed' (loop bodies once)
+    hlo_bytes: float = 0.0  # the same count from the HLO, loops x trip counts (hlo_stats)
+    collectives: list = dataclasses.field(default_factory=list)  # hlo_stats.Collective
+    unknown_loops: int = 0  # while loops of unknown trip count (counted loop_trips times)
+
+    @property
+    def hbm(self) -> float:
+        """HBM bytes per call: the HLO's count with loop trip counts, else XLA's scaled
+        by model / XLA FLOPs (roofline.hbm_bytes)."""
+        if self.hlo_bytes:
+            return self.hlo_bytes
+        return roofline.hbm_bytes(self.xla_bytes, self.xla_flops, self.flops)
 
     @property
     def total(self) -> int:
@@ -246,7 +273,9 @@ def _hbm_needed(message: str) -> int | None:
     return None
 
 
-def _compile(name, fn, *args, resident=0, flops=0.0, **kwargs) -> tuple[Report, Any]:
+def _compile(name, fn, *args, resident=0, flops=0.0, loop_trips=1, **kwargs) -> tuple[Report, Any]:
+    """Compiles `fn` for `args`; its Report (memory, FLOPs, the collectives of its HLO: a
+    loop of unknown trip count runs `loop_trips` times) and the compiled function."""
     t0 = time.perf_counter()
     try:
         compiled = fn.lower(*args, **kwargs).compile()
@@ -268,6 +297,14 @@ def _compile(name, fn, *args, resident=0, flops=0.0, **kwargs) -> tuple[Report, 
         resident=resident,
         flops=flops,
     )
+    cost = compiled.cost_analysis()
+    cost = (cost[0] if isinstance(cost, list) else cost) or {}
+    report.xla_flops = float(cost.get("flops", 0.0))
+    report.xla_bytes = float(cost.get("bytes accessed", 0.0))
+    hlo = compiled.as_text()
+    report.collectives = hlo_stats.collectives(hlo, unknown_trip_count=loop_trips)
+    report.hlo_bytes = float(hlo_stats.hbm_bytes(hlo, unknown_trip_count=loop_trips))
+    report.unknown_loops = len(hlo_stats.unknown_trip_loops(hlo))
     return report, compiled
 
 
@@ -358,7 +395,9 @@ def _abstract_run(config, model_config, devices, num_processes) -> _Abstract:
     tx = optim.make_optimizer(specs.optim_spec(c))
     abstract = models.abstract_params(cfg)
     param_sh = sharding_lib.tree_shardings(abstract, models.logical_axes(cfg), mesh)
-    opt_sh = sharding_lib.optimizer_state_shardings(tx, abstract, param_sh, mesh)
+    # With LoRA only the adapters train: the optimizer state is theirs alone.
+    trained, trained_sh = lora.trainable(abstract), lora.trainable(param_sh)
+    opt_sh = sharding_lib.optimizer_state_shardings(tx, trained, trained_sh, mesh)
     return _Abstract(
         c=c,
         cfg=cfg,
@@ -374,8 +413,9 @@ def _abstract_run(config, model_config, devices, num_processes) -> _Abstract:
         param_sh=param_sh,
         opt_sh=opt_sh,
         params=_sds(abstract, param_sh),
-        opt_state=_sds(jax.eval_shape(tx.init, abstract), opt_sh),
-        needs_ref=bool(c.use_kl_loss or c.add_token_level_kl),
+        opt_state=_sds(jax.eval_shape(tx.init, trained), opt_sh),
+        # LoRA's π_ref is the base itself (the adapters off): nothing more stays resident.
+        needs_ref=bool(c.use_kl_loss or c.add_token_level_kl) and not cfg.lora_rank,
     )
 
 
@@ -455,6 +495,7 @@ def _compile_sampler(a: _Abstract, functions) -> list[Report]:
         top_p=a.c.sampling.top_p,
         resident=a.idle,
         flops=per_token * a.B * T / a.chips,
+        loop_trips=T,  # the token loop stops early when every row ended: T at worst
     )
     reports.append(report)
     return reports
@@ -557,6 +598,26 @@ def shortfalls(reports: list[Report], capacity: int) -> list[str]:
     return out
 
 
+def fsdp_traffic(config, cfg, reports: list[Report]) -> str | None:
+    """The train step's collective bytes per micro-batch against textbook FSDP's: each
+    weight gathered three times in the compute dtype (forward, remat, backward) and its
+    gradient reduce-scattered in the parameter dtype, per chip."""
+    train = next((r for r in reports if r.name == "train step" and r.error is None), None)
+    if train is None:
+        return None
+    sizes = specs.batch_sizes(config)
+    micro = config.ppo_epochs * sizes["responses"] // sizes["micro_batch"]
+    n = models.param_count(cfg)
+    fsdp = n * (3 * jnp.dtype(cfg.dtype).itemsize + jnp.dtype(cfg.param_dtype).itemsize)
+    moved = sum(c.bytes * c.count for c in train.collectives) / micro
+    return (
+        f"train step collectives (est. input): {moved / 1e9:.2f} GB per micro-batch per chip "
+        f"({micro} micro-batches) vs textbook FSDP {fsdp / 1e9:.2f} GB (weights gathered "
+        f"3x in {cfg.dtype}, gradients reduce-scattered in {cfg.param_dtype}): "
+        f"{moved / fsdp:.2f}x"
+    )
+
+
 def describe(config, cfg, topology: str, devices) -> str:
     c = config
     mesh = config_lib.mesh_shape(c, len(devices))
@@ -565,7 +626,7 @@ def describe(config, cfg, topology: str, devices) -> str:
     n = models.param_count(cfg)
     size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
     return (
-        f"{cfg.arch} {size} params ({cfg.num_layers} layers) "
+        f"{cfg.arch} {size} params ({cfg.num_layers} layers{_lora_note(cfg)}) "
         f"on {topology}: {len(devices)} chips, mesh "
         + " ".join(f"{k}={v}" for k, v in mesh.items())
         + f"\n{c.rollout_batch_size} prompts x {c.num_return_sequences_in_group} = "
@@ -574,6 +635,17 @@ def describe(config, cfg, topology: str, devices) -> str:
         f"{sizes['micro_batch']}, {cfg.param_dtype} params, {cfg.dtype} compute, remat "
         f"{cfg.remat}, attention {impl}, MoE {cfg.moe_impl if cfg.num_experts else '-'}; "
         f"jax {jax.__version__}"
+    )
+
+
+def _lora_note(cfg) -> str:
+    """ ", LoRA rank r on ...: N trainable (f32 + Adam: X GiB)" or "" without LoRA."""
+    if not cfg.lora_rank:
+        return ""
+    n = lora.adapter_count(cfg)
+    return (
+        f", LoRA rank {cfg.lora_rank} on {','.join(cfg.lora_targets)}: {n / 1e6:.1f}M "
+        f"trainable, f32 + Adam moments {3 * 4 * n / GiB:.2f} GiB in all"
     )
 
 
@@ -634,9 +706,23 @@ def main(argv) -> int:
         num_processes=_PROCESSES.value,
     )
     print(format_table(reports, capacity))
+    decoded = config.rollout_batch_size * config.num_return_sequences_in_group
+    decoded *= config.response_length / len(devices)
+    chip = roofline.chip_for(_TOPOLOGY.value)
+    print("\n" + roofline.format_estimates(reports, chip, decoded_tokens=decoded))
+    traffic = fsdp_traffic(config, cfg, reports)
+    if traffic:
+        print(traffic)
     if _JSON.value:
         with open(_JSON.value, "w") as f:
-            json.dump([dataclasses.asdict(r) | {"total": r.total} for r in reports], f, indent=2)
+            est = {r.name: e for r, e in roofline.estimates(reports, chip)}
+            rows = [
+                dataclasses.asdict(r)
+                | {"total": r.total, "hbm": r.hbm}
+                | ({"estimate": est[r.name].as_dict()} if r.name in est else {})
+                for r in reports
+            ]
+            json.dump(rows, f, indent=2)
     problems = shortfalls(reports, capacity)
     for p in problems:
         print(f"DOES NOT FIT: {p}", file=sys.stderr)

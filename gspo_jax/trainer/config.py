@@ -21,6 +21,7 @@ specs.py's.
 from __future__ import annotations
 
 import importlib.machinery
+import importlib.util
 import math
 import numbers
 import os
@@ -31,9 +32,21 @@ from gspo_jax import advantages, models, objectives
 from gspo_jax import sharding as sharding_lib
 from gspo_jax.data.build import DATASETS
 from gspo_jax.data.pipeline import OVERLONG_POLICIES
-from gspo_jax.models.config import ARCHS, ATTENTION_IMPLS, DTYPES, MOE_IMPLS, REMAT_POLICIES
+from gspo_jax.models.config import (
+    ARCHS,
+    ATTENTION_IMPLS,
+    DTYPES,
+    LORA_TARGETS,
+    MOE_IMPLS,
+    REMAT_POLICIES,
+)
 from gspo_jax.train_step import old_policy, optim
-from gspo_jax.trainer.specs import batch_sizes, normalize_reward_norm, scratch_model_config
+from gspo_jax.trainer.specs import (
+    batch_sizes,
+    lora_fields,
+    normalize_reward_norm,
+    scratch_model_config,
+)
 
 
 class ConfigError(ValueError):
@@ -140,7 +153,10 @@ def validate(config, *, num_devices: int | None = None, num_processes: int = 1) 
     _check_model(config)
     _check_data(config)
     _check_rewards(config)
+    _check_sampled_eval(config)
+    _check_wandb(config)
     _check_pi_old(config)
+    _check_dapo(config)
     _warn_far_from_paper(config)
     _warn_warmup_longer_than_the_run(config)
     _warn_options_without_switch(config, normalize_reward_norm(config.reward_norm))
@@ -155,6 +171,12 @@ def _check_names(config) -> None:
     reward_norm = normalize_reward_norm(config.reward_norm)
     _choice("reward_norm", reward_norm, [None, *[n for n in advantages.REWARD_NORMS if n]])
     _choice("old_logprobs_source", config.old_logprobs_source, old_policy.SOURCES)
+    _choice("rollout_correction", config.rollout_correction, objectives.ROLLOUT_CORRECTIONS)
+    _choice(
+        "rollout_correction_level",
+        config.rollout_correction_level,
+        objectives.ROLLOUT_CORRECTION_LEVELS,
+    )
     _choice("invalid_reward", config.invalid_reward, INVALID_REWARD_RULES)
     _choice("optim.schedule", config.optim.schedule, optim.SCHEDULES)
     _choice("model.arch", config.model.arch, ARCHS)
@@ -243,6 +265,12 @@ def _check_pi_old(config) -> None:
         )
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if config.rollout_correction != "none" and s.temperature == 0:
+        raise ConfigError(
+            f"config.rollout_correction={config.rollout_correction!r} needs "
+            "sampling.temperature > 0: greedy decoding has no sampling distribution mu to "
+            "correct for"
+        )
 
 
 def _warn_far_from_paper(config) -> None:
@@ -322,6 +350,30 @@ def _warn_options_without_switch(config, reward_norm) -> None:
             config.use_kl_loss or config.add_token_level_kl,
         ),
         (
+            "dynamic_sampling_max_rounds",
+            config.dynamic_sampling_max_rounds != DEFAULT_DYNAMIC_SAMPLING_MAX_ROUNDS,
+            "dynamic_sampling",
+            config.dynamic_sampling,
+        ),
+        (
+            "overlong_penalty_factor",
+            config.overlong_penalty_factor != DEFAULT_OVERLONG_PENALTY_FACTOR,
+            "overlong_buffer_len > 0",
+            config.overlong_buffer_len > 0,
+        ),
+        (
+            "rollout_correction_level",
+            config.rollout_correction_level != "token",
+            "rollout_correction",
+            config.rollout_correction != "none",
+        ),
+        (
+            "rollout_correction_threshold",
+            config.rollout_correction_threshold != DEFAULT_ROLLOUT_CORRECTION_THRESHOLD,
+            "rollout_correction",
+            config.rollout_correction != "none",
+        ),
+        (
             "warm_start.steps",
             config.warm_start.steps > 0,
             "a scratch model (model.hf_path unset)",
@@ -336,8 +388,30 @@ def _warn_options_without_switch(config, reward_norm) -> None:
             )
 
 
+def _sampling_engine(config) -> None:
+    """sampling.engine and the continuous engine's slots, page size and KV budget (which
+    must hold one full-length response: ⌈response_length / page_size⌉ + 1 pages)."""
+    s = config.sampling
+    _choice("sampling.engine", s.engine, ("continuous", "static"))
+    _int(config, "sampling.num_slots", minimum=1, allow_none=True)
+    page = _int(config, "sampling.page_size", minimum=1)
+    budget = _int(config, "sampling.kv_budget_tokens", minimum=1, allow_none=True)
+    need = -(-config.response_length // page) + 1
+    if budget is not None and budget // page < need:
+        raise ConfigError(
+            f"config.sampling.kv_budget_tokens={budget} holds {budget // page} pages of "
+            f"sampling.page_size={page}; one response of response_length="
+            f"{config.response_length} needs up to {need} pages: raise it to >= {need * page}"
+        )
+
+
 # dual_clip_ratio's value in configs/base.py; a different one without dual_clip_loss warns.
 DEFAULT_DUAL_CLIP_RATIO = 3.0
+# rollout_correction_threshold's; a different one (or level "seq") without a correction warns.
+DEFAULT_ROLLOUT_CORRECTION_THRESHOLD = 2.0
+# ... and those of the DAPO options (warned about when set while their switch is off).
+DEFAULT_DYNAMIC_SAMPLING_MAX_ROUNDS = 3
+DEFAULT_OVERLONG_PENALTY_FACTOR = 1.0
 
 
 def _ranges(config) -> None:
@@ -347,6 +421,7 @@ def _ranges(config) -> None:
     _number(config, "clip_low", low=0.0, high=1.0, high_open=True)
     _number(config, "clip_high", low=0.0)
     _number(config, "dual_clip_ratio", low=1.0, low_open=True)
+    _number(config, "rollout_correction_threshold", low=1.0, low_open=True)
     for name in ("reward_clip", "advantage_clip"):
         _number(config, name, low=0.0, low_open=True, allow_none=True)
     for name in ("kl_loss_coef", "token_level_kl_coef"):
@@ -360,7 +435,6 @@ def _ranges(config) -> None:
         "reward_shift",
         "reward_scale",
         "model.routing_replay",
-        "model.scan_layers",
         "checkpoint.async_save",
         "checkpoint.export_hf",
         "log.progress_bar",
@@ -368,11 +442,14 @@ def _ranges(config) -> None:
         "log.plot",
     ):
         _bool(config, name)
+    if config.model.scan_layers is not None:  # None: scan models of more than 4 layers
+        _bool(config, "model.scan_layers")
     _positive_int(config, "logprob_chunk_size")
 
     _number(config, "sampling.temperature", low=0.0)
     _int(config, "sampling.top_k", minimum=1, allow_none=True)
     _number(config, "sampling.top_p", low=0.0, high=1.0, low_open=True, allow_none=True)
+    _sampling_engine(config)
     buckets = config.sampling.prompt_buckets
     if (
         not isinstance(buckets, (tuple, list))
@@ -413,12 +490,34 @@ def _ranges(config) -> None:
     _number(config, "reward.timeout_s", low=0.0, low_open=True)
 
 
+def _check_dapo(config) -> None:
+    """DAPO's rollout options (trainer/filtering.py): dynamic sampling, overlong handling."""
+    dynamic = _bool(config, "dynamic_sampling")
+    _bool(config, "overlong_filter")
+    _int(config, "dynamic_sampling_max_rounds", minimum=0)
+    buffer = _int(config, "overlong_buffer_len", minimum=0)
+    if buffer > config.response_length:
+        raise ConfigError(
+            f"config.overlong_buffer_len={buffer} must be in [0, response_length="
+            f"{config.response_length}]: the penalty ramps over the last overlong_buffer_len "
+            "tokens of a response"
+        )
+    _number(config, "overlong_penalty_factor", low=0.0)
+    if dynamic and config.num_return_sequences_in_group < 2:
+        raise ConfigError(
+            "config.dynamic_sampling=True needs num_return_sequences_in_group >= 2 (got "
+            f"{config.num_return_sequences_in_group}): a group of one has zero reward std "
+            "and would always be dropped"
+        )
+
+
 def _check_model(config) -> None:
     """The model fields, before any file is read: a scratch architecture is built once with
     a placeholder vocabulary (ModelConfig checks itself); a checkpoint directory must be one."""
     m = config.model
     if m.routing_replay and m.arch != "qwen3_moe" and not m.hf_path:
         raise ConfigError("config.model.routing_replay needs a Mixture-of-Experts model")
+    _check_lora(config)
     if m.hf_path:
         _check_dir("model.hf_path", m.hf_path, must_hold=("config.json",))
     if m.tokenizer_path:
@@ -441,6 +540,22 @@ def _check_model(config) -> None:
         scratch_model_config(config, vocab_size=1, eos_token_ids=(), pad_token_id=None)
     except ValueError as e:
         raise ConfigError(str(e).replace("ModelConfig.", "config.model.")) from None
+
+
+def _check_lora(config) -> None:
+    """model.lora_*: a rank >= 0; with adapters, alpha > 0 and known target names (MLP
+    targets on a MoE checkpoint are refused when its config is read: ModelConfig)."""
+    if not _int(config, "model.lora_rank", minimum=0):
+        return
+    _number(config, "model.lora_alpha", low=0.0, low_open=True)
+    targets = lora_fields(config)["lora_targets"]
+    unknown = sorted(set(targets) - set(LORA_TARGETS))
+    if not targets or unknown or len(set(targets)) != len(targets):
+        raise ConfigError(
+            f"config.model.lora_targets={config.model.lora_targets!r}: expected distinct "
+            f"comma-separated names from {list(LORA_TARGETS)}"
+            + (f"; unknown {unknown}" if unknown else "")
+        )
 
 
 def _check_dir(name: str, path, *, must_hold: tuple[str, ...] = ()) -> None:
@@ -508,6 +623,42 @@ def _check_rewards(config) -> None:
                 "script is not a module on sys.path). Move it into an importable module, or "
                 "score in-process with config.reward.num_workers=0 (no timeout)"
             )
+
+
+WANDB_MODES = ("online", "offline", "disabled")
+
+
+def _check_sampled_eval(config) -> None:
+    """eval.num_samples / eval.temperature (pass@k, maj@k; trainer/evaluation.py): maj@k
+    needs the answer that reward.accuracy grades (rewards/voting.py)."""
+    k = _int(config, "eval.num_samples", minimum=0)
+    _number(config, "eval.temperature", low=0.0, low_open=True)
+    if k == 0:
+        return
+    from gspo_jax.rewards import voting
+
+    try:
+        voting.answer_key_fn(config.reward.accuracy)
+    except ValueError as e:
+        raise ConfigError(f"config.eval.num_samples={k} with config.reward.accuracy: {e}") from None
+
+
+def _check_wandb(config) -> None:
+    """log.wandb_*: the writer (trainer/wandb_writer.py) imports wandb only when a project
+    is set, so that is when a missing wandb is named, before anything is loaded."""
+    log = config.log
+    for name in ("log.wandb_project", "log.wandb_entity"):
+        value = _get(config, name)
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise ConfigError(f"config.{name}={value!r} must be a non-empty string or None")
+    _choice("log.wandb_mode", log.wandb_mode, WANDB_MODES)
+    if log.wandb_project is None or log.wandb_mode == "disabled":
+        return
+    if importlib.util.find_spec("wandb") is None:
+        raise ConfigError(
+            f"config.log.wandb_project={log.wandb_project!r} logs to Weights & Biases, but "
+            "wandb is not installed: pip install wandb (or unset log.wandb_project)"
+        )
 
 
 def _importable_by_workers(module: str) -> bool:

@@ -8,7 +8,7 @@ usable on its own (docs/architecture.md):
   init_or_restore(trainer) -> RunState         the changing state (state.py)
   trainer.rollouts.collect(state, prompts)     sample, score, π_ref, advantages -> Rollout
   rl_step(trainer, state, rollout)             the jitted train step on that rollout
-  trainer.evaluator(params)                    greedy held-out accuracy
+  trainer.evaluator(params)                    held-out greedy accuracy (and pass@k, maj@k)
 
 Resume order (automatic): the workdir's latest checkpoint -> config.model.hf_path -> scratch
 initialisation (+ the supervised warm start, saved as checkpoint 0). A killed run restarted
@@ -31,7 +31,8 @@ import jax
 import numpy as np
 
 from gspo_jax import models
-from gspo_jax.trainer import checkpoint, preemption, writers
+from gspo_jax.models import lora
+from gspo_jax.trainer import checkpoint, filtering, preemption, writers
 from gspo_jax.trainer import state as state_lib
 from gspo_jax.trainer import warm_start as warm_start_lib
 from gspo_jax.trainer.rollout import Rollout
@@ -39,6 +40,10 @@ from gspo_jax.trainer.setup import Trainer, setup
 from gspo_jax.trainer.state import RunState
 
 log = logging.getLogger(__name__)
+
+# With LoRA: the warm-started base (saved once; resume reads it) and the PEFT export.
+LORA_BASE_DIR = "lora_base"
+LORA_ADAPTER_DIR = "hf_adapter"
 
 # Metric keys shown on the progress bar (short label -> key).
 PROGRESS_KEYS = {
@@ -140,6 +145,7 @@ def train(trainer: Trainer, state: RunState, *, stop_after: int | None = None) -
     summary: dict[str, Any] = {"origin": state.origin, "start_step": state.step}
     report = _Reporter(trainer, initial=state.step)
     skips = _SkipCount(trainer, state)
+    dead_groups = filtering.DeadGroupWatch(dynamic=trainer.rollouts.spec.dynamic_sampling)
     if state.step == 0:
         first = _evaluate(trainer, report, state.train.params, 0)
         report.write(0, first)
@@ -157,6 +163,7 @@ def train(trainer: Trainer, state: RunState, *, stop_after: int | None = None) -
                 )
             state, metrics = _one_step(trainer, state)
             report.phase(None)
+            dead_groups.after_step(state.step, metrics)
             done, last = state.step, state.step == schedule.num_steps
             stopping = stop_after is not None and done >= stop_after and not last
             if stalled := skips.after_step(state):
@@ -205,8 +212,13 @@ def _one_step(trainer: Trainer, state: RunState) -> tuple[RunState, dict]:
     """RL step `state.step`: the next prompts, their rollout, the train step."""
     t0 = time.perf_counter()
     prompts = next(trainer.train_iter)
+    # Dynamic sampling's extra rounds read on from the same stream; the position saved is
+    # the one after them, so a resumed run reads what it would have read.
+    rollout = trainer.rollouts.collect(
+        state, prompts, more_prompts=lambda: next(trainer.train_iter)
+    )
     state = state.replace(data=json.dumps(trainer.train_iter.get_state()))
-    state, metrics = rl_step(trainer, state, trainer.rollouts.collect(state, prompts))
+    state, metrics = rl_step(trainer, state, rollout)
     metrics["data/epoch"] = float(trainer.train_iter.epoch)
     metrics["time/step_s"] = time.perf_counter() - t0
     return state, metrics
@@ -218,7 +230,17 @@ def _finish(trainer: Trainer, state: RunState) -> dict[str, Any]:
     if trainer.schedule.export_hf:
         path = os.path.join(trainer.workdir, "hf")
         params = state.train.params
-        out["export"] = checkpoint.export_hf(trainer.model_config, trainer.tokenizer, params, path)
+        # LoRA: the merged model W + (alpha/r)·A·B, and the adapters alone in PEFT's layout.
+        cfg, merged = lora.merged(trainer.model_config, params)
+        out["export"] = checkpoint.export_hf(cfg, trainer.tokenizer, merged, path)
+        if trainer.model_config.lora_rank:
+            adapter_path = os.path.join(trainer.workdir, LORA_ADAPTER_DIR)
+            out["export_adapter"] = checkpoint.export_peft(
+                trainer.model_config,
+                params,
+                adapter_path,
+                base_model=trainer.schedule.hf_path or "",
+            )
     trainer.writer.close()
     if trainer.is_lead and trainer.schedule.plot and os.path.exists(trainer.writer.path):
         png = os.path.join(trainer.workdir, "curves.png")
@@ -266,6 +288,7 @@ def _stop_on_signal(trainer: Trainer, state: RunState, signum: int, summary: dic
         checkpoint.save(trainer.manager, state)
     name = signal.Signals(signum).name
     summary.update(preempted=name, stopped_after=state.step)
+    trainer.writer.preempting()  # a W&B run is marked resumable (wandb_writer.py)
     log.warning(
         "%s: stopped after RL step %d, checkpoint %d in %s; the same command resumes",
         name,
@@ -296,28 +319,31 @@ def rl_step(trainer: Trainer, state: RunState, rollout: Rollout) -> tuple[RunSta
 def init_or_restore(trainer: Trainer) -> RunState:
     """The workdir's latest checkpoint; else the config's Hugging Face checkpoint; else a
     scratch initialisation with its supervised warm start (saved as checkpoint 0, so a
-    restart skips it)."""
+    restart skips it).
+
+    With LoRA (model.lora_rank > 0) that order gives the frozen base, and the checkpoints
+    hold the adapters and their optimizer state only: a resumed run rebuilds the base
+    (hf_path, the saved warm start `lora_base/`, or the seed's initialisation) and puts
+    the restored adapters on it; a new run puts fresh adapters on it."""
     schedule = trainer.schedule
     restored = checkpoint.restore_latest(trainer.manager, trainer.abstract_state())
     if restored is not None:
         trainer.train_iter.set_state(restored.data)
+        if trainer.model_config.lora_rank:
+            base, _ = _base_params(trainer, resume=True)
+            params = lora.combine(base, restored.train.params)
+            restored = restored.replace(train=restored.train.replace(params=params))
         return restored
-    param_shardings = trainer.state_shardings.train.params
-    if schedule.hf_path:
-        # Tensor by tensor, straight into its sharding: never whole on one device.
-        _, params = models.load_pretrained(
-            schedule.hf_path, dtype=schedule.param_dtype, shardings=param_shardings
+    params, origin = _base_params(trainer, resume=False)
+    if trainer.model_config.lora_rank:
+        init = jax.jit(
+            lora.init_adapters,
+            static_argnums=0,
+            out_shardings=lora.trainable(trainer.state_shardings.train.params),
         )
-        # NaN weights would give NaN losses and skip every update, without another word.
-        checkpoint.require_finite(params, f"the Hugging Face checkpoint {schedule.hf_path}")
-        origin = f"Hugging Face checkpoint {schedule.hf_path}"
-    else:
-        init = jax.jit(models.init_params, static_argnums=0, out_shardings=param_shardings)
-        params = init(trainer.model_config, jax.random.PRNGKey(schedule.seed))
-        origin = "scratch initialisation"
-        if trainer.warm_start.steps > 0:
-            params = warm_start(trainer, params)
-            origin += f" + {trainer.warm_start.steps} supervised warm-start steps"
+        adapters = init(trainer.model_config, jax.random.PRNGKey(schedule.seed + 1))
+        params = lora.combine(params, adapters)
+        origin += f" + LoRA adapters of rank {trainer.model_config.lora_rank}"
     state = state_lib.init_state(
         params, trainer.tx, schedule.seed, trainer.state_shardings, origin=origin
     )
@@ -327,10 +353,49 @@ def init_or_restore(trainer: Trainer) -> RunState:
     return state
 
 
+def _base_params(trainer: Trainer, *, resume: bool) -> tuple[dict, str]:
+    """(the starting weights, where they came from): hf_path, else the seed's scratch
+    initialisation (+ its warm start). With LoRA these are the frozen base, of
+    `lora.base_config`; a LoRA warm start is saved once (`lora_base/`) and read back on
+    resume (`resume`)."""
+    schedule = trainer.schedule
+    cfg = lora.base_config(trainer.model_config)
+    shardings = _base_shardings(trainer)
+    if schedule.hf_path:
+        # Tensor by tensor, straight into its sharding: never whole on one device.
+        _, params = models.load_pretrained(
+            schedule.hf_path, dtype=schedule.param_dtype, shardings=shardings
+        )
+        # NaN weights would give NaN losses and skip every update, without another word.
+        checkpoint.require_finite(params, f"the Hugging Face checkpoint {schedule.hf_path}")
+        return params, f"Hugging Face checkpoint {schedule.hf_path}"
+    origin = "scratch initialisation"
+    lora_warm = trainer.warm_start.steps > 0 and trainer.model_config.lora_rank
+    base_dir = os.path.join(trainer.workdir, LORA_BASE_DIR)
+    if lora_warm and resume:
+        params = checkpoint.restore_params(base_dir, models.abstract_params(cfg), shardings)
+        return params, origin + f" + warm start ({base_dir})"
+    init = jax.jit(models.init_params, static_argnums=0, out_shardings=shardings)
+    params = init(cfg, jax.random.PRNGKey(schedule.seed))
+    if trainer.warm_start.steps > 0:
+        params = warm_start(trainer, params)
+        origin += f" + {trainer.warm_start.steps} supervised warm-start steps"
+        if lora_warm:
+            checkpoint.save_params(base_dir, params)
+    return params, origin
+
+
+def _base_shardings(trainer: Trainer):
+    """Shardings of the base weights: the params' own, less LoRA's adapters."""
+    shardings = trainer.state_shardings.train.params
+    return lora.partition(shardings)[0] if trainer.model_config.lora_rank else shardings
+
+
 def warm_start(trainer: Trainer, params):
-    """The supervised warm start of a scratch model (`trainer.warm_start` steps)."""
+    """The supervised warm start of a scratch model (`trainer.warm_start` steps). With LoRA
+    it trains the whole base model (it makes the "pretrained" base the adapters adapt)."""
     return warm_start_lib.warm_start(
-        trainer.model_config,
+        lora.base_config(trainer.model_config),
         params,
         trainer.sft_source,
         trainer.tokenizer,
@@ -339,7 +404,7 @@ def warm_start(trainer: Trainer, params):
         prompt=trainer.prompt,
         data_spec=trainer.data_spec,
         progress=trainer.is_lead and trainer.schedule.progress_bar,
-        param_shardings=trainer.state_shardings.train.params,
+        param_shardings=_base_shardings(trainer),
     )
 
 

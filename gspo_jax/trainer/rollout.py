@@ -1,8 +1,9 @@
 """One rollout: prompts -> G responses each -> rewards -> advantages -> the train batch.
 
-`Rollouts.collect(state, prompts) -> Rollout` is the rollout half of an RL step (loop.py
-runs the other half, the train step, on what it returns). A `Rollouts` holds its spec
-(specs.RolloutSpec) and the functions it needs, built once by setup.py. In order:
+`Rollouts.collect(state, prompts, more_prompts=None) -> Rollout` is the rollout half of an
+RL step (loop.py runs the other half, the train step, on what it returns). A `Rollouts`
+holds its spec (specs.RolloutSpec) and the functions it needs, built once by setup.py. In
+order:
 
   bucket_prompts                 host: drop padding columns down to a fixed compiled width
   sample                         G responses per prompt, with the sampler's log-probs
@@ -17,6 +18,15 @@ Invalid rewards (a verifier that raised or timed out, NaN, non-numeric) follow t
 config's `invalid_reward` rule: "mask" excludes the response from group statistics and
 gives it advantage 0 (so it neither pushes nor pulls the policy); "zero" scores it 0.
 Both are counted in the metrics.
+
+DAPO's options (filtering.py), each off by default: `overlong_buffer_len` adds the soft
+overlong penalty to every valid reward (what the advantages and `reward/*` see; accuracy is
+unchanged); `overlong_filter` zeroes the loss mask of truncated responses, which still count
+in their group's statistics (DAPO §3.4, TRL's `mask_truncated_completions`); with
+`dynamic_sampling`, groups whose rewards are all equal are dropped and more prompts of the
+data stream sampled (the same compiled sampler) until the batch is full or the extra rounds
+run out, the rest filled with dead groups that get no loss and no weight in the statistics.
+`reward/*` and `response/*` describe every response sampled in the step, before filtering.
 
 Shapes: N prompts, G samples each, B = N·G responses, P prompt tokens, T response tokens,
 L = P + T.
@@ -36,9 +46,11 @@ import numpy as np
 from gspo_jax import advantages as advantages_lib
 from gspo_jax import objectives, sampling
 from gspo_jax import sharding as sharding_lib
+from gspo_jax.models import lora
 from gspo_jax.rewards import build_reward, score_batch
 from gspo_jax.rewards.scoring import HARD_FAILURES, FailureLog, raise_all_failed
 from gspo_jax.train_step import old_policy
+from gspo_jax.trainer.filtering import group_rows, overlong_penalty, select_groups, zero_std_groups
 from gspo_jax.trainer.specs import AdvantageSpec, RewardSpec, RolloutSpec
 
 
@@ -223,11 +235,6 @@ def reward_metrics(rewards_B, valid_B, correct_B, stats, group_size: int) -> dic
     """Host metrics of one rollout's rewards (all plain floats)."""
     valid_B = np.asarray(valid_B, bool)
     r = rewards_B[valid_B] if valid_B.any() else np.zeros(1, np.float32)
-    groups_NG = rewards_B.reshape(-1, group_size)
-    valid_NG = valid_B.reshape(-1, group_size)
-    zero_var = [
-        float(np.ptp(g[v]) == 0) if v.sum() >= 2 else 1.0 for g, v in zip(groups_NG, valid_NG)
-    ]
     return {
         "reward/mean": float(np.mean(r)),
         "reward/std": float(np.std(r)),
@@ -238,7 +245,8 @@ def reward_metrics(rewards_B, valid_B, correct_B, stats, group_size: int) -> dic
         "reward/num_nonfinite": float(
             stats.get("num_nonfinite", 0) + stats.get("num_nonnumeric", 0)
         ),
-        "groups/zero_variance_frac": float(np.mean(zero_var)),
+        # groups whose valid rewards are all equal: zero advantage, no gradient (filtering.py)
+        "reward/frac_zero_std": float(np.mean(zero_std_groups(rewards_B, valid_B, group_size))),
     }
 
 
@@ -252,6 +260,26 @@ def response_metrics(mask_BT: np.ndarray, truncated_B: np.ndarray) -> dict[str, 
 
 
 # ------------------------------------------------------------------------------ the rollout
+
+
+@dataclasses.dataclass(frozen=True)
+class _Round:
+    """One sampling round of a rollout: the sampler's output (global arrays) and this
+    process's rows on the host. `rewards` include the overlong `penalty`; `correct` does
+    not; `sample_s` / `reward_s`: the round's sampling and scoring seconds."""
+
+    prompts: dict
+    out: sampling.SampleOutput
+    mask: np.ndarray
+    truncated: np.ndarray
+    completions: list
+    rewards: np.ndarray
+    valid: np.ndarray
+    correct: np.ndarray
+    stats: dict
+    penalty: np.ndarray
+    sample_s: float
+    reward_s: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -295,35 +323,138 @@ class Rollouts:
     advantage_fn: Callable
     batch_shardings: dict
 
-    def collect(self, state, prompts: dict[str, np.ndarray]) -> Rollout:
+    def collect(self, state, prompts: dict[str, np.ndarray], more_prompts=None) -> Rollout:
         """Sample, score and prepare one rollout batch for `state`'s policy.
 
         `prompts` is this process's rows of the prompt batch (the loop's iterator); RL step
         `state.step` samples with fold_in(state.rng, state.step), so a resumed run draws
-        what it would have drawn.
+        what it would have drawn. With `dynamic_sampling`, `more_prompts()` gives the next
+        prompt batch of the data stream for each extra round (round k samples with
+        fold_in(that key, k)); the loop saves the data position after them.
         """
-        t0 = time.perf_counter()
-        out = self._sample(state, prompts)
-        response_mask = sharding_lib.to_local(out.mask)
-        t1 = time.perf_counter()
-        tokens = sharding_lib.to_local(out.tokens)
-        completions = decode_responses(self.tokenizer, tokens, response_mask)
-        rewards, valid, correct, stats = self._score(prompts, completions)
-        t2 = time.perf_counter()
-        train_batch, running = self._train_batch(state, out, rewards, valid)
-        host = self._metrics(out, response_mask, rewards, valid, correct, stats)
-        host["perf/sample_tokens_per_s"] = host.pop("response/tokens") / max(t1 - t0, 1e-9)
-        host["time/sample_s"] = t1 - t0
-        host["time/reward_s"] = t2 - t1
+        rounds = [self._round(state, prompts, 0)]
+        if self.spec.dynamic_sampling:
+            rounds = self._refill(state, rounds, more_prompts)
+            out, rows, pad_B = self._assemble(rounds)
+        else:
+            out, rows = rounds[0].out, np.arange(rounds[0].rewards.size)
+            pad_B = np.zeros(rows.size, bool)
+
+        def cat(name):
+            return np.concatenate([getattr(r, name) for r in rounds])[rows]
+
+        rewards, valid, truncated = cat("rewards"), cat("valid"), cat("truncated")
+        completions = [c for r in rounds for c in r.completions]
+        completions = [completions[i] for i in rows]
+        # A pad row neither weighs in its group's statistics nor gets loss; a truncated one
+        # (overlong_filter) keeps its place in the statistics and only loses its loss.
+        filtered_B = truncated & ~pad_B if self.spec.overlong_filter else np.zeros_like(pad_B)
+        keep_B = ~(pad_B | filtered_B)
+        train_batch, running = self._train_batch(
+            state, out, rewards, valid & ~pad_B, None if keep_B.all() else keep_B
+        )
+        host = self._metrics(rounds)
+        if self.spec.dynamic_sampling or self.spec.overlong_filter:
+            host.update(self._filter_metrics(rounds, pad_B, filtered_B))
+        sample_s, reward_s = (sum(getattr(r, k) for r in rounds) for k in ("sample_s", "reward_s"))
+        host["perf/sample_tokens_per_s"] = host.pop("response/tokens") / max(sample_s, 1e-9)
+        host["time/sample_s"] = sample_s
+        host["time/reward_s"] = reward_s
         return Rollout(train_batch, running, host, completions, rewards, valid)
 
-    def _sample(self, state, prompts) -> sampling.SampleOutput:
-        """G responses to each prompt of `prompts` from the state's policy."""
+    def _round(self, state, prompts, index: int) -> _Round:
+        """One sampling round: G responses to each prompt, decoded, scored, and the soft
+        overlong penalty (`overlong_buffer_len`) added to the valid rewards."""
+        t0 = time.perf_counter()
+        out = self._sample(state, prompts, index)
+        mask = sharding_lib.to_local(out.mask)
+        t1 = time.perf_counter()
+        completions = decode_responses(self.tokenizer, sharding_lib.to_local(out.tokens), mask)
+        rewards, valid, correct, stats = self._score(prompts, completions)
+        spec = self.spec
+        penalty = overlong_penalty(
+            mask.sum(axis=1),
+            max_length=spec.response_length,
+            buffer_len=spec.overlong_buffer_len,
+            factor=spec.overlong_penalty_factor,
+        )
+        penalty = np.where(valid, penalty, 0.0).astype(np.float32)
+        truncated = sharding_lib.to_local(out.truncated).astype(bool)
+        return _Round(
+            prompts=prompts,
+            out=out,
+            mask=mask,
+            truncated=truncated,
+            completions=completions,
+            rewards=rewards + penalty,
+            valid=valid,
+            correct=correct,
+            stats=stats,
+            penalty=penalty,
+            sample_s=t1 - t0,
+            reward_s=time.perf_counter() - t1,
+        )
+
+    def _refill(self, state, rounds: list, more_prompts) -> list:
+        """Dynamic sampling: extra rounds while any process holds fewer live groups than
+        prompts, at most `dynamic_sampling_max_rounds`. Every process samples in the same
+        rounds (the sampler is one program over all of them), each keeping its own rows."""
+        g, n = self.spec.group_size, rounds[0].rewards.size // self.spec.group_size
+        live = int(np.sum(~zero_std_groups(rounds[0].rewards, rounds[0].valid, g)))
+        while len(rounds) <= self.spec.dynamic_sampling_max_rounds:
+            if not sharding_lib.host_sum(np.array([max(n - live, 0)]))[0]:
+                break
+            if more_prompts is None:
+                raise ValueError(
+                    "dynamic_sampling needs more prompts: pass more_prompts to collect "
+                    "(the loop passes its data iterator)"
+                )
+            rounds.append(self._round(state, more_prompts(), len(rounds)))
+            live += int(np.sum(~zero_std_groups(rounds[-1].rewards, rounds[-1].valid, g)))
+        return rounds
+
+    def _assemble(self, rounds: list) -> tuple[sampling.SampleOutput, np.ndarray, np.ndarray]:
+        """(the batch's SampleOutput, its rows among every round's rows, pad [B]): the
+        first live groups (`select_groups`), the batch of the usual shape. Prompt columns
+        are left padded to the widest round's bucket (positions come from the mask, so
+        this changes no number), a width the bucket list already allows."""
+        g = self.spec.group_size
+        live = np.concatenate([~zero_std_groups(r.rewards, r.valid, g) for r in rounds])
+        index, pad_N = select_groups(live, rounds[0].rewards.size // g)
+        rows = group_rows(index, g)
+        width = max(r.out.prompt_tokens.shape[1] for r in rounds)
+        fill = {"prompt_tokens": int(self.tokenizer.pad_token_id), "prompt_mask": 0}
+
+        def local(r, name):
+            x = sharding_lib.to_local(getattr(r.out, name))
+            if name in fill:
+                x = np.pad(x, ((0, 0), (width - x.shape[1], 0)), constant_values=fill[name])
+            return x
+
+        # Every per-row field is taken row by row; a scalar (num_steps) is the rounds' max.
+        out = rounds[0].out
+        names = [f.name for f in dataclasses.fields(out) if getattr(out, f.name) is not None]
+        scalars = {k for k in names if np.ndim(getattr(out, k)) == 0}
+        fields = {
+            k: np.concatenate([local(r, k) for r in rounds])[rows]
+            for k in names
+            if k not in scalars
+        }
+        fields = sharding_lib.to_global(self.mesh, fields)
+        for k in scalars:
+            fields[k] = jnp.asarray(max(np.asarray(getattr(r.out, k)) for r in rounds))
+        return out.replace(**fields), rows, np.repeat(pad_N, g)
+
+    def _sample(self, state, prompts, index: int = 0) -> sampling.SampleOutput:
+        """G responses to each prompt of `prompts` from the state's policy (round `index` of
+        dynamic sampling: the same compiled sampler, another key)."""
         tokens_NP, mask_NP = bucket_prompts(
             prompts["prompt_tokens"], prompts["prompt_mask"], self.spec.buckets
         )
         prompt_tokens, prompt_mask = sharding_lib.to_global(self.mesh, (tokens_NP, mask_NP))
         key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+        if index:
+            key = jax.random.fold_in(key, index)
         return self.sample(state.train.params, prompt_tokens, prompt_mask, key)
 
     def _score(self, prompts, completions):
@@ -337,30 +468,59 @@ class Rollouts:
         correct, _, _ = self.accuracy.score(texts, completions, references)
         return rewards, valid, correct, stats
 
-    def _metrics(self, out, response_mask, rewards, valid, correct, stats) -> dict:
-        """Host metrics of the global batch (every process's rows): the same on every
-        process, and for any number of processes."""
+    def _metrics(self, rounds: list) -> dict:
+        """Host metrics of every response sampled this step (every process's rows, every
+        round: the policy's own numbers, before any filtering): the same on every process,
+        and for any number of processes."""
         counts = ("num_errors", "num_timeouts", "num_nonfinite", "num_nonnumeric")
-        totals = sharding_lib.host_sum(np.array([stats.get(k, 0) for k in counts]))
-        rows = (rewards, valid, correct, response_mask, sharding_lib.to_local(out.truncated))
-        rewards_B, valid_B, correct_B, mask_BT, truncated_B = sharding_lib.gather_rows(rows)
+        local = [sum(r.stats.get(k, 0) for r in rounds) for k in counts]
+        totals = sharding_lib.host_sum(np.array(local))
+        names = ("rewards", "valid", "correct", "mask", "truncated", "penalty")
+        rows = tuple(np.concatenate([getattr(r, k) for r in rounds]) for k in names)
+        gathered = sharding_lib.gather_rows(rows)
+        rewards_B, valid_B, correct_B, mask_BT, truncated_B, penalty_B = gathered
         g = self.spec.group_size
         host = reward_metrics(rewards_B, valid_B, correct_B, dict(zip(counts, totals)), g)
         host.update(response_metrics(mask_BT, truncated_B))
+        if self.spec.overlong_buffer_len > 0:
+            penalised = penalty_B[np.asarray(valid_B, bool)]
+            host["reward/overlong_penalty_mean"] = (
+                float(penalised.mean()) if penalised.size else 0.0
+            )
         host["response/tokens"] = float(mask_BT.sum())
         return host
 
-    def _train_batch(self, state, out: sampling.SampleOutput, rewards, valid):
+    def _filter_metrics(self, rounds: list, pad_B: np.ndarray, filtered_B: np.ndarray) -> dict:
+        """Dynamic sampling's and overlong_filter's counts over the global train batch."""
+        g, spec, out = self.spec.group_size, self.spec, {}
+        sampled = sum(r.rewards.size for r in rounds) // g
+        totals = sharding_lib.host_sum(
+            np.array([sampled, pad_B.sum() // g, pad_B.size // g, filtered_B.sum(), pad_B.size])
+        )
+        sampled, short, groups, filtered, rows = (int(x) for x in totals)
+        if spec.dynamic_sampling:
+            out["rollout/dynamic_rounds"] = float(len(rounds) - 1)
+            out["rollout/groups_sampled"] = float(sampled)
+            out["rollout/groups_kept"] = float(groups - short)
+            out["rollout/groups_short"] = float(short)
+        if spec.overlong_filter:
+            out["response/filtered_frac"] = filtered / max(rows, 1)
+        return out
+
+    def _train_batch(self, state, out: sampling.SampleOutput, rewards, valid, keep=None):
         """The train step's batch: the sampler's log-probs, π_ref and the advantages.
-        Returns (batch, running reward statistics)."""
+        `keep` [B] bool (this process's rows; None: all): rows that get loss, the others'
+        response mask zeroed in the batch only. Returns (batch, running reward statistics)."""
         spec = self.spec
         tokens_BL, mask_BL = out.sequences()  # prompt (repeated G times) then response
         mask_BT = out.mask.astype(jnp.float32)
         ref_logprobs = old_logprobs = None
         if spec.needs_ref:
-            ref_logprobs = self.logprobs_fn(
-                state.ref_params, tokens_BL, mask_BL, spec.response_length
-            )[0]
+            # LoRA: π_ref is the frozen base, the policy with its adapters off (no copy).
+            ref = state.ref_params
+            if ref is None:
+                ref = lora.adapters_off(state.train.params)
+            ref_logprobs = self.logprobs_fn(ref, tokens_BL, mask_BL, spec.response_length)[0]
         if spec.token_level_kl:
             old_logprobs = old_policy.for_token_kl_reward(
                 spec.old_logprobs_source,
@@ -378,6 +538,9 @@ class Rollouts:
             ref_logprobs=ref_logprobs,
             mask=mask_BT,
         )
+        if keep is not None:
+            keep_B = sharding_lib.to_global(self.mesh, np.asarray(keep, np.float32))
+            mask_BT = mask_BT * keep_B[:, None]
         batch = {
             "tokens": tokens_BL,
             "attention_mask": mask_BL,

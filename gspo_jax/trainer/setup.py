@@ -29,7 +29,7 @@ from jax.sharding import Mesh
 
 from gspo_jax import data, models, sampling
 from gspo_jax import sharding as sharding_lib
-from gspo_jax.rewards import RewardPool
+from gspo_jax.rewards import RewardPool, voting
 from gspo_jax.train_step import StepConfig, batch_shardings, make_logprobs_fn, make_train_step
 from gspo_jax.train_step.optim import make_optimizer
 from gspo_jax.trainer import checkpoint, specs, writers
@@ -147,7 +147,9 @@ def _setup_locked(c, workdir, mesh, checkpoint_dir, run_lock, allow_config_chang
     spec = specs.from_config(c, model_config, reference_key=data_spec.reference_key)
     sources = _sources(c, workdir)
     tx = make_optimizer(spec.optim)
-    state_shardings = _state_shardings(model_config, tx, mesh, spec.rollout.needs_ref)
+    # With LoRA π_ref is the frozen base (rollout.py): no separate copy in the state.
+    with_ref = spec.rollout.needs_ref and not model_config.lora_rank
+    state_shardings = _state_shardings(model_config, tx, mesh, with_ref)
     pool = RewardPool(spec.reward.num_workers) if spec.reward.num_workers > 0 else None
     return Trainer(
         workdir=workdir,
@@ -172,9 +174,7 @@ def _setup_locked(c, workdir, mesh, checkpoint_dir, run_lock, allow_config_chang
         tx=tx,
         state_shardings=state_shardings,
         pool=pool,
-        writer=writers.MetricsWriter(
-            workdir, tensorboard=spec.loop.tensorboard, enabled=jax.process_index() == 0
-        ),
+        writer=_writer(c, spec.loop, workdir),
         manager=checkpoint.make_manager(
             checkpoint_dir,
             max_to_keep=spec.loop.max_to_keep,
@@ -182,6 +182,19 @@ def _setup_locked(c, workdir, mesh, checkpoint_dir, run_lock, allow_config_chang
             save_timeout_s=spec.loop.save_timeout_s,
         ),
         lock=run_lock,
+    )
+
+
+def _writer(c, loop: specs.LoopSpec, workdir: str) -> writers.MetricsWriter:
+    """metrics.jsonl and TensorBoard on process 0, mirrored to W&B with log.wandb_project."""
+    lead = jax.process_index() == 0
+    mirrors = []
+    if lead and loop.wandb is not None:
+        from gspo_jax.trainer.wandb_writer import WandbWriter  # wandb is imported there
+
+        mirrors.append(WandbWriter(loop.wandb, workdir, workdir_lib.flat_config(c)))
+    return writers.MetricsWriter(
+        workdir, tensorboard=loop.tensorboard, enabled=lead, mirrors=mirrors
     )
 
 
@@ -222,6 +235,8 @@ def _rollouts(spec: specs.Specs, model_config, tokenizer, mesh, pool) -> Rollout
 
 
 def _evaluator(spec: specs.Specs, model_config, tokenizer, mesh, pool, source) -> Evaluator:
+    k = spec.eval.num_samples
+    sampled = spec.sampler.sampled_eval(k, spec.eval.temperature) if k else None
     return Evaluator(
         spec=spec.eval,
         sample_greedy=_bind_sampler(model_config, spec.sampler.greedy(), tokenizer),
@@ -230,6 +245,8 @@ def _evaluator(spec: specs.Specs, model_config, tokenizer, mesh, pool, source) -
         accuracy=Scorer.for_accuracy(spec.reward, pool),
         mesh=mesh,
         buckets=spec.sampler.buckets,
+        sample_k=_bind_sampler(model_config, sampled, tokenizer) if k else None,
+        answer_key=voting.answer_key_fn(spec.reward.accuracy) if k else None,
     )
 
 

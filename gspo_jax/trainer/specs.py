@@ -46,17 +46,31 @@ def batch_sizes(config) -> dict[str, int]:
 # ------------------------------------------------------------------------------------- model
 
 
-def model_numerics(config) -> dict:
-    """The run's numerics, applied to any architecture (a checkpoint's, a preset's)."""
+# model.scan_layers=None scans a model of more than this many layers
+UNROLLED_MAX_LAYERS = 4
+
+
+def model_numerics(config, num_layers: int) -> dict:
+    """The run's numerics, applied to any architecture (a checkpoint's, a preset's) of
+    `num_layers` layers (which `model.scan_layers=None` decides on)."""
     m = config.model
+    scan = m.scan_layers if m.scan_layers is not None else num_layers > UNROLLED_MAX_LAYERS
     return {
         "param_dtype": m.param_dtype,
         "dtype": m.dtype,
         "remat": m.remat,
         "moe_impl": m.moe_impl,
         "attention_impl": m.attention_impl,
-        "scan_layers": m.scan_layers,
+        "scan_layers": scan,
+        **lora_fields(config),
     }
+
+
+def lora_fields(config) -> dict:
+    """ModelConfig's LoRA fields of `model.lora_*` (targets: the comma-separated string)."""
+    m = config.model
+    targets = tuple(t.strip() for t in str(m.lora_targets).split(",") if t.strip())
+    return {"lora_rank": m.lora_rank, "lora_alpha": m.lora_alpha, "lora_targets": targets}
 
 
 def model_config(config, tokenizer) -> models.ModelConfig:
@@ -69,7 +83,7 @@ def model_config(config, tokenizer) -> models.ModelConfig:
     m = config.model
     if m.hf_path:
         hf = models.ModelConfig.from_hf_config(models.read_hf_config(m.hf_path))
-        return dataclasses.replace(hf, **model_numerics(config))
+        return dataclasses.replace(hf, **model_numerics(config, hf.num_layers))
     from gspo_jax import data
 
     return scratch_model_config(
@@ -101,7 +115,7 @@ def scratch_model_config(config, **tokens) -> models.ModelConfig:
         moe_intermediate_size=m.moe_intermediate_size if moe else 0,
         norm_topk_prob=moe,
         max_position_embeddings=max(4096, config.prompt_length + config.response_length),
-        **model_numerics(config),
+        **model_numerics(config, m.num_layers),
         **tokens,
     )
 
@@ -119,10 +133,21 @@ class SamplerSpec:
     top_k: int | None
     top_p: float | None
     buckets: tuple[int, ...]
+    engine: str = "static"
+    num_slots: int | None = None
+    page_size: int = 16
+    kv_budget_tokens: int | None = None
 
     def greedy(self) -> SamplerSpec:
         """One temperature-0 response per prompt (held-out evaluation)."""
         return dataclasses.replace(self, num_samples=1, temperature=0.0, top_k=None, top_p=None)
+
+    def sampled_eval(self, num_samples: int, temperature: float) -> SamplerSpec:
+        """`num_samples` responses per prompt at `temperature`, unfiltered (pass@k, maj@k):
+        one call per prompt batch, the prompt's prefill shared by its samples."""
+        return dataclasses.replace(
+            self, num_samples=num_samples, temperature=temperature, top_k=None, top_p=None
+        )
 
     def kwargs(self) -> dict:
         return dataclasses.asdict(self)
@@ -178,7 +203,8 @@ class AdvantageSpec:
 class RolloutSpec:
     """What the rollout hands the train step besides the samples: π_ref's log-probs (a KL
     term in the loss, `use_kl_loss`, or in the reward) and, for the token-level KL reward,
-    π_old's (`old_logprobs_source`, train_step/old_policy.py)."""
+    π_old's (`old_logprobs_source`, train_step/old_policy.py); DAPO's dynamic sampling and
+    overlong handling (trainer/filtering.py)."""
 
     group_size: int
     response_length: int
@@ -186,6 +212,12 @@ class RolloutSpec:
     use_kl_loss: bool
     token_level_kl: bool
     old_logprobs_source: str
+    # DAPO's options (filtering.py), off by default
+    dynamic_sampling: bool = False  # drop zero-std groups, refill from the data stream
+    dynamic_sampling_max_rounds: int = 0  # extra sampling rounds per RL step at most
+    overlong_filter: bool = False  # truncated responses get no loss
+    overlong_buffer_len: int = 0  # soft overlong penalty's buffer L_b (0: no penalty)
+    overlong_penalty_factor: float = 1.0  # the penalty at L = response_length is -factor
 
     @property
     def needs_ref(self) -> bool:
@@ -224,11 +256,26 @@ class WarmStartSpec:
 
 @dataclasses.dataclass(frozen=True)
 class EvalSpec:
-    """Greedy held-out evaluation: at the start, every `every_steps` (0: only the ends)."""
+    """Held-out evaluation: at the start, every `every_steps` (0: only the ends). Greedy
+    accuracy always; with `num_samples` k >= 1 also pass@1..k and maj@k of k samples per
+    prompt at `temperature`, drawn from the eval stream of `seed` (trainer/evaluation.py)."""
 
     every_steps: int
     num_prompts: int
     batch_size: int
+    num_samples: int = 0  # k (0: greedy only)
+    temperature: float = 1.0
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class WandbSpec:
+    """`wandb.init`'s options (`log.wandb_*`, trainer/wandb_writer.py; the run is named
+    after the workdir)."""
+
+    project: str
+    entity: str | None
+    mode: str  # "online" | "offline" ("disabled": no WandbSpec at all)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,6 +298,7 @@ class LoopSpec:
     param_dtype: str
     max_all_skipped_steps: int  # RL steps in a row with every update skipped that stop the
     # run (0: never)
+    wandb: WandbSpec | None = None  # the W&B run the metrics also go to (None: none)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,12 +340,24 @@ def from_config(config, model_config: models.ModelConfig, *, reference_key: str)
             use_kl_loss=bool(c.use_kl_loss),
             token_level_kl=bool(c.add_token_level_kl),
             old_logprobs_source=c.old_logprobs_source,
+            dynamic_sampling=bool(c.dynamic_sampling),
+            dynamic_sampling_max_rounds=int(c.dynamic_sampling_max_rounds),
+            overlong_filter=bool(c.overlong_filter),
+            overlong_buffer_len=int(c.overlong_buffer_len),
+            overlong_penalty_factor=float(c.overlong_penalty_factor),
         ),
         step=step,
         optim=optim_spec(c, updates_per_step=step.num_updates),
         prompt=_prompt_spec(c, reference_key),
         warm_start=_warm_start_spec(c),
-        eval=EvalSpec(c.eval.every_steps, c.eval.num_prompts, c.eval.batch_size),
+        eval=EvalSpec(
+            c.eval.every_steps,
+            c.eval.num_prompts,
+            c.eval.batch_size,
+            num_samples=c.eval.num_samples,
+            temperature=float(c.eval.temperature),
+            seed=c.seed,
+        ),
         loop=_loop_spec(c, step),
     )
 
@@ -312,6 +372,10 @@ def sampler_spec(c) -> SamplerSpec:
         top_k=s.top_k,
         top_p=s.top_p,
         buckets=tuple(s.prompt_buckets),
+        engine=s.engine,
+        num_slots=s.num_slots,
+        page_size=s.page_size,
+        kv_budget_tokens=s.kv_budget_tokens,
     )
 
 
@@ -374,7 +438,15 @@ def _loop_spec(c, step: StepConfig) -> LoopSpec:
         hf_path=c.model.hf_path,
         param_dtype=c.model.param_dtype,
         max_all_skipped_steps=c.max_all_skipped_steps,
+        wandb=wandb_spec(c),
     )
+
+
+def wandb_spec(c) -> WandbSpec | None:
+    """The W&B run of `log.wandb_*` (None without a project, or with mode "disabled")."""
+    if c.log.wandb_project is None or c.log.wandb_mode == "disabled":
+        return None
+    return WandbSpec(c.log.wandb_project, c.log.wandb_entity, c.log.wandb_mode)
 
 
 def optim_spec(c, *, updates_per_step: int | None = None) -> OptimSpec:
@@ -421,6 +493,9 @@ def step_config(config, model_config: models.ModelConfig) -> StepConfig:
         temperature=float(temperature) if temperature > 0 else 1.0,
         logprob_chunk_size=int(config.logprob_chunk_size),
         old_logprobs_source=config.old_logprobs_source,
+        rollout_correction=config.rollout_correction,
+        rollout_correction_level=config.rollout_correction_level,
+        rollout_correction_threshold=float(config.rollout_correction_threshold),
         routing_replay=bool(config.model.routing_replay),
         token_advantages=bool(config.add_token_level_kl),
         group_size=int(config.num_return_sequences_in_group),

@@ -333,6 +333,11 @@ def _norm(key: str, value):
     return value
 
 
+def flat_config(config) -> dict:
+    """A ConfigDict as {dotted field: JSON value}, config.json's fields (W&B's run config)."""
+    return _flatten(json.loads(config.to_json_best_effort()))
+
+
 def _flatten(tree: dict, prefix: str = "") -> dict:
     out = {}
     for key, value in tree.items():

@@ -1,4 +1,5 @@
-"""Where metrics go: workdir/metrics.jsonl, TensorBoard event files, and a PNG of the curves.
+"""Where metrics go: workdir/metrics.jsonl, TensorBoard event files, and a PNG of the curves;
+with log.wandb_project, a Weights & Biases run too (wandb_writer.py, a mirror of the rows).
 
 TensorBoard files are written by tensorboardX (protobuf only, no TensorFlow). Only process 0
 writes; every call is cheap enough for once per RL step.
@@ -13,12 +14,14 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-# Panels of the end-of-run plot: (title, metric keys drawn in it). A key ending in "/*"
-# stands for every key under it (the per-update values `updates/<key>/<u>`, u = 0, 1, ...);
+# Panels of the end-of-run plot: (title, metric keys drawn in it). A key ending in "*"
+# stands for every key that continues it with a number (the per-update values
+# `updates/<key>/<u>`, u = 0, 1, ...; `eval/pass@<j>`);
 # a panel with none of its keys in the run (expert change of a dense model) is left out.
 PLOT_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("reward", ("reward/mean",)),
     ("held-out accuracy (greedy)", ("eval/accuracy",)),
+    ("held-out pass@k, maj@k (sampled)", ("eval/pass@*", "eval/maj@*")),
     ("clipped fraction (tokens, sequences)", ("policy/clipfrac", "policy/clipfrac_seq")),
     ("clipped fraction of sequences, per update", ("updates/clipfrac_seq/*",)),
     ("ratio min / max, per update", ("updates/ratio_min/*", "updates/ratio_max/*")),
@@ -48,13 +51,17 @@ class MetricsWriter:
     interrupted run wrote after step k (they will be written again) are dropped from
     metrics.jsonl, and TensorBoard is told to hide its events after k (purge_step), so
     both hold one row per step however often the run was restarted.
+
+    `mirrors` get every row too (`resume(step)`, `write(step, metrics)`, `preempting()`,
+    `close()`): the W&B run (wandb_writer.WandbWriter).
     """
 
-    def __init__(self, workdir: str, *, tensorboard: bool = True, enabled: bool = True):
+    def __init__(self, workdir: str, *, tensorboard: bool = True, enabled: bool = True, mirrors=()):
         self.enabled = enabled
         self.path = os.path.join(workdir, "metrics.jsonl")
         self._tb_dir = os.path.join(workdir, "tb") if tensorboard else None
         self._tb = None
+        self.mirrors = tuple(mirrors) if enabled else ()
         if enabled:
             os.makedirs(workdir, exist_ok=True)
 
@@ -64,6 +71,8 @@ class MetricsWriter:
         if not self.enabled:
             return 0
         self._open_tb(purge_step=step + 1 if step else 0)
+        for mirror in self.mirrors:
+            mirror.resume(step)
         if not os.path.exists(self.path):
             return 0
         with open(self.path) as f:
@@ -103,12 +112,21 @@ class MetricsWriter:
             for key, value in metrics.items():
                 if np.ndim(value) == 0 and np.isfinite(value):
                     self._tb.add_scalar(key, float(value), int(step))
+        for mirror in self.mirrors:
+            mirror.write(step, metrics)
+
+    def preempting(self) -> None:
+        """A signal stops the run: the mirrors mark their runs resumable."""
+        for mirror in self.mirrors:
+            mirror.preempting()
 
     def close(self) -> None:
         if self._tb is not None:
             self._tb.flush()
             self._tb.close()
             self._tb = None
+        for mirror in self.mirrors:
+            mirror.close()
 
 
 def read_metrics(path: str) -> list[dict]:
@@ -138,10 +156,10 @@ def _ema(values: Sequence[float], decay: float) -> list[float]:
 
 
 def _expand(keys: Sequence[str], present: set[str]) -> list[str]:
-    """`keys` with each "prefix/*" replaced by the present keys under it, in update order."""
+    """`keys` with each "prefix*" replaced by the present keys "prefix<n>", in n's order."""
     out = []
     for key in keys:
-        if not key.endswith("/*"):
+        if not key.endswith("*"):
             out.append(key)
             continue
         prefix = key[:-1]
