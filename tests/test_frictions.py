@@ -281,6 +281,7 @@ def test_the_first_rl_step_says_it_is_compiling(monkeypatch, caplog):
         evaluator=Evaluator(),
         manager=types.SimpleNamespace(all_steps=list),
         workdir="/nonexistent",
+        rollouts=types.SimpleNamespace(spec=types.SimpleNamespace(dynamic_sampling=False)),
     )
     state = State(step=0, train=types.SimpleNamespace(step=0, params=None))
     with caplog.at_level(logging.INFO, logger=loop.__name__):
