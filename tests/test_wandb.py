@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 import pytest
-from tiny_flags import TINY_MODEL
+from tiny_flags import TINY_MODEL, apply_flags
 
 from configs import default
 from gspo_jax.trainer import config as config_lib
@@ -67,14 +67,7 @@ def _run_record(records):
 
 def _tiny_config(data_dir, **eval_fields):
     c = default.get_config()
-    for flag in TINY_MODEL:
-        key, value = flag[len("--config.") :].split("=")
-        node = c
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node[p]
-        current = node[leaf]
-        node[leaf] = value.lower() == "true" if isinstance(current, bool) else type(current)(value)
+    apply_flags(c, TINY_MODEL)
     c.num_steps, c.rollout_batch_size, c.num_return_sequences_in_group = 1, 4, 4
     c.warm_start.steps = 0  # one compile less: the evaluation's numbers need no skill
     c.num_mini_batches, c.reward.num_workers = 2, 0

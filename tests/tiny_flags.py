@@ -93,3 +93,16 @@ def fill_disk(directory) -> None:
         assert e.errno == errno.ENOSPC, e
     finally:
         os.close(fd)
+
+
+def apply_flags(config, flags) -> None:
+    """Set `--config.a.b=value` flags on a ConfigDict in place, parsed to each field's type
+    (as the command line would)."""
+    for flag in flags:
+        key, value = flag[len("--config.") :].split("=")
+        node = config
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node[p]
+        current = node[leaf]
+        node[leaf] = value.lower() == "true" if isinstance(current, bool) else type(current)(value)
