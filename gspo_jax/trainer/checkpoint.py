@@ -508,8 +508,8 @@ class _OrbaxErrorsToDebug(logging.Filter):
     names the directory and the cause. Those records go to this module's DEBUG log instead,
     one line each; the CheckpointError's traceback (WORKDIR/error.log) holds the cause.
     Orbax's records cannot be told by their file (absl names its own as the caller): they
-    are the ERROR records on absl's logger that carry orbax's "[process=N]" prefix or name
-    a directory of one of our managers."""
+    are the ERROR records on absl's or asyncio's logger that carry orbax's "[process=N]"
+    prefix or name a directory of one of our managers."""
 
     directories: ClassVar[set[str]] = set()  # every async manager's, for the process
 
@@ -524,15 +524,20 @@ class _OrbaxErrorsToDebug(logging.Filter):
 
 
 _orbax_filter = _OrbaxErrorsToDebug()
+# absl's logger carries orbax's own reports; asyncio's carries "Task exception was never
+# retrieved" (with a traceback) for a failed write's tensorstore task that nobody awaited,
+# logged whenever the garbage collector finalises it, which can be after `check` raised.
+_FILTERED_LOGGERS = ("absl", "asyncio")
 _failure_seen = False  # a save failed or stalled: the filters stay until the process ends
 
 
 def _hold_back_background_failures() -> None:
     """Until `release_process_hooks`: orbax's ERROR records to DEBUG, and the "Event loop is
     closed" errors of its failed writes' late callbacks dropped (`_drop_late_event_loop_errors`)."""
-    absl_logger = logging.getLogger("absl")
-    if _orbax_filter not in absl_logger.filters:
-        absl_logger.addFilter(_orbax_filter)
+    for name in _FILTERED_LOGGERS:
+        logger = logging.getLogger(name)
+        if _orbax_filter not in logger.filters:
+            logger.addFilter(_orbax_filter)
     _drop_late_event_loop_errors()
 
 
@@ -549,7 +554,8 @@ def release_process_hooks() -> None:
     global _hook_before_filter
     if _failure_seen:
         return
-    logging.getLogger("absl").removeFilter(_orbax_filter)
+    for name in _FILTERED_LOGGERS:
+        logging.getLogger(name).removeFilter(_orbax_filter)
     if _hook_before_filter is not None and getattr(sys.unraisablehook, "gspo_jax_filter", False):
         sys.unraisablehook = _hook_before_filter
     _hook_before_filter = None
