@@ -390,6 +390,22 @@ def test_values_that_cannot_be_meant_are_named_errors(field, value, match):
 
 
 @pytest.mark.parametrize(
+    "field,value", [("num_slots", 4), ("page_size", 8), ("kv_budget_tokens", 512)]
+)
+def test_a_continuous_engine_option_with_the_static_engine_warns(field, value):
+    """sampling.num_slots / page_size / kv_budget_tokens only shape the continuous engine's
+    decode; with the (default) static engine they were ignored without a word."""
+    c = base.get_config()
+    c.sampling[field] = value
+    with pytest.warns(
+        ConfigWarning, match=rf'config.sampling.{field}={value} has no effect.*engine="continuous"'
+    ):
+        validate(c)
+    c.sampling.engine = "continuous"
+    _validate_quietly(c)
+
+
+@pytest.mark.parametrize(
     "field,value,switch",
     [
         ("kl_loss_coef", 0.5, "use_kl_loss"),
@@ -546,3 +562,11 @@ def test_real_models_scan_their_layers_whatever_the_tiny_default_says(tmp_path):
     assert specs.model_config(c, None).scan_layers is False
     assert aot.model_config_for(c, "Qwen3-8B").scan_layers is False
     assert base.get_config().model.scan_layers is True
+
+
+def test_eval_save_per_problem_must_be_a_bool():
+    c = base.get_config()
+    with c.ignore_type():  # a config built without ml_collections' type check
+        c.eval.save_per_problem = "yes"
+    with pytest.raises(ConfigError, match=r"eval.save_per_problem='yes' must be True or False"):
+        validate(c)

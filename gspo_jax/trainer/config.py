@@ -373,6 +373,15 @@ def _warn_options_without_switch(config, reward_norm) -> None:
             "rollout_correction",
             config.rollout_correction != "none",
         ),
+        *(
+            (
+                f"sampling.{name}",
+                config.sampling[name] != default,
+                'sampling.engine="continuous"',
+                config.sampling.engine == "continuous",
+            )
+            for name, default in CONTINUOUS_ONLY_DEFAULTS.items()
+        ),
         (
             "warm_start.steps",
             config.warm_start.steps > 0,
@@ -412,6 +421,8 @@ DEFAULT_ROLLOUT_CORRECTION_THRESHOLD = 2.0
 # ... and those of the DAPO options (warned about when set while their switch is off).
 DEFAULT_DYNAMIC_SAMPLING_MAX_ROUNDS = 3
 DEFAULT_OVERLONG_PENALTY_FACTOR = 1.0
+# ... and the continuous rollout engine's (configs/base.py), unused by the static engine.
+CONTINUOUS_ONLY_DEFAULTS = {"num_slots": None, "page_size": 16, "kv_budget_tokens": None}
 
 
 def _ranges(config) -> None:
@@ -480,6 +491,7 @@ def _ranges(config) -> None:
     _int(config, "eval.every_steps", minimum=0)
     _positive_int(config, "eval.num_prompts")
     _positive_int(config, "eval.batch_size")
+    _bool(config, "eval.save_per_problem")
     _int(config, "checkpoint.every_steps", minimum=0)
     _positive_int(config, "checkpoint.max_to_keep")
     _number(config, "checkpoint.save_timeout_s", low=0.0, low_open=True)
