@@ -19,4 +19,6 @@ export GSPO_REQUIRE_LIBTPU=1
 export JAX_PLATFORMS=cpu
 ruff format --check .
 ruff check .
-python -m pytest -n 2 -q -p no:cacheprovider tests "$@"
+# --dist loadfile: a file's tests run in one worker, so a module's shared fixtures (a whole
+# tiny run, compiled train steps) are built once, not once per worker.
+python -m pytest -n 2 --dist loadfile -q -p no:cacheprovider tests "$@"
