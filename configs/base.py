@@ -219,6 +219,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # eval/pass@1..pass@k (Chen et al. 2021's unbiased estimator) and eval/maj@k (majority
     # vote over the answers); 0: greedy accuracy only. Costs k x the greedy eval's tokens
     c.eval.temperature = 1.0  # sampling temperature of those k samples (> 0; no top-k / top-p)
+    c.eval.save_per_problem = False  # also write each greedy evaluation's per-problem score
+    # (the accuracy reward) to WORKDIR/eval_problems/step<k>_p<process>.npz (paired statistics)
 
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every_steps = 50  # orbax checkpoint period in RL steps (0: only at the end);

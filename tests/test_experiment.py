@@ -38,33 +38,61 @@ def test_upcycle_refuses_a_non_dense_checkpoint(tmp_path):
         gspo_vs_grpo.upcycle("tests/fixtures/models/qwen3_moe", str(tmp_path / "x"))
 
 
-def _stats(**means):
-    return {k: (v, 0.0, [v]) for k, v in means.items()}
+def _stats(**per_seed):
+    """arm_stats-shaped entries from per-seed values."""
+    from experiments.gspo_vs_grpo import stats
+
+    return {k: (*stats.mean_sd(v), list(map(float, v))) for k, v in per_seed.items()}
 
 
-def test_verdict_rules():
-    """§5.2 from clipped-token ratio and accuracy; §5.3 from expert change and the MoE arms'
-    accuracy; the thresholds stated in results.md."""
-    base = {"reward_mean": 0.1, "gap_mean": 0.0}
+def test_verdicts_follow_the_intervals():
+    """Dense: GSPO +0.1 on every seed -> consistent; 50x the clipping -> consistent against
+    10x. MoE: GSPO vs GRPO + RR equal on every problem -> CI [0, 0], not distinguishable;
+    5x the clipping -> contradicted; expert change ~10% -> consistent; GRPO + RR below GRPO
+    on every seed -> contradicted."""
+    n = 6
+    seedwise = np.linspace(0.0, 0.02, n)
+    base = {"reward_mean": 0.1 + seedwise, "gap_mean": np.zeros(n)}
     stats = {
-        "dense/gspo": _stats(clipfrac_tok=0.2, eval_end=0.30, **base),
-        "dense/grpo": _stats(clipfrac_tok=0.002, eval_end=0.29, **base),
-        "moe/gspo": _stats(clipfrac_tok=0.05, eval_end=0.30, expert_change_1=0.1, **base),
-        "moe/grpo_rr": _stats(clipfrac_tok=0.01, eval_end=0.30, expert_change_1=0.1, **base),
+        "dense/gspo": _stats(clipfrac_tok=0.2 + seedwise, eval_end=0.4 + seedwise, **base),
+        "dense/grpo": _stats(clipfrac_tok=0.004 + 0 * seedwise, eval_end=0.3 + seedwise, **base),
+        "moe/gspo": _stats(
+            clipfrac_tok=0.05 + 0 * seedwise,
+            eval_end=0.3 + seedwise,
+            expert_change_1=0.1 + seedwise,
+            **base,
+        ),
+        "moe/grpo_rr": _stats(clipfrac_tok=0.01 + 0 * seedwise, eval_end=0.3 + seedwise, **base),
         "moe/grpo": _stats(
-            clipfrac_tok=0.01, eval_end=0.10, expert_change_1=0.1, expert_change_3=0.2, **base
+            clipfrac_tok=0.01 + 0 * seedwise,
+            eval_end=0.35 + seedwise,
+            expert_change_1=0.1 + seedwise,
+            expert_change_3=0.2 + seedwise,
+            **base,
         ),
     }
-    stats["moe/gspo"]["expert_change_3"] = stats["moe/grpo"]["expert_change_3"]
-    verdicts = {claim: verdict for claim, verdict, _ in gspo_vs_grpo.verdicts(stats, [])}
-    dense = next(v for c, v in verdicts.items() if c.startswith("§5.2 (dense)"))
-    moe = next(v for c, v in verdicts.items() if c.startswith("§5.2 (moe)"))
-    assert dense == "reproduced"  # 100x the clipping, accuracy within tolerance
-    assert moe == "partly reproduced (accuracy, not the clipping gap)"  # 5x < 10x
-    rr = next(v for c, v in verdicts.items() if "Routing Replay" in c)
-    assert rr == "reproduced"
-    change = next(v for c, v in verdicts.items() if "experts change" in c)
-    assert change == "reproduced"
+    same = (np.random.default_rng(0).random((n, 30)) < 0.3).astype(float)
+    problems = {"moe/gspo": same, "moe/grpo_rr": same}
+    got = {claim: (v, nums) for claim, v, nums in gspo_vs_grpo.verdicts(stats, [], problems)}
+
+    def find(start):
+        return next(v for c, v in got.items() if c.startswith(start))
+
+    verdict, numbers = find("§5.2 (dense): GSPO trains")
+    assert verdict == "consistent with the claim (Δ = +0.100, 95 % CI [+0.100, +0.100])"
+    assert "paired bootstrap over 6 seeds, 10,000 resamples" in numbers
+    verdict, _ = find("§5.2 (dense): GSPO clips")
+    assert verdict.startswith("consistent with the claim (ratio = 52x, 95 % CI [")
+    verdict, numbers = find("§5.2 (moe): GSPO trains")
+    assert verdict == (
+        "not distinguishable at n = 6 (Δ = +0.000, 95 % CI [+0.000, +0.000] contains the null)"
+    )
+    assert "6 seeds × 30 problems" in numbers
+    assert find("§5.2 (moe): GSPO clips")[0] == "contradicted (ratio = 5x, 95 % CI [5x, 5x])"
+    assert find("§5.3: ~10%")[0].startswith("consistent with the claim (GRPO = 11.00%")
+    verdict, numbers = find("§5.3: GRPO on an MoE")
+    assert verdict == "contradicted (Δ = -0.050, 95 % CI [-0.050, -0.050])"
+    assert "not contradicted (Δ = +0.000" in numbers
 
 
 def _fake_run(root, arm, seed, steps=4):
@@ -111,6 +139,129 @@ def test_results_markdown_from_its_template(tmp_path, with_noise):
     assert text.startswith("# Results: GSPO vs GRPO at laptop scale\n")
     assert "$" not in text
     assert text.endswith("gap metrics.\n" if with_noise else "gspo_vs_grpo_dense.png)\n")
-    assert "| GSPO (dense) | 0.100 ± 0.000 | 0.200 ± 0.000 |" in text
+    assert "| GSPO (dense) | 1 | 0.100 | 0.200 |" in text
     assert ("| bfloat16 | sampler | 1.0e-02 | 50% | 4.0e-02 |" in text) == with_noise
     assert (tmp_path / "results" / "gspo_vs_grpo_dense.png").exists()
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+def test_mean_sd_is_the_sample_std():
+    """ddof = 1: values 1, 2, 3, 4 have variance 5/3 (squared deviations 2.25 + 0.25 +
+    0.25 + 2.25 = 5, over n − 1 = 3)."""
+    from experiments.gspo_vs_grpo import stats
+
+    mean, sd = stats.mean_sd([1.0, 2.0, 3.0, 4.0])
+    assert mean == 2.5
+    assert sd == pytest.approx(np.sqrt(5 / 3), rel=1e-12)
+    assert np.isnan(stats.mean_sd([0.3])[1])
+
+
+def test_bootstrap_matches_a_slow_loop_over_the_same_draws():
+    """Seeds × problems: the count-matrix form equals indexing d[seeds][:, problems] and
+    averaging, resample by resample, with the same index draws (seeds first)."""
+    from experiments.gspo_vs_grpo import stats
+
+    rng = np.random.default_rng(3)
+    d = rng.normal(size=(4, 7))
+    fast = stats.bootstrap_means(d, resamples=300, seed=5, batch=64)
+    draws = np.random.default_rng(5)
+    seeds = draws.integers(0, 4, size=(300, 4))
+    problems = draws.integers(0, 7, size=(300, 7))
+    slow = [d[seeds[r]][:, problems[r]].mean() for r in range(300)]
+    np.testing.assert_allclose(fast, slow, rtol=1e-12, atol=1e-15)
+    fast_1d = stats.bootstrap_means(d[:, 0], resamples=300, seed=5)
+    np.testing.assert_allclose(fast_1d, [d[seeds[r], 0].mean() for r in range(300)], rtol=1e-12)
+
+
+def test_percentile_interval_of_a_tiny_case_enumerated_exactly():
+    """Seed differences (0, 0, 3): the bootstrap mean is k over 3 draws of {0, 0, 3}, i.e.
+    k ~ Binomial(3, 1/3) times 1: P(0) = 8/27, P(1) = 12/27, P(2) = 6/27, P(3) = 1/27.
+    The 2.5 % point is 0 and the 97.5 % point is 3 (1 − 1/27 < 0.975 < 1); #{θ* ≤ 0} is
+    ~8/27 of the resamples, so p ≈ 2 · 8/27 = 0.593."""
+    from experiments.gspo_vs_grpo import stats
+
+    iv = stats.paired_difference([1.0, 2.0, 5.0], [1.0, 2.0, 2.0], resamples=40_000)
+    assert (iv.estimate, iv.low, iv.high) == (1.0, 0.0, 3.0)
+    assert iv.p == pytest.approx(2 * 8 / 27, abs=0.02)
+    means = stats.bootstrap_means(np.array([0.0, 0.0, 3.0]), resamples=40_000)
+    freq = [np.mean(np.isclose(means, k)) for k in range(4)]
+    np.testing.assert_allclose(freq, [8 / 27, 12 / 27, 6 / 27, 1 / 27], atol=0.01)
+
+
+def test_a_zero_difference_gives_an_interval_around_zero_and_p_1():
+    from experiments.gspo_vs_grpo import stats
+
+    a = np.random.default_rng(0).random((5, 20)) < 0.5
+    iv = stats.paired_difference(a, a)
+    assert (iv.estimate, iv.low, iv.high, iv.p) == (0.0, 0.0, 0.0, 1.0)
+    assert iv.design == "paired bootstrap over 5 seeds × 20 problems"
+    assert stats.verdict(iv) == "not distinguishable at n = 5"
+
+
+def test_a_clear_difference_is_consistent_or_contradicted_by_direction():
+    """Every seed +0.1 ± a little: the interval excludes 0; p is the smallest possible
+    (1 + 0) · 2 / (R + 1) as no resample reaches 0."""
+    from experiments.gspo_vs_grpo import stats
+
+    b = np.linspace(0.3, 0.4, 8)
+    a = b + 0.1 + np.linspace(-0.01, 0.01, 8)
+    iv = stats.paired_difference(a, b)
+    assert 0.09 < iv.low < iv.estimate < iv.high < 0.11
+    assert iv.p == pytest.approx(2 / (stats.RESAMPLES + 1))
+    assert stats.verdict(iv) == "consistent with the claim"
+    assert stats.verdict(iv, direction=-1) == "contradicted"
+    assert stats.band_verdict(stats.one_sample(a), 0.3, 0.6) == "consistent with the claim"
+    assert stats.band_verdict(stats.one_sample(a), 0.6, 0.9) == "contradicted"
+
+
+def test_ratio_interval_is_the_exponentiated_log_ratio():
+    """Paired by seed with the same draws: seeds (1, 2), (2, 4), (4, 8) in (a, b) give
+    mean a* / mean b* = 1/2 in every resample."""
+    from experiments.gspo_vs_grpo import stats
+
+    iv = stats.paired_ratio([1.0, 2.0, 4.0], [2.0, 4.0, 8.0])
+    assert iv.estimate == pytest.approx(0.5)
+    assert iv.low == pytest.approx(0.5) and iv.high == pytest.approx(0.5)
+    assert iv.p == pytest.approx(2 / (stats.RESAMPLES + 1))  # against ratio 1
+    assert stats.paired_ratio([1.0, 2.0, 4.0], [2.0, 4.0, 8.0], null=0.5).p == 1.0
+    assert stats.verdict(iv, null=1.0, direction=-1) == "consistent with the claim"
+    one = stats.paired_difference([0.5], [0.1])
+    assert stats.verdict(one) == stats.band_verdict(one, 0, 1) == "not testable at n = 1 (one seed)"
+    # One seed resampled is that seed every time: a zero-width interval with p = 2/(R + 1)
+    # would read as significant. None is given; over problems, one seed still has both.
+    for iv in (one, stats.one_sample([0.3]), stats.paired_ratio([0.4], [0.1])):
+        assert np.isnan(iv.low) and np.isnan(iv.high) and np.isnan(iv.p), iv
+        assert stats.ci_text(iv) == "no interval or p from 1 seed"
+    assert one.estimate == pytest.approx(0.4)
+    by_problem = stats.paired_difference([[1.0, 0.0, 1.0, 1.0]], [[0.0, 0.0, 1.0, 0.0]])
+    assert by_problem.low < by_problem.estimate == 0.5 < by_problem.high and by_problem.p < 1
+    with pytest.raises(ValueError, match="positive"):
+        stats.paired_ratio([0.0, 1.0], [1.0, 1.0])
+    with pytest.raises(ValueError, match="equal shapes"):
+        stats.paired_difference([1.0, 2.0], [1.0])
+
+
+def test_per_problem_scores_saved_by_the_loop_are_read_back_in_split_order(tmp_path):
+    """loop._save_per_problem writes what the evaluator appended (batches in any order);
+    final_problems reads each run's last evaluation back as [seeds, problems]."""
+    from experiments.gspo_vs_grpo import analysis
+    from experiments.gspo_vs_grpo.arms import run_dir
+    from gspo_jax.trainer import loop
+
+    arm = gspo_vs_grpo.ARMS[-1]
+    for seed in (0, 1):
+        d = run_dir(str(tmp_path), arm, seed)
+        loop._save_per_problem(d, 0, [(np.arange(3), np.zeros(3, np.float32))])
+        batches = [(np.array([3, 4]), np.array([seed, 1.0])), (np.arange(3), np.ones(3))]
+        loop._save_per_problem(d, 10, batches)
+    got = analysis.final_problems(str(tmp_path), arm, [0, 1])
+    np.testing.assert_array_equal(got, [[1, 1, 1, 0, 1], [1, 1, 1, 1, 1]])
+    assert analysis.final_problems(str(tmp_path), arm, [0, 1, 2]) is None
+
+
+@pytest.mark.parametrize("flag", ["--seeds=0", "--moe_seeds=0", "--eval_every=-1"])
+def test_a_count_flag_below_1_is_refused_by_name(flag, tmp_path):
+    with pytest.raises(ValueError, match=f"{flag} must be at least 1"):
+        gspo_vs_grpo.main([flag, f"--workdir={tmp_path}", "--report_only"])

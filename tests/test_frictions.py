@@ -209,6 +209,8 @@ def test_an_evaluation_is_said_on_the_bar_and_the_first_in_the_log(caplog):
         seen.append(report.bar.desc)
         return {"eval/accuracy": 0.5}
 
+    evaluator.spec = types.SimpleNamespace(save_per_problem=False)
+
     schedule = types.SimpleNamespace(updates_per_step=1, progress_bar=True, num_steps=4)
     trainer = types.SimpleNamespace(
         writer=_Writer(), schedule=schedule, is_lead=True, evaluator=evaluator
@@ -260,7 +262,7 @@ def test_the_first_rl_step_says_it_is_compiling(monkeypatch, caplog):
     monkeypatch.setattr(loop, "_Reporter", reporter)
 
     class Evaluator:
-        spec = types.SimpleNamespace(every_steps=0)
+        spec = types.SimpleNamespace(every_steps=0, save_per_problem=False)
 
         def __call__(self, params):
             return {"eval/accuracy": 0.0}

@@ -159,7 +159,8 @@ def test_checkpoints_with_per_process_data_positions(pieces, tmp_path):
 @pytest.mark.parametrize("num_prompts, batch_size", [(10, 8), (3, 64), (20, 5)])
 def test_evaluation_scores_exactly_the_first_num_prompts(pieces, num_prompts, batch_size):
     """Whatever the batch size (and so the padding of the last call): the first num_prompts
-    of the split, each once. The accuracy reward here is the reference itself."""
+    of the split, each once. The accuracy reward here is the reference itself, so the
+    per-problem scores (eval.save_per_problem) are the references in split order."""
     import gspo_jax.rewards.testing  # noqa: F401  (registers test_const)
     from gspo_jax.rewards import build_reward
     from gspo_jax.trainer import evaluation
@@ -172,6 +173,7 @@ def test_evaluation_scores_exactly_the_first_num_prompts(pieces, num_prompts, ba
         return types.SimpleNamespace(tokens=np.zeros((rows, 2), np.int32), mask=np.ones((rows, 2)))
 
     scorer = rollout.Scorer(build_reward("test_const"), "zero")
+    per_problem = []
     got = evaluation.greedy_accuracy(
         sample_greedy,
         pieces.evaluator.eval_data,
@@ -181,8 +183,11 @@ def test_evaluation_scores_exactly_the_first_num_prompts(pieces, num_prompts, ba
         num_prompts=num_prompts,
         batch_size=batch_size,
         buckets=pieces.config.sampling.prompt_buckets,
+        per_problem=per_problem,
     )
     references = pieces.evaluator.eval_data.arrays["reference"][:num_prompts].astype(float)
+    np.testing.assert_array_equal(np.concatenate([i for i, _ in per_problem]), range(num_prompts))
+    np.testing.assert_allclose(np.concatenate([s for _, s in per_problem]), references)
     assert got["eval/num_prompts"] == num_prompts
     np.testing.assert_allclose(got["eval/accuracy"], references.mean(), rtol=1e-6)
     assert got["eval/length_mean"] == 2

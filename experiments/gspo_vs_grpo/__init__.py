@@ -4,6 +4,8 @@ the synthetic task, with the command that regenerates docs/results.md.
   python -m experiments.gspo_vs_grpo                 # the published run
   python -m experiments.gspo_vs_grpo --steps=40 --seeds=2 --results=/tmp/r.md
   python -m experiments.gspo_vs_grpo --quick         # minutes: a smoke test
+  python -m experiments.gspo_vs_grpo --arms=dense/gspo,dense/grpo --seeds=10 \
+      --independent_warm_starts --steps=100 --eval_every=10 --eval_prompts=500
 
 Arms (each from scratch, one run per seed, equal rollout budgets: every arm samples
 num_steps x rollout_batch_size x G responses and splits each rollout into 4 mini-batches):
@@ -16,22 +18,38 @@ num_steps x rollout_batch_size x G responses and splits each rollout into 4 mini
 
 Every run of a model starts from one warm start, exported as a Hugging Face checkpoint and
 loaded through model.hf_path, as the paper's runs all start from one base model: seeds vary
-the RL (sampling, data order), arms the algorithm. Dense: configs/default.py's supervised
-warm start. MoE: that dense model upcycled to configs/moe_tiny.py's 8 experts, top-2 (each
+the RL (sampling, data order), arms the algorithm. With --independent_warm_starts the warm
+start becomes a factor the seeds vary too: seed k's runs (every arm) start from seed k's own
+warm start, trained with seed k (initial weights, teacher noise, data order; the MoE's is
+upcycled from it with seed k's noise and router), made once and cached in
+<workdir>/warm_start_<model>_seed<k>/ as the shared one is in <workdir>/warm_start_<model>/;
+a difference between arms then holds across base models, not for one. Dense:
+configs/default.py's supervised warm start. MoE: that dense model upcycled to configs/moe_tiny.py's 8 experts, top-2 (each
 expert a noisy copy of the dense MLP, see `upcycle`), with the arm's moe_impl and replay. A
 noise-floor measurement (learning rate 0, bf16 vs f32, π_old recomputed by the train step /
 taken from the sampler / from one whole-batch pass, the way π_old was computed before) is
-written alongside.
+written alongside, and the same measurement against response length (16, 64, 256, 1024
+tokens: whether averaging the per-token gap over |y_i| brings s_i within ε).
+
+Statistics (stats.py; the design is pre-registered in results_template.md's "Design"):
+mean ± sample std (ddof = 1) over seeds; each claim's primary metric compared by a paired
+bootstrap 95 % interval of GSPO − GRPO (runs paired by seed index; held-out accuracy also
+by problem, from the per-problem scores every evaluation saves, eval.save_per_problem),
+10,000 resamples from a fixed seed, with a two-sided p-value; the verdict is read off the
+interval. --seeds sets n for every arm, --moe_seeds a smaller n for the three MoE arms.
 
 Outputs: <workdir>/<model>_<arm>/seed<k>/ (each run's metrics.jsonl, curves.png,
-TensorBoard), <workdir>/summary.json, and --results (default docs/results.md) with its
-plots next to it in results/.
+TensorBoard, eval_problems/step<s>_p0.npz), <workdir>/summary.json, and --results (default
+docs/results.md) with its plots next to it in results/.
 
 Modules, by concern:
 
   arms.py      Arm, ARMS, Budget, arm_config: what each arm runs, set up for one seed
   run.py       warm starts (upcycle), run_arm, noise_floor, the wall-time ledger
+  noise_length.py  the noise floor against response length (--noise_floor_lengths): s_i's
+               spread and clipping at lr 0 for L = 16 ... 1024, full-length responses
   analysis.py  metrics.jsonl read back, arm_stats over seeds, verdicts per paper claim
+  stats.py     mean / sample std, paired bootstrap intervals and p-values, verdict wording
   report.py    plot, write_results: results_template.md (+ noise_floor_template.md) filled
   cli.py       main: the flags, the budget, a run or --report_only
 """

@@ -1,5 +1,6 @@
-"""Reading the runs back: each run's metrics.jsonl, per-arm statistics over seeds, and the
-verdict on each paper claim (the rules are stated in the results' "Rules" paragraph)."""
+"""Reading the runs back: each run's metrics.jsonl (and per-problem held-out scores),
+per-arm statistics over seeds, and the verdict on each paper claim from a paired 95 %
+interval (stats.py), by the design pre-registered in the results' "Design" section."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from experiments.gspo_vs_grpo import stats as stats_lib
 from experiments.gspo_vs_grpo.arms import EPS_GSPO, Arm, run_dir
 
 
@@ -33,8 +35,46 @@ def over_seeds(root, arm, seeds, key):
     return np.asarray(common), ys
 
 
+def final_problems(root: str, arm: Arm, seeds: Sequence[int]) -> np.ndarray | None:
+    """[seeds, problems] greedy accuracy score of each held-out problem at each run's last
+    evaluation (eval.save_per_problem's WORKDIR/eval_problems/), problems in split order;
+    None when a run did not save them (a run made before they were saved)."""
+    rows = []
+    for s in seeds:
+        d = os.path.join(run_dir(root, arm, s), "eval_problems")
+        files = sorted(os.listdir(d)) if os.path.isdir(d) else []
+        if not files:
+            return None
+        last = max(int(f[len("step") :].split("_")[0]) for f in files)
+        parts = [np.load(os.path.join(d, f)) for f in files if f.startswith(f"step{last}_")]
+        index = np.concatenate([p["index"] for p in parts])
+        score = np.concatenate([p["score"] for p in parts])
+        rows.append(score[np.argsort(index)])
+    if len({len(r) for r in rows}) != 1:
+        raise ValueError(f"{arm.key}: runs evaluated different numbers of problems")
+    return np.stack(rows)
+
+
+def _after_update_0(workdir: str, key: str) -> np.ndarray:
+    """Per RL step: the mean of updates/<key>/<u> over updates u >= 1 (update 0 is on-policy
+    and clips nothing with a recomputed π_old); empty when per-update values were not logged."""
+    from gspo_jax.trainer import writers
+
+    prefix = f"updates/{key}/"
+    out = []
+    for row in writers.read_metrics(os.path.join(workdir, "metrics.jsonl")):
+        values = [
+            v
+            for k, v in row.items()
+            if k.startswith(prefix) and k[len(prefix) :].isdigit() and int(k[len(prefix) :]) >= 1
+        ]
+        if values:
+            out.append(np.mean(values))
+    return np.asarray(out, float)
+
+
 def arm_stats(root: str, arm: Arm, seeds: Sequence[int]) -> dict:
-    """Per-seed summaries, then their mean and std over seeds."""
+    """Per-seed summaries, then (mean, sample std (ddof = 1), the per-seed values)."""
     per_seed = []
     for s in seeds:
         d = run_dir(root, arm, s)
@@ -52,6 +92,12 @@ def arm_stats(root: str, arm: Arm, seeds: Sequence[int]) -> dict:
             "gap_mean": series(d, "sampler/logprob_gap_mean")[1].mean(),
             "noise_floor": series(d, "policy/ratio_noise_floor")[1].max(),
         }
+        for name, values in (
+            ("clipfrac_range", series(d, "policy/clipfrac_range")[1]),
+            ("clipfrac_after0", _after_update_0(d, "clipfrac")),
+        ):
+            if len(values):
+                row[name] = values.mean()
         change = series(d, "updates/expert_change/1")[1]
         if len(change):
             row["expert_change_1"] = change.mean()
@@ -59,105 +105,175 @@ def arm_stats(root: str, arm: Arm, seeds: Sequence[int]) -> dict:
         per_seed.append(row)
     out = {}
     for k in per_seed[0]:
-        v = np.asarray([r[k] for r in per_seed], float)
-        out[k] = (float(v.mean()), float(v.std()), [float(x) for x in v])
+        if all(k in r for r in per_seed):
+            v = np.asarray([r[k] for r in per_seed], float)
+            out[k] = (*stats_lib.mean_sd(v), [float(x) for x in v])
     return out
 
 
 def pm(stat, fmt="{:.3f}") -> str:
-    """An `arm_stats` entry as "mean ± std"."""
+    """An `arm_stats` entry as "mean ± sample std" (the mean alone from one seed)."""
     mean, std, _ = stat
+    if np.isnan(std):
+        return fmt.format(mean)
     return f"{fmt.format(mean)} ± {fmt.format(std)}"
 
 
 # ------------------------------------------------------------------------------ verdicts
 
 
-def verdicts(stats: dict, noise: list[dict]) -> list[tuple[str, str, str]]:
-    """(claim, verdict, the numbers) per paper claim, by the rules stated in results.md."""
+def verdicts(
+    stats: dict, noise: list[dict], problems: dict | None = None
+) -> list[tuple[str, str, str]]:
+    """(claim, verdict with its interval, the test and numbers) per paper claim, by the
+    pre-registered design in results.md. `stats`: arm key -> `arm_stats`; `problems`: arm
+    key -> `final_problems` (None or absent: seed-level final accuracies)."""
+    problems = problems or {}
     out = []
     for model in ("dense", "moe"):
-        gspo = stats.get(f"{model}/gspo")
-        grpo = stats.get(f"{model}/grpo_rr" if model == "moe" else f"{model}/grpo")
-        if gspo and grpo:
-            out.append(_clipping_verdict(model, gspo, grpo))
+        g = f"{model}/gspo"
+        r = f"{model}/grpo_rr" if model == "moe" else f"{model}/grpo"
+        if g in stats and r in stats:
+            out.append(_efficiency_verdict(model, stats, problems, g, r))
+            out.append(_clipping_verdict(model, stats[g], stats[r]))
     moe = {k.split("/")[1]: v for k, v in stats.items() if k.startswith("moe/")}
-    if {"gspo", "grpo", "grpo_rr"} <= set(moe):
+    if "expert_change_1" in moe.get("grpo", {}):
         out.append(_expert_change_verdict(moe))
-        out.append(_routing_replay_verdict(moe))
+    if {"gspo", "grpo", "grpo_rr"} <= set(moe):
+        out.append(_routing_replay_verdict(stats, problems))
+    if not moe:
+        out += [
+            (claim, "not tested in this run", "the MoE arms were not among its --arms")
+            for claim in (
+                "§5.2 (moe): GSPO vs GRPO + RR (accuracy, clipping)",
+                "§5.3: ~10% of activated experts change after one update (GRPO)",
+                "§5.3: GRPO on an MoE needs Routing Replay",
+            )
+        ]
     gaps = [v["gap_mean"][0] for v in stats.values()]
     if gaps:
         out.append(_sampler_pi_old_verdict(max(gaps), noise))
     return out
 
 
-def _clipping_verdict(model: str, g: dict, r: dict) -> tuple[str, str, str]:
-    """§5.2: GSPO (g) clips far more tokens than GRPO (r; + Routing Replay on the MoE) and
-    still ends at least as accurate, within the larger seed std (at least 0.01)."""
-    ratio = g["clipfrac_tok"][0] / max(r["clipfrac_tok"][0], 1e-12)
-    d_acc = g["eval_end"][0] - r["eval_end"][0]
-    tol = max(g["eval_end"][1], r["eval_end"][1], 0.01)
-    more = ratio >= 10
-    eff = d_acc >= -tol
-    if g["clipfrac_tok"][0] == 0 and r["clipfrac_tok"][0] == 0:
-        verdict = "not testable at this scale (nothing clipped)"
-    elif more and eff:
-        verdict = "reproduced"
-    elif more:
-        verdict = "partly reproduced (more clipping, lower accuracy)"
-    elif eff:
-        verdict = "partly reproduced (accuracy, not the clipping gap)"
-    else:
-        verdict = "not reproduced"
+def final_accuracy_difference(stats, problems, a: str, b: str) -> stats_lib.Interval:
+    """Final held-out accuracy of arm a − arm b, paired by seed (the first seeds both ran)
+    and, when both saved them, by problem."""
+    n = min(len(stats[a]["eval_end"][2]), len(stats[b]["eval_end"][2]))
+    pa, pb = problems.get(a), problems.get(b)
+    if pa is not None and pb is not None and pa.shape[1] == pb.shape[1]:
+        return stats_lib.paired_difference(pa[:n], pb[:n])
+    return stats_lib.paired_difference(stats[a]["eval_end"][2][:n], stats[b]["eval_end"][2][:n])
+
+
+def _paired_values(stats, a: str, b: str, key: str):
+    n = min(len(stats[a][key][2]), len(stats[b][key][2]))
+    return stats[a][key][2][:n], stats[b][key][2][:n]
+
+
+def _said(verdict: str, iv: stats_lib.Interval, what: str = "Δ", fmt: str = "{:+.3f}") -> str:
+    """The verdict with its estimate and interval, e.g. "consistent with the claim
+    (Δ = +0.063, 95 % CI [+0.021, +0.104])"; "(CI ... contains 0)" when undecided."""
+    ci = f"95 % CI [{fmt.format(iv.low)}, {fmt.format(iv.high)}]"
+    if iv.n_seeds < 2:  # no interval over seeds: the estimate alone
+        return f"{verdict[:-1]}; {what} = {fmt.format(iv.estimate)})"
+    if verdict.startswith("not distinguishable"):
+        return f"{verdict} ({what} = {fmt.format(iv.estimate)}, {ci} contains the null)"
+    return f"{verdict} ({what} = {fmt.format(iv.estimate)}, {ci})"
+
+
+def _test(iv: stats_lib.Interval) -> str:
+    if np.isnan(iv.p):
+        return f"{iv.design}: no interval or p from one seed"
+    return f"{iv.design}, {stats_lib.RESAMPLES:,} resamples, two-sided p = {iv.p:.3g}"
+
+
+def _efficiency_verdict(model: str, stats, problems, g: str, r: str):
+    """§5.2: GSPO ends more accurate than GRPO (+ Routing Replay on the MoE)."""
+    iv = final_accuracy_difference(stats, problems, g, r)
+    reward = stats_lib.paired_difference(*_paired_values(stats, g, r, "reward_mean"))
+    rr = " + RR" if model == "moe" else ""
     numbers = (
-        f"clipped tokens GSPO {pm(g['clipfrac_tok'], '{:.2e}')} vs GRPO"
-        f"{' + RR' if model == 'moe' else ''} {pm(r['clipfrac_tok'], '{:.2e}')}: "
-        f"{ratio:.0f}x; final held-out accuracy {pm(g['eval_end'])} vs "
-        f"{pm(r['eval_end'])} (Δ = {d_acc:+.3f}, tolerance {tol:.3f} = the larger "
-        f"seed std); training reward {pm(g['reward_mean'])} vs {pm(r['reward_mean'])}"
+        f"final held-out accuracy GSPO {pm(stats[g]['eval_end'])} vs GRPO{rr} "
+        f"{pm(stats[r]['eval_end'])}; test: {_test(iv)}. Secondary, training reward "
+        f"(mean over the run): Δ = {reward.estimate:+.3f}, {stats_lib.ci_text(reward)} "
+        f"({reward.design})"
     )
-    claim = (
-        f"§5.2 ({model}): GSPO clips ~100x more tokens than GRPO yet trains at least as efficiently"
+    claim = f"§5.2 ({model}): GSPO trains more efficiently than GRPO{rr} (final held-out accuracy)"
+    return claim, _said(stats_lib.verdict(iv), iv), numbers
+
+
+def _clipping_verdict(model: str, g: dict, r: dict) -> tuple[str, str, str]:
+    """§5.2: GSPO clips far more tokens than GRPO (+ RR on the MoE): the ratio of binding
+    clipped-token fractions above 10 (an order of magnitude; the paper's is ~100)."""
+    rr = " + RR" if model == "moe" else ""
+    claim = f"§5.2 ({model}): GSPO clips far more tokens than GRPO{rr} (paper: ~100x)"
+    if min(min(g["clipfrac_tok"][2]), min(r["clipfrac_tok"][2])) <= 0:
+        return claim, "not testable at this scale (an arm's seed clipped nothing)", ""
+    n = min(len(g["clipfrac_tok"][2]), len(r["clipfrac_tok"][2]))
+    parts = []
+    for key, name in (
+        ("clipfrac_tok", "binding (clipfrac)"),
+        ("clipfrac_range", "out of range (clipfrac_range)"),
+        ("clipfrac_after0", "binding, updates 1-3 only"),
+    ):
+        if key in g and key in r and min(r[key][2][:n]) > 0:
+            iv = stats_lib.paired_ratio(g[key][2][:n], r[key][2][:n])
+            parts.append(
+                f"{name}: GSPO {pm(g[key], '{:.2e}')} vs {pm(r[key], '{:.2e}')}, ratio "
+                f"{iv.estimate:.0f}x, {stats_lib.ci_text(iv, '{:.0f}', 'p(ratio = 1)')}"
+            )
+    primary = stats_lib.paired_ratio(g["clipfrac_tok"][2][:n], r["clipfrac_tok"][2][:n], null=10.0)
+    verdict = _said(stats_lib.verdict(primary, null=10.0), primary, "ratio", "{:.0f}x").replace(
+        "contains the null", "contains 10x"
+    )
+    hundred = "contains" if primary.low <= 100 <= primary.high else "excludes"
+    hundred = f"its CI {hundred} the paper's ~100x" if primary.n_seeds > 1 else "one seed"
+    numbers = (
+        f"primary: binding clipped-token fraction ({hundred}); test: "
+        f"{_test(primary)} for ratio = 10x (on log ratios). Secondary, "
+        f"the three definitions: " + "; ".join(parts)
     )
     return claim, verdict, numbers
 
 
 def _expert_change_verdict(moe: dict) -> tuple[str, str, str]:
-    """§5.3: GRPO's expert change after one update within 5-20% (the paper's ~10%)."""
+    """§5.3: GRPO's expert change after one update is ~10%: consistent when its 95 % CI
+    lies in [5 %, 20 %], contradicted when wholly outside."""
     change = moe["grpo"]["expert_change_1"]
+    iv = stats_lib.one_sample(change[2])
+    verdict = stats_lib.band_verdict(iv, 0.05, 0.20)
+    said = _said(verdict, iv, "GRPO", "{:.2%}").replace("the null", "part of [5 %, 20 %]")
     return (
-        "§5.3: ~10% of activated experts change after one update",
-        "reproduced" if 0.05 <= change[0] <= 0.2 else "not reproduced at this scale",
+        "§5.3: ~10% of activated experts change after one update (GRPO)",
+        said,
         (
-            f"after 1 update: GRPO {pm(change, '{:.2%}')}, GSPO "
-            f"{pm(moe['gspo']['expert_change_1'], '{:.2%}')} of (token, layer, top-k) "
-            f"choices; after 3: GRPO {pm(moe['grpo']['expert_change_3'], '{:.2%}')} "
-            f"(paper: ~10% for a 48-layer MoE)"
+            f"test: 95 % CI of the mean over seeds ({iv.design[len('paired ') :]}, "
+            f"{stats_lib.RESAMPLES:,} resamples) against the band [5 %, 20 %] around the "
+            f"paper's ~10 % (48 layers); GSPO {pm(moe['gspo']['expert_change_1'], '{:.2%}')} "
+            f"of (token, layer, top-k) choices; after 3 updates: GRPO "
+            f"{pm(moe['grpo']['expert_change_3'], '{:.2%}')}"
         ),
     )
 
 
-def _routing_replay_verdict(moe: dict) -> tuple[str, str, str]:
-    """§5.3: GRPO + RR ends above GRPO by more than the largest seed std of the MoE arms
-    (at least 0.01), and GSPO without replay is no further than that below GRPO + RR."""
-    tol = max(v["eval_end"][1] for v in moe.values())
-    tol = max(tol, 0.01)
-    rr_needed = moe["grpo_rr"]["eval_end"][0] - moe["grpo"]["eval_end"][0] > tol
-    gspo_fine = moe["gspo"]["eval_end"][0] >= moe["grpo_rr"]["eval_end"][0] - tol
-    if not rr_needed:
-        verdict = "not reproduced (GRPO without replay did not fall behind)"
-    elif gspo_fine:
-        verdict = "reproduced"
-    else:
-        verdict = "not reproduced (GSPO fell behind GRPO + RR)"
+def _routing_replay_verdict(stats, problems) -> tuple[str, str, str]:
+    """§5.3: GRPO + RR ends more accurate than GRPO (primary); GSPO without replay is not
+    behind GRPO + RR (secondary, contradicted only when its CI lies below 0)."""
+    iv = final_accuracy_difference(stats, problems, "moe/grpo_rr", "moe/grpo")
+    gspo = final_accuracy_difference(stats, problems, "moe/gspo", "moe/grpo_rr")
+    second = stats_lib.verdict(gspo)
+    if second.startswith(("consistent", "not distinguishable")):
+        second = "not contradicted"  # contradicted: GSPO's CI wholly below GRPO + RR's
     return (
-        "§5.3: GRPO on an MoE needs Routing Replay, GSPO does not",
-        verdict,
+        "§5.3: GRPO on an MoE needs Routing Replay (GRPO + RR − GRPO, final held-out accuracy)",
+        _said(stats_lib.verdict(iv), iv),
         (
-            f"final held-out accuracy GRPO {pm(moe['grpo']['eval_end'])}, GRPO + RR "
-            f"{pm(moe['grpo_rr']['eval_end'])}, GSPO {pm(moe['gspo']['eval_end'])} "
-            f"(tolerance {tol:.3f}); training reward GRPO {pm(moe['grpo']['reward_mean'])}, "
-            f"GRPO + RR {pm(moe['grpo_rr']['reward_mean'])}, GSPO {pm(moe['gspo']['reward_mean'])}"
+            f"test: {_test(iv)}; final held-out accuracy GRPO "
+            f"{pm(stats['moe/grpo']['eval_end'])}, GRPO + RR {pm(stats['moe/grpo_rr']['eval_end'])}"
+            f", GSPO {pm(stats['moe/gspo']['eval_end'])}. Secondary, GSPO without replay not "
+            f"behind GRPO + RR: {second} (Δ = {gspo.estimate:+.3f}, 95 % CI [{gspo.low:+.3f}, "
+            f"{gspo.high:+.3f}], p = {gspo.p:.3g})"
         ),
     )
 

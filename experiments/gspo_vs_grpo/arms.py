@@ -56,6 +56,13 @@ class Budget:
     eval_every: int
     eval_prompts: int
     quick: bool = False  # shrink batch, warm start and evaluation: a smoke test, no result
+    independent_warm_starts: bool = False  # seed k's runs start from a warm start of seed k
+    moe_seeds: int | None = None  # seeds of the MoE arms (None: `seeds`)
+
+    def seeds_of(self, arm: Arm) -> list[int]:
+        """The seeds the arm runs: 0 .. n-1 (the MoE arms may run fewer)."""
+        n = self.seeds if arm.model != "moe" or self.moe_seeds is None else self.moe_seeds
+        return list(range(n))
 
 
 def arm_config(arm: Arm, seed: int, budget: Budget, root: str, warm: str | None = None):
@@ -73,6 +80,7 @@ def arm_config(arm: Arm, seed: int, budget: Budget, root: str, warm: str | None 
     c.checkpoint.async_save = False
     c.log.progress_bar = False
     c.reward.num_workers = 0  # the exact-sum verifier is cheap: score in-process
+    c.eval.save_per_problem = True  # per-problem correctness: the paired bootstrap's unit
     assert c.num_mini_batches == 4, arm.key
     if budget.quick:
         c.num_return_sequences_in_group = 4

@@ -14,7 +14,13 @@ import time
 from collections.abc import Sequence
 
 from experiments.gspo_vs_grpo.arms import ARMS, Arm, Budget
-from experiments.gspo_vs_grpo.report import write_results
+from experiments.gspo_vs_grpo.noise_length import (
+    LENGTHS,
+    cached_rows,
+    noise_floor_lengths,
+    parse_lengths,
+)
+from experiments.gspo_vs_grpo.report import noise_floor_markdown, write_results
 from experiments.gspo_vs_grpo.run import (
     noise_floor,
     read_ledger,
@@ -36,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     arms = [a for a in ARMS if not args.arms or a.key in args.arms.split(",")]
     if not arms:
         raise ValueError(f"--arms={args.arms!r} names none of {[a.key for a in ARMS]}")
-    seeds = list(range(budget.seeds))
+    seeds = list(range(max(len(budget.seeds_of(a)) for a in arms)))
     os.makedirs(args.workdir, exist_ok=True)
     import jax
 
@@ -48,6 +54,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     )
     if args.report_only:
         return _report_only(args, arms, seeds, budget, command)
+    if args.noise_floor_only:
+        return _noise_floor_only(args, budget)
     return _run(args, arms, seeds, budget, command)
 
 
@@ -60,11 +68,34 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, default=None, help="seeds per arm (default 3)")
     p.add_argument("--prompts", type=int, default=None, help="prompts per rollout (default 8)")
     p.add_argument("--eval_prompts", type=int, default=None, help="held-out (default 200)")
+    p.add_argument("--eval_every", type=int, default=None, help="default: steps // 2")
+    p.add_argument("--moe_seeds", type=int, default=None, help="MoE arms (default --seeds)")
+    p.add_argument(
+        "--independent_warm_starts",
+        action="store_true",
+        help="seed k's runs start from a warm start trained with seed k (default: one shared)",
+    )
     p.add_argument("--quick", action="store_true", help="tiny smoke test (no result)")
     p.add_argument("--workdir", default="/tmp/gspo_vs_grpo", help="runs go here")
     p.add_argument("--results", default="docs/results.md", help="the markdown written")
     p.add_argument("--arms", default="", help="comma-separated subset, e.g. dense/gspo")
-    p.add_argument("--no_noise_floor", action="store_true", help="skip that measurement")
+    p.add_argument(
+        "--no_noise_floor",
+        action="store_true",
+        help="skip the noise floor (and the one against length, unless --noise_floor_lengths)",
+    )
+    p.add_argument(
+        "--noise_floor_lengths",
+        default=None,
+        help="response lengths of the §5.4 noise floor against length, comma-separated "
+        f"(default {','.join(map(str, LENGTHS))}; none with --quick; '' skips it)",
+    )
+    p.add_argument(
+        "--noise_floor_only",
+        action="store_true",
+        help="measure the noise floors only (cached in --workdir) and print their markdown "
+        "section (no training, --results untouched)",
+    )
     p.add_argument(
         "--report_only",
         action="store_true",
@@ -75,6 +106,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def _budget(args) -> Budget:
     """The flags' budget: --quick's smoke test, else the published run's defaults."""
+    for name in ("steps", "seeds", "moe_seeds", "prompts", "eval_prompts", "eval_every"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise ValueError(f"--{name}={getattr(args, name)} must be at least 1")
     if args.quick:
         return Budget(
             steps=args.steps or 2,
@@ -83,14 +117,18 @@ def _budget(args) -> Budget:
             eval_every=0,
             eval_prompts=args.eval_prompts or 8,
             quick=True,
+            independent_warm_starts=args.independent_warm_starts,
+            moe_seeds=args.moe_seeds,
         )
     steps = args.steps or 50
     return Budget(
         steps=steps,
         seeds=args.seeds or 3,
         prompts=args.prompts or 8,
-        eval_every=max(1, steps // 2),
+        eval_every=args.eval_every or max(1, steps // 2),
         eval_prompts=args.eval_prompts or 200,
+        independent_warm_starts=args.independent_warm_starts,
+        moe_seeds=args.moe_seeds,
     )
 
 
@@ -98,18 +136,30 @@ def _run(args, arms: list[Arm], seeds: list[int], budget: Budget, command: str) 
     """Noise floor, warm starts, every arm and seed (seeds outermost: an interrupted run
     still has whole seeds), then the results and <workdir>/summary.json."""
     commit = _commit()  # the code this run imports (before anything else can move HEAD)
+    lengths = _noise_floor_lengths(args, budget)  # a bad flag fails before any work
     t0 = time.perf_counter()
     noise = [] if args.no_noise_floor else noise_floor(args.workdir, budget.quick)
-    warm = {m: warm_start(m, budget, args.workdir) for m in dict.fromkeys(a.model for a in arms)}
+    by_length = noise_floor_lengths(args.workdir, lengths, rollouts=1 if budget.quick else 2)
     timings = {}
     for seed in seeds:
         for arm in arms:
-            timings[f"{arm.key}/seed{seed}"] = run_arm(
-                arm, seed, budget, args.workdir, warm[arm.model]
-            )
+            if seed not in budget.seeds_of(arm):
+                continue
+            own = seed if budget.independent_warm_starts else None
+            warm = warm_start(arm.model, budget, args.workdir, own)  # cached after the first
+            timings[f"{arm.key}/seed{seed}"] = run_arm(arm, seed, budget, args.workdir, warm)
     wall = time.perf_counter() - t0
     stats = write_results(
-        args.results, args.workdir, arms, seeds, budget, command.strip(), wall, noise, commit
+        args.results,
+        args.workdir,
+        arms,
+        seeds,
+        budget,
+        command.strip(),
+        wall,
+        noise,
+        commit,
+        noise_by_length=by_length,
     )
     summary = {
         "wall_s": wall,
@@ -118,6 +168,7 @@ def _run(args, arms: list[Arm], seeds: list[int], budget: Budget, command: str) 
         "runs": timings,
         "stats": stats,
         "noise_floor": noise,
+        "noise_floor_lengths": by_length,
     }
     with open(os.path.join(args.workdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2, default=float)
@@ -137,6 +188,10 @@ def _report_only(args, arms: list[Arm], seeds: list[int], budget: Budget, comman
             noise_rows = json.load(f)
         done = {"wall_s": 0.0, "runs": {}, "noise_floor": noise_rows}
     noise = [] if args.no_noise_floor else done["noise_floor"]
+    # A summary from before the sweep existed: whatever lengths the workdir has cached.
+    wanted = _noise_floor_lengths(args, budget)
+    by_length = done.get("noise_floor_lengths") or cached_rows(args.workdir)
+    by_length = [r for r in by_length if r["length"] in wanted]
     ledger = read_ledger(args.workdir)
     for key, timing in done["runs"].items():  # runs timed by the invocation that ran them
         if timing.get("seconds") and f"run/{key}" not in ledger:
@@ -151,8 +206,27 @@ def _report_only(args, arms: list[Arm], seeds: list[int], budget: Budget, comman
         done["wall_s"],
         noise,
         done.get("commit", "unknown"),
+        noise_by_length=by_length,
     )
     return done
+
+
+def _noise_floor_only(args, budget: Budget) -> dict:
+    """The noise floor (unless --no_noise_floor) and the one against length, measured or
+    read from the workdir's cache; prints their section of the results. Returns the rows."""
+    lengths = _noise_floor_lengths(args, budget)
+    noise = [] if args.no_noise_floor else noise_floor(args.workdir, budget.quick)
+    by_length = noise_floor_lengths(args.workdir, lengths, rollouts=1 if budget.quick else 2)
+    print(noise_floor_markdown(noise, by_length))
+    return {"noise_floor": noise, "noise_floor_lengths": by_length}
+
+
+def _noise_floor_lengths(args, budget: Budget) -> tuple[int, ...]:
+    """--noise_floor_lengths parsed: LENGTHS by default, none with --quick or
+    --no_noise_floor unless given."""
+    if args.noise_floor_lengths is None:
+        return () if budget.quick or args.no_noise_floor else LENGTHS
+    return parse_lengths(args.noise_floor_lengths)
 
 
 def _commit() -> str:

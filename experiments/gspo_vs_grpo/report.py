@@ -11,8 +11,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from experiments.gspo_vs_grpo.analysis import arm_stats, over_seeds, pm, verdicts
-from experiments.gspo_vs_grpo.arms import UPCYCLE_NOISE, Arm, Budget, arm_config
+from experiments.gspo_vs_grpo.analysis import arm_stats, final_problems, over_seeds, pm, verdicts
+from experiments.gspo_vs_grpo.arms import EPS_GSPO, UPCYCLE_NOISE, Arm, Budget, arm_config
+from experiments.gspo_vs_grpo.noise_length import render as render_by_length
 from experiments.gspo_vs_grpo.run import read_ledger
 
 PLOTS = (
@@ -75,30 +76,36 @@ def write_results(
     wall_s: float,
     noise: list[dict],
     commit: str,
+    *,
+    noise_by_length: Sequence[dict] = (),
 ) -> dict:
     """Write the results markdown to `path` (plots into results/ beside it) from the runs
-    under `root`; returns the per-arm statistics (`arm_stats`)."""
+    under `root`; returns the per-arm statistics (`arm_stats`). `noise_by_length`: the rows
+    of the noise floor against response length (noise_length.py), if measured."""
     here = os.path.dirname(os.path.abspath(path))
-    stats = {a.key: arm_stats(root, a, seeds) for a in arms}
+    ran = {a.key: [s for s in seeds if s in budget.seeds_of(a)] for a in arms}
+    stats = {a.key: arm_stats(root, a, ran[a.key]) for a in arms}
+    problems = {a.key: final_problems(root, a, ran[a.key]) for a in arms}
+    by_model = {a.model: ran[a.key] for a in arms}  # the arms of a model run the same seeds
     pngs = [
-        plot(root, arms, seeds, m, os.path.join(here, "results", f"gspo_vs_grpo_{m}.png"))
+        plot(root, arms, by_model[m], m, os.path.join(here, "results", f"gspo_vs_grpo_{m}.png"))
         for m in ("moe", "dense")
-        if any(a.model == m for a in arms)
+        if m in by_model
     ]
     fields = {
         "command": command,
         **_wall_time(read_ledger(root), wall_s, commit),
-        **_budget(arm_config(arms[0], seeds[0], budget, root), seeds, budget),
+        **_budget(arm_config(arms[0], seeds[0], budget, root), by_model, budget),
         "upcycle_noise": UPCYCLE_NOISE,
         "verdict_rows": "\n".join(
             f"| {claim} | **{verdict}** | {numbers} |"
-            for claim, verdict, numbers in verdicts(stats, noise)
+            for claim, verdict, numbers in verdicts(stats, noise, problems)
         ),
-        "table_rows": "\n".join(_table_row(arm, stats[arm.key]) for arm in arms),
+        "table_rows": "\n".join(_table_row(arm, stats[arm.key], ran[arm.key]) for arm in arms),
         "curves": "\n\n".join(
             f"![{os.path.basename(png)}]({os.path.relpath(png, here)})" for png in pngs
         ),
-        "noise_floor": _noise_floor_section(noise) if noise else "",
+        "noise_floor": noise_floor_markdown(noise, noise_by_length),
     }
     text = _template("results_template.md").substitute(fields)
     with open(path, "w") as f:
@@ -115,11 +122,12 @@ def _wall_time(ledger: dict, wall_s: float, commit: str) -> dict:
     """The wall-time line: every phase from the ledger (in minutes), this machine, commit."""
     runs = [v for k, v in ledger.items() if k.startswith("run/")]
     warm = sum(v for k, v in ledger.items() if k.startswith("warm_start/"))
+    noise_s = sum(v for k, v in ledger.items() if k.startswith("noise_floor"))  # + by length
     return {
         "total_min": f"{sum(ledger.values()) / 60:.0f}",
         "cpus": os.cpu_count(),
         "load": f"{os.getloadavg()[2]:.1f}",
-        "noise_floor_min": f"{ledger.get('noise_floor', 0) / 60:.1f}",
+        "noise_floor_min": f"{noise_s / 60:.1f}",
         "warm_start_min": f"{warm / 60:.1f}",
         "num_runs": len(runs),
         "runs_min": f"{sum(runs) / 60:.1f}",
@@ -128,12 +136,24 @@ def _wall_time(ledger: dict, wall_s: float, commit: str) -> dict:
     }
 
 
-def _budget(c, seeds: Sequence[int], budget: Budget) -> dict:
-    """The budget line, from one arm's config `c` (every arm has the same shape)."""
+def _budget(c, by_model: dict, budget: Budget) -> dict:
+    """The budget line, from one arm's config `c` (every arm has the same shape) and the
+    seeds each model's arms ran."""
     prompts, group = c.rollout_batch_size, c.num_return_sequences_in_group
+    warm = (
+        "every seed k starts from its own supervised warm start, trained with seed k "
+        "(--independent_warm_starts: the warm start is a factor the seeds vary)"
+        if budget.independent_warm_starts
+        else "every run of a model starts from its one supervised warm start (seeds vary "
+        "the RL only)"
+    )
     return {
         "steps": budget.steps,
-        "seeds": list(seeds),
+        "seeds": "; ".join(
+            f"{m}: {s[0]}-{s[-1]} (n = {len(s)})" if len(s) > 1 else f"{m}: {s} (n = 1)"
+            for m, s in by_model.items()
+        ),
+        "warm_start_design": warm,
         "prompts": prompts,
         "group": group,
         "responses": budget.steps * prompts * group,
@@ -143,18 +163,28 @@ def _budget(c, seeds: Sequence[int], budget: Budget) -> dict:
     }
 
 
-def _table_row(arm: Arm, s: dict) -> str:
+def _table_row(arm: Arm, s: dict, seeds: Sequence[int]) -> str:
     expert_change = [
         pm(s[k], "{:.2%}") if k in s else "-" for k in ("expert_change_1", "expert_change_3")
     ]
     cells = [
         arm.label,
+        str(len(seeds)),
         *(pm(s[k]) for k in ("eval_start", "eval_end", "eval_best")),
         *(pm(s[k]) for k in ("reward_mean", "reward_last20")),
         *(pm(s[k], "{:.2e}") for k in ("clipfrac_tok", "clipfrac_seq")),
         *expert_change,
     ]
     return "| " + " | ".join(cells) + " |"
+
+
+def noise_floor_markdown(noise: Sequence[dict], by_length: Sequence[dict]) -> str:
+    """The Noise floor section: the table at one length, then the one against length
+    ("" when neither was measured)."""
+    parts = [_noise_floor_section(noise)] if noise else ["## Noise floor"]
+    if by_length:
+        parts.append(render_by_length(by_length, EPS_GSPO))
+    return "\n\n".join(parts) if noise or by_length else ""
 
 
 def _noise_floor_section(noise: list[dict]) -> str:

@@ -27,35 +27,40 @@ FIXTURES = os.path.join(
 PI_OLD_SOURCES = ("recompute", "whole_batch", "sampler")
 
 
-def warm_start(model: str, budget: Budget, root: str) -> str:
+def warm_start(model: str, budget: Budget, root: str, seed: int | None = None) -> str:
     """The model's warm start, made once and exported in Hugging Face format; returns its
-    directory. Dense: configs/default.py's supervised warm start (seed 0). MoE: the dense
-    warm start upcycled to 8 experts (`upcycle`): configs/moe_tiny.py's own from-scratch
-    warm start (1200 steps) solved too few held-out problems for RL to act on within this
-    budget (the results' Task line says how few); the upcycled one starts where the dense
-    model does."""
+    directory. Dense: configs/default.py's supervised warm start. MoE: the dense warm start
+    upcycled to 8 experts (`upcycle`): configs/moe_tiny.py's own from-scratch warm start
+    (1200 steps) solved too few held-out problems for RL to act on within this budget (the
+    results' Task line says how few); the upcycled one starts where the dense model does.
+    seed None: the one warm start every seed shares (trained with seed 0, in
+    <root>/warm_start_<model>); seed k: seed k's own (--independent_warm_starts), trained
+    with seed k (initial weights, teacher noise, data order; the MoE's upcycling noise and
+    router drawn with seed k), in <root>/warm_start_<model>_seed<k>."""
     from gspo_jax.trainer import checkpoint, setup
     from gspo_jax.trainer import loop as train
 
-    workdir = os.path.join(root, f"warm_start_{model}")
+    name = f"warm_start_{model}" + ("" if seed is None else f"_seed{seed}")
+    workdir = os.path.join(root, name)
     hf = os.path.join(workdir, "hf")
+    phase = f"warm_start/{model}" + ("" if seed is None else f"/seed{seed}")
     if model == "moe" and not os.path.exists(os.path.join(hf, "config.json")):
         t0 = time.perf_counter()
-        upcycle(warm_start("dense", budget, root), hf, noise=UPCYCLE_NOISE)
-        record_seconds(root, "warm_start/moe", time.perf_counter() - t0)
+        dense = warm_start("dense", budget, root, seed)
+        upcycle(dense, hf, noise=UPCYCLE_NOISE, seed=seed or 0)
+        record_seconds(root, phase, time.perf_counter() - t0)
     if not os.path.exists(os.path.join(hf, "config.json")):
         t0 = time.perf_counter()
-        run = setup.setup(
-            arm_config(next(a for a in ARMS if a.model == model), 0, budget, root), workdir
-        )
+        arm = next(a for a in ARMS if a.model == model)
+        run = setup.setup(arm_config(arm, seed or 0, budget, root), workdir)
         try:
             params = train.init_or_restore(run).train.params  # the warm start
             checkpoint.export_hf(run.model_config, run.tokenizer, params, hf)
         finally:
             run.close()
         seconds = time.perf_counter() - t0
-        record_seconds(root, f"warm_start/{model}", seconds)
-        log.info("%s warm start: %.0f s", model, seconds)
+        record_seconds(root, phase, seconds)
+        log.info("%s: %.0f s", phase, seconds)
     return hf
 
 
@@ -144,14 +149,19 @@ def record_seconds(root: str, phase: str, seconds: float) -> None:
     """Add a phase's wall time to <root>/seconds.json: the ledger of every phase as it ran,
     so a rerun that reuses cached pieces (warm starts, noise floor, finished runs) still
     reports what the whole experiment cost."""
+    import fcntl
+
     path = os.path.join(root, "seconds.json")
-    ledger = {}
-    if os.path.exists(path):
-        with open(path) as f:
-            ledger = json.load(f)
-    ledger[phase] = seconds
-    with open(path, "w") as f:
-        json.dump(ledger, f, indent=1)
+    # Locked: invocations on disjoint arms may share a workdir (and its ledger).
+    with open(os.path.join(root, "seconds.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        ledger = {}
+        if os.path.exists(path):
+            with open(path) as f:
+                ledger = json.load(f)
+        ledger[phase] = seconds
+        with open(path, "w") as f:
+            json.dump(ledger, f, indent=1)
 
 
 def read_ledger(root: str) -> dict:
@@ -172,7 +182,7 @@ def noise_floor(root: str, quick: bool) -> list[dict]:
       recompute    π_old from the train step's own pass (this codebase)
       whole_batch  π_old from one pass over the whole batch (other shapes: the old way)
       sampler      the sampler's log-probs (paper §5.4)
-    On the Qwen3 test fixture (2 layers, d=64, random weights), 2 rollouts of 64 rows.
+    On the Qwen3 test fixture (2 layers, d=32, random weights), 2 rollouts of 64 rows.
     Cached in <root>/noise_floor.json."""
     cached = os.path.join(root, "noise_floor.json")
     if os.path.exists(cached):

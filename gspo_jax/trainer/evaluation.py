@@ -65,7 +65,9 @@ class Evaluator:
     sample_k: Callable | None = None
     answer_key: Callable | None = None
 
-    def __call__(self, params) -> dict[str, float]:
+    def __call__(self, params, per_problem: list | None = None) -> dict[str, float]:
+        """The metrics; with a list `per_problem`, also appends (problem index [P], greedy
+        accuracy score [P]) per prompt batch, this process's valid rows (`greedy_accuracy`)."""
         greedy_key = jax.random.PRNGKey(0)  # greedy decoding draws nothing
         sample_k = None
         if self.spec.num_samples > 0:
@@ -86,6 +88,7 @@ class Evaluator:
             sample_k=sample_k,
             num_samples=self.spec.num_samples,
             answer_key=self.answer_key,
+            per_problem=per_problem,
         )
 
 
@@ -134,6 +137,7 @@ def greedy_accuracy(
     sample_k: Callable | None = None,
     num_samples: int = 0,
     answer_key: Callable | None = None,
+    per_problem: list | None = None,
 ) -> dict[str, float]:
     """{eval/accuracy, eval/length_mean, eval/num_prompts} over the first `num_prompts`,
     and with `sample_k` (num_samples = k >= 1) eval/pass@1..k, eval/maj@k and
@@ -143,7 +147,9 @@ def greedy_accuracy(
     response per prompt, `sample_k(prompt_tokens, prompt_mask, call)` one of k per prompt
     (the k of a prompt contiguous); `eval_data` is the whole prepared held-out split
     (data.PreparedData). Each call samples a global batch of at most `batch_size` prompts,
-    a whole number per data-parallel device; rows past `num_prompts` are padding.
+    a whole number per data-parallel device; rows past `num_prompts` are padding. A list
+    `per_problem` gets (index in the split [P], accuracy score [P]) of this process's valid
+    rows per call: the per-problem outcomes eval/accuracy averages (paired statistics).
     """
     total = min(num_prompts, eval_data.num_examples)
     dp = sharding_lib.data_parallel_size(mesh)
@@ -167,6 +173,9 @@ def greedy_accuracy(
         completions, lengths = _responses(tokenizer, out)
         correct, _, _ = accuracy.score(batch["prompt_text"], completions, batch["reference"])
         totals[:3] += [np.sum(correct * valid), np.sum(lengths * valid), valid.sum()]
+        if per_problem is not None:
+            index = call * per_call + np.asarray(rows)
+            per_problem.append((index[valid], np.asarray(correct, np.float32)[valid]))
         t1 = time.perf_counter()
         if k:
             out_k = sample_k(*prompts, call)

@@ -203,9 +203,26 @@ def _evaluate(trainer: Trainer, report: _Reporter, params, step: int) -> dict:
         )
     report.evaluated = True
     report.phase("evaluating", line)
-    out = trainer.evaluator(params)
+    if not trainer.evaluator.spec.save_per_problem:
+        out = trainer.evaluator(params)
+    else:
+        per_problem = []
+        out = trainer.evaluator(params, per_problem)
+        _save_per_problem(trainer.workdir, step, per_problem)
     report.phase(None)
     return out
+
+
+def _save_per_problem(workdir: str, step: int, batches: list) -> None:
+    """eval.save_per_problem: WORKDIR/eval_problems/step<step>_p<process>.npz with `index`
+    (position in the held-out split) and `score` (greedy accuracy score, what eval/accuracy
+    averages) of this process's problems; a resumed run rewrites a step's file."""
+    out = os.path.join(workdir, "eval_problems")
+    os.makedirs(out, exist_ok=True)
+    index = np.concatenate([i for i, _ in batches]) if batches else np.zeros(0, np.int64)
+    score = np.concatenate([s for _, s in batches]) if batches else np.zeros(0, np.float32)
+    path = os.path.join(out, f"step{step}_p{jax.process_index()}.npz")
+    np.savez(path, index=index.astype(np.int64), score=score.astype(np.float32))
 
 
 def _one_step(trainer: Trainer, state: RunState) -> tuple[RunState, dict]:

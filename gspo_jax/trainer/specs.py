@@ -266,6 +266,7 @@ class EvalSpec:
     num_samples: int = 0  # k (0: greedy only)
     temperature: float = 1.0
     seed: int = 0
+    save_per_problem: bool = False  # WORKDIR/eval_problems/ (trainer/loop.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -357,6 +358,7 @@ def from_config(config, model_config: models.ModelConfig, *, reference_key: str)
             num_samples=c.eval.num_samples,
             temperature=float(c.eval.temperature),
             seed=c.seed,
+            save_per_problem=c.eval.save_per_problem,
         ),
         loop=_loop_spec(c, step),
     )
