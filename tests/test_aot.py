@@ -59,7 +59,7 @@ def _aot(env, tmp_path, *args):
 
 
 def test_tiny_rl_step_compiles_for_a_tpu_slice(env, tmp_path):
-    proc, reports = _aot(env, tmp_path, *TINY)
+    proc, reports = _aot(env, tmp_path, *TINY, "--hbm_top=3")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     names = [r["name"] for r in reports]
     assert names == ["sampler prefill", "sampler decode", "logprobs", "advantages", "train step"]
@@ -80,6 +80,17 @@ def test_tiny_rl_step_compiles_for_a_tpu_slice(env, tmp_path):
     assert total and "ESTIMATED" in proc.stdout and "train step MFU (est.)" in proc.stdout
     assert float(total[1]) == pytest.approx(sum(e["overlapped_s"] for e in est), rel=0.01)
     assert float(total[2]) == pytest.approx(sum(e["serial_s"] for e in est), rel=0.01)
+    # --hbm_top=3: each function's three largest HBM contributors, printed and in the JSON
+    for r in reports:
+        uses = r["hbm_uses"]
+        assert 1 <= len(uses) <= 3 and sum(
+            u["bytes"] * u["count"] * u["instructions"] for u in uses
+        )
+        assert uses[0]["bytes"] * uses[0]["count"] * uses[0]["instructions"] <= r["hbm"], r
+        assert f"HBM traffic of {r['name']}: " in proc.stdout
+    assert re.search(
+        r"HBM traffic of sampler decode: \S+ GB per chip per call, \S+ GB per token", proc.stdout
+    )
 
 
 def test_a_config_that_does_not_fit_names_function_and_shortfall(env, tmp_path):

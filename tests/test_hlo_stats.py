@@ -220,6 +220,102 @@ def test_hbm_bytes_by_hand():
     assert hlo_stats.hbm_bytes(BYTES) == 120 + 3 * 48 + 48 + 64 + 52
 
 
+# Where the HBM bytes go: two alike fused casts in a loop body of 5 trips (one per
+# "layer", grouped), a fusion updating a buffer in place, and XLA:TPU's memory spaces: `x`
+# prefetched into VMEM (`S(1)`) by an async copy, a slice of `b` by an async slice and
+# reassembled there (ConcatBitcast), so only those reads from HBM count, and the dot
+# reads its VMEM operand for free.
+USES = """HloModule u
+
+%cast (a: f32[64,32]) -> bf16[64,32] {
+  %a = f32[64,32]{1,0} parameter(0)
+  ROOT %c = bf16[64,32]{1,0} convert(%a)
+}
+
+%upd (b: bf16[1000], u: bf16[10], i: s32[]) -> bf16[1000] {
+  %b = bf16[1000]{0} parameter(0)
+  %u = bf16[10]{0} parameter(1)
+  %i = s32[] parameter(2)
+  ROOT %d = bf16[1000]{0} dynamic-update-slice(%b, %u, %i)
+}
+
+%body (p: (s32[], f32[64,32])) -> (s32[], f32[64,32]) {
+  %p = (s32[], f32[64,32]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %w = f32[64,32]{1,0} get-tuple-element(%p), index=1
+  %c0 = bf16[64,32]{1,0} fusion(%w), kind=kLoop, calls=%cast, metadata={op_name="jit(f)/while/body/convert_element_type"}
+  %c1 = bf16[64,32]{1,0} fusion(%w), kind=kLoop, calls=%cast
+  ROOT %t = (s32[], f32[64,32]{1,0}) tuple(%i, %w)
+}
+
+%cond (p: (s32[], f32[64,32])) -> pred[] {
+  %p = (s32[], f32[64,32]{1,0}) parameter(0)
+  ROOT %c = pred[] constant(true)
+}
+
+ENTRY %main (s: (s32[], f32[64,32]), x: f32[256,128], y: f32[128,128], b: bf16[1000], u: bf16[10]) -> f32[256,128] {
+  %s = (s32[], f32[64,32]{1,0}) parameter(0)
+  %x = f32[256,128]{1,0} parameter(1)
+  %y = f32[128,128]{1,0} parameter(2)
+  %b = bf16[1000]{0} parameter(3)
+  %u = bf16[10]{0} parameter(4)
+  %k = s32[] constant(3)
+  %w = (s32[], f32[64,32]{1,0}) while(%s), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"5"}}
+  %up = bf16[1000]{0} fusion(%b, %u, %k), kind=kLoop, calls=%upd
+  %cs = (f32[256,128]{1,0:T(8,128)S(1)}, f32[256,128]{1,0:T(8,128)}, u32[]{:S(2)}) copy-start(%x)
+  %cd = f32[256,128]{1,0:T(8,128)S(1)} copy-done(%cs)
+  %ss = ((bf16[1000]{0}), bf16[500]{0:S(1)}, s32[]{:S(2)}) slice-start(%b), slice={[0:500]}
+  %sd = bf16[500]{0:S(1)} slice-done(%ss)
+  %cc = bf16[500]{0:S(1)} custom-call(%sd), custom_call_target="ConcatBitcast"
+  ROOT %dot = f32[256,128]{1,0} dot(%cd, %y), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+
+
+def test_hbm_uses_say_where_the_bytes_go():
+    uses = hlo_stats.hbm_uses(USES)
+    cast = 64 * 32 * (4 + 2)  # reads f32, writes bf16
+    dot = (128 * 128 + 256 * 128) * 4  # y and the result; x is read from VMEM
+    prefetch = 256 * 128 * 4  # x read from HBM, written to VMEM
+    # largest total first: the dot (once), the prefetch, the casts (2 instructions x 5
+    # trips), the async slice (500 bf16 read), the in-place update (its 10-element update
+    # and the index, read and written); the ConcatBitcast in VMEM moves nothing
+    got = [(u.op, u.shape, u.bytes, u.count, u.instructions, u.total) for u in uses]
+    assert got == [
+        ("dot", "f32[256,128]", dot, 1, 1, dot),
+        ("copy-start:HBM->VMEM", "(f32[256,128], f32[256,128], u32[])", prefetch, 1, 1, prefetch),
+        ("fusion:convert", "bf16[64,32]", cast, 5, 2, 10 * cast),
+        ("slice-start:HBM->VMEM", "(bf16[1000], bf16[500], s32[])", 1000, 1, 1, 1000),
+        ("fusion:dynamic-update-slice", "bf16[1000]", 2 * (20 + 4), 1, 1, 48),
+    ]
+    assert (uses[2].name, uses[2].computation) == ("c0", "body")
+    assert uses[2].source == "while/body/convert_element_type"  # jit(f)/ dropped
+    assert hlo_stats.hbm_bytes(USES) == sum(u.total for u in uses)
+    assert hlo_stats.hbm_bytes(USES) == dot + prefetch + 10 * cast + 1000 + 48
+    # the same program with everything in HBM: the slice and the copy read and write
+    in_hbm = USES.replace("S(1)", "S(0)")
+    assert hlo_stats.hbm_bytes(in_hbm) == hlo_stats.hbm_bytes(USES) + 2 * prefetch + 1000 * 3
+
+
+def test_aot_prints_the_largest_hbm_uses():
+    from tools import aot
+
+    report = aot.Report("sampler decode", 1.0)
+    report.hbm_uses = hlo_stats.hbm_uses(USES)
+    report.hlo_bytes = float(hlo_stats.hbm_bytes(USES))
+    text = aot.format_hbm_top([report, aot.Report("advantages", 1.0)], 3, {"sampler decode": 4})
+    lines = text.splitlines()
+    total = 10 * 64 * 32 * 6
+    assert lines[0].startswith(f"HBM traffic of sampler decode: {report.hlo_bytes / 1e9:.2f} GB")
+    assert "the 3 largest of 5 contributors" in lines[0]
+    assert len(lines) == 6  # title, header, rule, three rows; nothing for "advantages"
+    cells = [c.strip() for c in lines[5].strip("|").split("|")]
+    assert cells[1] == f"{100 * total / report.hlo_bytes:.1f}"
+    assert cells[2] == f"{total / 4 / 1e9:.4f}"  # per token
+    assert cells[3:8] == ["fusion:convert", "bf16[64,32]", f"{64 * 32 * 6 / 1e6:.2f}", "5", "2"]
+    assert cells[8:] == ["c0", "while/body/convert_element_type"]
+
+
 def _by_name(hlo):
     return {c.name: c for c in hlo_stats.collectives(hlo)}
 

@@ -32,6 +32,9 @@ loops it counts once), ICI time of every collective read from the optimised HLO
 (gspo_jax.sharding.hlo_stats: bytes x loop trip counts x ring factor), and a latency per
 collective execution; printed as seconds by phase (prefill, decode, π_old pass, updates),
 the train step's MFU and decode tokens/s/chip. Estimates, not measurements.
+`--hbm_top=N` also prints, per function, the N largest contributors to its HBM bytes
+(`hlo_stats.hbm_uses`: instruction, result shape, bytes per execution x executions, alike
+instructions such as one per unrolled layer grouped, and the jax op they come from).
 
 The rollout batch is taken at its worst case: every prompt at `prompt_length` (the largest
 bucket the sampler can pick) and every response `response_length` long.
@@ -199,6 +202,8 @@ class Report:
     hlo_bytes: float = 0.0  # the same count from the HLO, loops x trip counts (hlo_stats)
     collectives: list = dataclasses.field(default_factory=list)  # hlo_stats.Collective
     unknown_loops: int = 0  # while loops of unknown trip count (counted loop_trips times)
+    # where hlo_bytes comes from: hlo_stats.HbmUse, largest first (--hbm_top prints them)
+    hbm_uses: list = dataclasses.field(default_factory=list, repr=False)
 
     @property
     def hbm(self) -> float:
@@ -303,7 +308,8 @@ def _compile(name, fn, *args, resident=0, flops=0.0, loop_trips=1, **kwargs) -> 
     report.xla_bytes = float(cost.get("bytes accessed", 0.0))
     hlo = compiled.as_text()
     report.collectives = hlo_stats.collectives(hlo, unknown_trip_count=loop_trips)
-    report.hlo_bytes = float(hlo_stats.hbm_bytes(hlo, unknown_trip_count=loop_trips))
+    report.hbm_uses = hlo_stats.hbm_uses(hlo, unknown_trip_count=loop_trips)
+    report.hlo_bytes = float(sum(u.total for u in report.hbm_uses))
     report.unknown_loops = len(hlo_stats.unknown_trip_loops(hlo))
     return report, compiled
 
@@ -598,6 +604,35 @@ def shortfalls(reports: list[Report], capacity: int) -> list[str]:
     return out
 
 
+def format_hbm_top(reports: list[Report], n: int, tokens: dict[str, int] | None = None) -> str:
+    """The `n` largest HBM contributors of each compiled function (`hlo_stats.hbm_uses`:
+    alike instructions grouped, e.g. one per unrolled layer), per chip per call; `tokens`
+    {function: tokens per call} adds a per-token column (the decode's response_length)."""
+    out = []
+    for r in reports:
+        if not r.hbm_uses:
+            continue
+        per = (tokens or {}).get(r.name)
+        out.append(
+            f"HBM traffic of {r.name}: {r.hlo_bytes / 1e9:.2f} GB per chip per call"
+            + (f", {r.hlo_bytes / per / 1e9:.3f} GB per token" if per else "")
+            + f"; the {min(n, len(r.hbm_uses))} largest of {len(r.hbm_uses)} contributors:"
+        )
+        out.append(
+            "| GB | % | " + ("GB per token | " if per else "") + "op | result | MB per "
+            "execution | executions | instructions | first of them | jax source |"
+        )
+        out.append("|---" * (9 + bool(per)) + "|")
+        for u in r.hbm_uses[:n]:
+            cells = [f"{u.total / 1e9:.2f}", f"{100 * u.total / r.hlo_bytes:.1f}"]
+            cells += [f"{u.total / per / 1e9:.4f}"] if per else []
+            cells += [u.op, u.shape, f"{u.bytes / 1e6:.2f}", str(u.count)]
+            cells += [str(u.instructions), u.name, u.source or "-"]
+            out.append("| " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out).rstrip()
+
+
 def fsdp_traffic(config, cfg, reports: list[Report]) -> str | None:
     """The train step's collective bytes per micro-batch against textbook FSDP's: each
     weight gathered three times in the compute dtype (forward, remat, backward) and its
@@ -658,6 +693,13 @@ _PRESET = flags.DEFINE_enum(
 )
 _FUNCTIONS = flags.DEFINE_list("functions", list(FUNCTIONS), f"Subset of {FUNCTIONS}.")
 _JSON = flags.DEFINE_string("json", None, "Also write the reports to this JSON file.")
+_HBM_TOP = flags.DEFINE_integer(
+    "hbm_top",
+    0,
+    "Also print the N largest HBM contributors of each compiled function (instruction, "
+    "result shape, bytes x executions; hlo_stats.hbm_uses), and write them to --json.",
+    lower_bound=0,
+)
 _PROCESSES = flags.DEFINE_integer(
     "num_processes",
     None,
@@ -713,12 +755,16 @@ def main(argv) -> int:
     traffic = fsdp_traffic(config, cfg, reports)
     if traffic:
         print(traffic)
+    if _HBM_TOP.value:
+        tokens = {"sampler decode": config.response_length}
+        print("\n" + format_hbm_top(reports, _HBM_TOP.value, tokens))
     if _JSON.value:
         with open(_JSON.value, "w") as f:
             est = {r.name: e for r, e in roofline.estimates(reports, chip)}
             rows = [
                 dataclasses.asdict(r)
                 | {"total": r.total, "hbm": r.hbm}
+                | {"hbm_uses": [dataclasses.asdict(u) for u in r.hbm_uses[: _HBM_TOP.value]]}
                 | ({"estimate": est[r.name].as_dict()} if r.name in est else {})
                 for r in reports
             ]

@@ -2,7 +2,8 @@
 
 ESTIMATES, not measurements. tools/aot.py feeds it, per compiled function and per chip: the
 model's FLOPs (analytic), the HBM bytes (hlo_stats.hbm_bytes: XLA's 'bytes accessed' rule
-with loop bodies x their trip counts; `hbm_bytes` here is the fallback that scales XLA's
+with loop bodies x their trip counts, arrays XLA:TPU keeps in VMEM left out; `hbm_bytes`
+here is the fallback that scales XLA's
 own count), and every collective of the optimised HLO with its execution count
 (gspo_jax.sharding.hlo_stats). The model:
 

@@ -1,8 +1,10 @@
-"""The collectives of a compiled program, read from its optimised HLO text.
+"""The collectives and HBM traffic of a compiled program, read from its optimised HLO text.
 
     collectives(hlo_text)       -> list[Collective]  every collective, with how often it runs
     collective_bytes(hlo_text)  -> {kind: bytes}     per device: sum of bytes x count
     while_trip_counts(hlo_text) -> {while: n}        XLA's known trip count of each while
+    hbm_bytes(hlo_text)         -> bytes             HBM read + written per device per call
+    hbm_uses(hlo_text)          -> list[HbmUse]      where those bytes go, largest first
 
 `hlo_text` is `jax.jit(f).lower(...).compile().as_text()` (after SPMD partitioning, so every
 shape is one device's shard). Used by tools/aot.py's roofline estimate and by the layout tests.
@@ -372,7 +374,7 @@ def unknown_trip_loops(hlo_text: str) -> list[str]:
 _FREE = {
     "parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "call",
     "conditional", "after-all", "partition-id", "replica-id", "opt-barrier", "async-start",
-    "async-done", "async-update", "copy-start", "copy-done", "send", "send-done", "recv",
+    "async-done", "async-update", "send", "send-done", "recv",
     "recv-done", "add-dependency", "domain",
 }  # fmt: skip
 
@@ -388,43 +390,152 @@ def _fusion_bodies(comps) -> set[str]:
     }
 
 
+_SPACED = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\](\{[^}]*\})?")
+_SPACE = re.compile(r"S\((\d+)\)")
+
+
+def _spaced(type_str: str, *, scalars: bool = True) -> list[tuple[int, bool]]:
+    """(bytes, in HBM) of each array of a type: a layout naming a memory space `S(n)`,
+    n > 0 (XLA:TPU's VMEM, SMEM, host memory), is not HBM."""
+    out = []
+    for d, dims, layout in _SPACED.findall(type_str):
+        if d in _DTYPE_BYTES and (scalars or dims):
+            space = _SPACE.search(layout or "")
+            n = _nbytes([(d, tuple(int(x) for x in dims.split(",") if x))])
+            out.append((n, not space or space.group(1) == "0"))
+    return out
+
+
+def _hbm(spaced) -> int:
+    return sum(n for n, in_hbm in spaced if in_hbm)
+
+
+def _async_bytes(types: dict[str, str], ins: _Instr) -> int:
+    """An async slice `((operands), destination, context)` or copy `(destination, source,
+    context)`: reads what it moves from its source, writes it to its destination; each
+    counts when it is in HBM (a prefetch into VMEM reads HBM only)."""
+    sources = [_spaced(types.get(o, "")) for o in _operands(ins)]
+    k = sum(len(src) for src in sources)
+    arrays = _spaced(ins.type_str, scalars=False)  # without the context scalars
+    dest = arrays[:1] if ins.opcode == "copy-start" else arrays[k:]
+    moved = sum(n for n, _ in dest)
+    read = moved if any(h for src in sources for _, h in src) else 0
+    return read + _hbm(dest)
+
+
 def _instr_bytes(comps, types: dict[str, str], ins: _Instr) -> int:
-    """Bytes one execution of `ins` reads and writes: its operands and its result; an
-    in-place dynamic-update-slice (alone or as a fusion's root) moves only its update, a
-    gather or dynamic-slice reads only what it takes."""
-    operands = [_nbytes(_arrays(types.get(o, ""))) for o in _operands(ins)]
-    if ins.opcode.endswith("-start"):  # async op: ((operands), results, contexts)
-        k = sum(len(_arrays(types.get(o, ""))) for o in _operands(ins))
-        return 2 * _nbytes([a for a in _arrays(ins.type_str)[k:] if a[1]])
-    out = _nbytes(_arrays(ins.type_str))
+    """HBM bytes one execution of `ins` reads and writes: its operands and its result, each
+    when XLA placed it in HBM (not VMEM: `_spaced`); an in-place dynamic-update-slice
+    (alone or as a fusion's root) moves only its update, a gather or dynamic-slice reads
+    only what it takes, an async copy or slice what it moves (`_async_bytes`)."""
+    if ins.opcode.endswith("-start"):
+        return _async_bytes(types, ins)
+    operands = [_spaced(types.get(o, "")) for o in _operands(ins)]
+    full = [sum(n for n, _ in op) for op in operands]
+    result = _spaced(ins.type_str)
+    out, out_full = _hbm(result), sum(n for n, _ in result)
     callee = re.search(r"calls=%?([\w.\-]+)", ins.rest) if ins.opcode == "fusion" else None
     body = comps.get(callee.group(1), []) if callee else []
     root = body[-1].opcode if body else ""
     if root not in ("dynamic-update-slice", "gather", "dynamic-slice"):  # through reshapes
         root = next((i.opcode for i in body if i.opcode in ("gather", "dynamic-slice")), root)
-    if "dynamic-update-slice" in (ins.opcode, root) and out in operands:
-        operands.remove(out)  # the buffer updated in place
-        return 2 * sum(operands)
+    if "dynamic-update-slice" in (ins.opcode, root) and out_full in full:
+        i = full.index(out_full)  # the buffer updated in place: its update written into it
+        rest = operands[:i] + operands[i + 1 :]
+        written = sum(n for op in rest for n, _ in op) if out else 0
+        return sum(_hbm(op) for op in rest) + written
     if {"gather", "dynamic-slice"} & {ins.opcode, root} and operands:
-        operands.remove(max(operands))  # reads only the rows it takes
-        return 2 * out + sum(operands)
-    return out + sum(operands)
+        i = full.index(max(full))  # reads only the rows it takes
+        rest = operands[:i] + operands[i + 1 :]
+        read = out_full if _hbm(operands[i]) else 0
+        return read + out + sum(_hbm(op) for op in rest)
+    return out + sum(_hbm(op) for op in operands)
 
 
-def hbm_bytes(hlo_text: str, *, unknown_trip_count: int = 1) -> int:
-    """HBM bytes one call of the program reads and writes, per device: every instruction
-    outside fusions (a fusion counts its operands and results) x its execution count, as
-    XLA's cost analysis counts 'bytes accessed' but with loop bodies x their trip counts.
-    Collectives are left to `collectives` (ICI), layouts' memory spaces are not told apart."""
+@dataclasses.dataclass(frozen=True)
+class HbmUse:
+    """HBM traffic of `instructions` instructions alike (same op, result shape, bytes and
+    count; e.g. one per unrolled layer), per device."""
+
+    op: str  # opcode; a fusion as "fusion:<its root's opcode>", e.g. "fusion:convert"; an
+    # async copy or slice with the memory spaces it moves between, "copy-start:HBM->VMEM"
+    shape: str  # the result, e.g. "bf16[1024,151936]"
+    bytes: int  # read + written by one execution of one instruction (see hbm_bytes)
+    count: int  # executions per call of the program (product of enclosing trip counts)
+    instructions: int  # how many instructions share op, shape, bytes and count
+    name: str  # the first of them
+    computation: str  # the HLO computation holding it
+    source: str = ""  # its jax op_name (metadata), shortened: where in the model it comes from
+
+    @property
+    def total(self) -> int:
+        """Bytes per call: bytes x count x instructions."""
+        return self.bytes * self.count * self.instructions
+
+
+def _space_name(type_str: str) -> str:
+    space = _SPACE.search(type_str)
+    n = space.group(1) if space else "0"
+    return {"0": "HBM", "1": "VMEM"}.get(n, f"S({n})")
+
+
+def _op(comps, ins: _Instr, types: dict[str, str]) -> str:
+    if ins.opcode in ("copy-start", "slice-start"):  # which way it moves: e.g. HBM->VMEM
+        source = types.get((_operands(ins) or [""])[0], "")
+        k = len(_spaced(source))
+        arrays = _SPACED.findall(ins.type_str)
+        dest = arrays[0] if ins.opcode == "copy-start" else (arrays[k:] or [("", "", "")])[0]
+        return f"{ins.opcode}:{_space_name(source)}->{_space_name(dest[2])}"
+    if ins.opcode != "fusion":
+        return ins.opcode
+    callee = re.search(r"calls=%?([\w.\-]+)", ins.rest)
+    body = comps.get(callee.group(1), []) if callee else []
+    return f"fusion:{body[-1].opcode}" if body else "fusion"
+
+
+def _source(ins: _Instr) -> str:
+    """The op_name of the instruction's metadata, without the jit(...)/ prefixes and
+    transforms: e.g. "while/body/dot_general"."""
+    m = re.search(r'op_name="([^"]*)"', ins.rest)
+    if not m:
+        return ""
+    parts = [p for p in m.group(1).split("/") if not p.startswith(("jit(", "pjit("))]
+    return "/".join(parts)[-80:]
+
+
+def hbm_uses(hlo_text: str, *, unknown_trip_count: int = 1) -> list[HbmUse]:
+    """Every instruction's HBM traffic (hbm_bytes' count), alike instructions grouped,
+    largest total first: where a program's HBM bytes go."""
     comps, entry = _parse(hlo_text)
     counts = _counts(comps, entry, unknown_trip_count)
-    total = 0
-    for comp in set(comps) - _fusion_bodies(comps):
+    groups: dict[tuple, HbmUse] = {}
+    for comp in sorted(set(comps) - _fusion_bodies(comps)):
         if not counts[comp]:
             continue
         types = {i.name: i.type_str for i in comps[comp]}
         for ins in comps[comp]:
             if ins.opcode in _FREE or ins.opcode in _OPCODES or ins.opcode.endswith("-done"):
                 continue
-            total += counts[comp] * _instr_bytes(comps, types, ins)
-    return total
+            nbytes = _instr_bytes(comps, types, ins)
+            if not nbytes:
+                continue
+            key = (_op(comps, ins, types), _show(_arrays(ins.type_str)), nbytes, counts[comp])
+            if key in groups:
+                groups[key] = dataclasses.replace(
+                    groups[key], instructions=groups[key].instructions + 1
+                )
+            else:
+                groups[key] = HbmUse(*key, 1, ins.name, comp, _source(ins))
+    return sorted(groups.values(), key=lambda u: (-u.total, u.op, u.shape))
+
+
+def hbm_bytes(hlo_text: str, *, unknown_trip_count: int = 1) -> int:
+    """HBM bytes one call of the program reads and writes, per device: every instruction
+    outside fusions (a fusion counts its operands and results) x its execution count, as
+    XLA's cost analysis counts 'bytes accessed' but with loop bodies x their trip counts,
+    and only arrays in HBM: XLA:TPU's layouts name other memory spaces (`S(1)`: VMEM), and
+    an operand prefetched into VMEM by an async copy or slice is read from HBM once, by
+    that copy, not by each instruction that then reads it (its VMEM-only glue, e.g. a
+    ConcatBitcast of the slices, moves nothing). Collectives are left to `collectives`
+    (ICI). `hbm_uses` says which instructions the bytes come from."""
+    return sum(u.total for u in hbm_uses(hlo_text, unknown_trip_count=unknown_trip_count))
