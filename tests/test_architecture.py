@@ -25,7 +25,7 @@ from pathlib import Path
 import jax
 import ml_collections
 import pytest
-from tiny_flags import TINY_MODEL
+from tiny_flags import TINY_MODEL, apply_flags
 
 from configs import default
 from gspo_jax.registry import Registry
@@ -36,14 +36,7 @@ PACKAGE = ROOT / "gspo_jax"
 
 def _tiny_config(data_dir):
     c = default.get_config()
-    for flag in TINY_MODEL:
-        key, value = flag[len("--config.") :].split("=")
-        node = c
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node[p]
-        current = node[leaf]
-        node[leaf] = value.lower() == "true" if isinstance(current, bool) else type(current)(value)
+    apply_flags(c, TINY_MODEL)
     c.num_steps, c.rollout_batch_size, c.num_return_sequences_in_group = 2, 4, 4
     c.num_mini_batches, c.reward.num_workers = 2, 0
     c.eval.num_prompts = c.eval.batch_size = 8

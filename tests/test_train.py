@@ -7,7 +7,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from tiny_flags import TINY_MODEL, main_command, metrics_by_step
+from tiny_flags import TINY_MODEL, apply_flags, main_command, metrics_by_step
 
 from configs import default
 from gspo_jax.rewards import build_reward
@@ -32,14 +32,7 @@ _TIMING = ("time/", "perf/")
 
 def _tiny_config(data_dir):
     c = default.get_config()
-    for flag in TINY:
-        key, value = flag[len("--config.") :].split("=")
-        node = c
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node[p]
-        current = node[leaf]
-        node[leaf] = value.lower() == "true" if isinstance(current, bool) else type(current)(value)
+    apply_flags(c, TINY)
     c.data.data_dir = str(data_dir)
     return c
 
