@@ -361,6 +361,23 @@ def test_tpu_clones_counted_once_and_trip_count_from_the_condition():
     ]
 
 
+def test_trip_count_follows_a_counter_that_steps_by_more_than_one():
+    """XLA:TPU's windowed-einsum loops (collective matmul) count in 2s: `i < 4` from 0 is 2
+    trips, not 4 (reading it as 4 doubled those loops' collective-permutes)."""
+    old_root = "  ROOT %t = (s32[], bf16[1,256]{1,0}) tuple(%i, %x)\n}\n\n%cond"
+    assert old_root in TPU_CLONES
+    new_root = (
+        "  %i0 = s32[] get-tuple-element(%p), index=0\n"
+        "  %step = s32[] constant(2)\n"
+        "  %i = s32[] add(%i0, %step)\n" + old_root
+    )
+    hlo = TPU_CLONES.replace(old_root, new_root)
+    assert hlo_stats.while_trip_counts(hlo) == {"loop": 3}  # i = 2, 4, 6 while i < 7
+    assert {c.count for c in hlo_stats.collectives(hlo)} == {3}
+    counter_elsewhere = hlo.replace("%i = s32[] add(%i0, %step)", "%i = s32[] add(%q, %step)")
+    assert hlo_stats.while_trip_counts(counter_elsewhere) == {"loop": 5}  # step unknown: 1
+
+
 def test_unknown_loop_counts_once():
     hlo = TPU_CLONES.replace("direction=LT", "direction=NE")
     assert hlo_stats.while_trip_counts(hlo) == {}

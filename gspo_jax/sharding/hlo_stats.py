@@ -246,20 +246,47 @@ def _start(comps, caller: str, name: str, depth: int = 0) -> int:
     return 0
 
 
+def _step(comps, body: str | None, index: int) -> int:
+    """How much the body adds to loop-state element `index` per trip: its ROOT tuple's
+    element is `add(get-tuple-element(param, index), constant c)` -> c (XLA:TPU's windowed
+    einsum loops count in 2s); else 1 (then the trip count is an upper bound)."""
+    if not body or body not in comps or not comps[body]:
+        return 1
+    root = comps[body][-1]
+    elems = _operands(root) if root.opcode == "tuple" else []
+    add = _find(comps, body, elems[index]) if index < len(elems) else None
+    if add is None or add.opcode != "add" or len(_operands(add)) != 2:
+        return 1
+    for counter, other in (_operands(add), _operands(add)[::-1]):
+        gte, c = _find(comps, body, counter), _constant(comps, body, other)
+        if gte is None or gte.opcode != "get-tuple-element" or not c or c < 1:
+            continue
+        index_of = re.search(r"index=(\d+)", gte.rest)
+        if index_of and int(index_of.group(1)) == index:
+            return c
+    return 1
+
+
 def _trip_count(comps, caller: str, ins: _Instr) -> int | None:
-    """XLA's known trip count, else N - start from a condition `i < N` (XLA:TPU omits the
-    annotation): i a tuple element of the loop state, N a constant, start that element of
-    the while's operand (`_start`)."""
+    """XLA's known trip count, else ceil((N - start) / step) from a condition `i < N`
+    (XLA:TPU omits the annotation): i a tuple element of the loop state, N a constant,
+    start that element of the while's operand (`_start`), step what the body adds to it
+    (`_step`)."""
     trip = _TRIP.search(ins.rest)
     if trip:
         return int(trip.group(1))
     cond = re.search(r"condition=%?([\w.\-]+)", ins.rest)
+    body = re.search(r"body=%?([\w.\-]+)", ins.rest)
     bounds = _bounds(comps, cond.group(1)) if cond else {}
     state = _find(comps, caller, (_operands(ins) or [""])[0])
     if not bounds or state is None or state.opcode != "tuple":
         return None
     elems = _operands(state)
-    trips = [n - _start(comps, caller, elems[i]) for i, n in bounds.items() if i < len(elems)]
+    trips = [
+        -(-(n - _start(comps, caller, elems[i])) // _step(comps, body and body.group(1), i))
+        for i, n in bounds.items()
+        if i < len(elems)
+    ]
     return max(min(trips), 0) if trips else None
 
 
