@@ -74,8 +74,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.rollout_correction_threshold = 2.0  # C > 1: the TIS cap, or the mask's [1/C, C]
     c.shared_prompt = True  # train step and log-prob pass: each prompt's tokens through the
     # model once per group, its G responses attending to them (dense models; the same numbers)
-    c.logprob_chunk_size = 256  # tokens per chunk of the chunked log-softmax: [B, T, V] f32
-    # logits never exist (docs/architecture.md); larger chunks are faster, smaller use less memory
+    c.logprob_chunk_size = 256  # tokens per chunk of the chunked log-softmax, per chip (a
+    # batch split over n chips runs chunks of n x this many tokens): [B, T, V] f32 logits never
+    # exist (docs/architecture.md); larger chunks are faster, smaller use less memory
     c.invalid_reward = "mask"  # NaN / non-numeric / failed-verifier rewards: "mask" (excluded
     # from group statistics, advantage 0, counted) or "zero" (treated as reward 0, counted)
     # DAPO (Yu et al. 2025) rollout options, all off by default (gspo_jax/trainer/filtering.py):

@@ -70,7 +70,7 @@ MOE = models.ModelConfig(
 )
 B, P, T = 16, 28, 12  # rows, prompt and response tokens: L = 40
 L = P + T
-CHUNK = 3 * B  # log-prob chunks of 3 positions: 4 iterations of the chunk loop
+CHUNK_POSITIONS = 3  # log-prob chunks of 3 positions: 4 iterations of the chunk loop
 MESHES = {
     "data 2 x fsdp 4": (DENSE, {"data": 2, "fsdp": 4}),
     "fsdp 8": (DENSE, {"fsdp": 8}),
@@ -80,13 +80,16 @@ MESHES = {
 FUNCTIONS = ("train step", "log-prob pass", "prefill", "decode step")
 
 
-def _step_config(cfg) -> StepConfig:
+def _step_config(cfg, mesh) -> StepConfig:
     """One update of one micro-batch, π_old from the sampler: the step is one forward and
-    backward of the whole batch (MoE models still run the π_old pass, for its routing)."""
+    backward of the whole batch (MoE models still run the π_old pass, for its routing).
+    `logprob_chunk_size` counts tokens per device: CHUNK_POSITIONS x the device's rows."""
+    rows = B // math.prod(mesh.shape[a] for a in sharding.BATCH_AXES)
     c = default.get_config()
     c.num_mini_batches, c.ppo_epochs, c.micro_batch_size = 1, 1, None
     c.old_logprobs_source, c.use_kl_loss, c.add_token_level_kl = "sampler", False, False
-    c.response_length, c.logprob_chunk_size, c.shared_prompt = T, CHUNK, False
+    c.response_length, c.shared_prompt = T, False
+    c.logprob_chunk_size = CHUNK_POSITIONS * rows
     c.num_return_sequences_in_group, c.entropy_coef = 4, 0.0
     return specs.step_config(c, cfg)
 
@@ -115,7 +118,7 @@ def _rows(mesh, shape, dtype):
 
 
 def _compile_train_step(cfg, mesh):
-    sc, tx = _step_config(cfg), optax.adamw(1e-3)
+    sc, tx = _step_config(cfg, mesh), optax.adamw(1e-3)
     abstract = models.abstract_params(cfg)
     shardings = state_lib.state_shardings(
         abstract, _param_shardings(cfg, mesh), tx, mesh, with_ref=False
@@ -132,7 +135,7 @@ def _compile_train_step(cfg, mesh):
 
 
 def _compile_logprobs(cfg, mesh):
-    fn = make_logprobs_fn(_step_config(cfg))
+    fn = make_logprobs_fn(_step_config(cfg, mesh))
     tokens, mask = _rows(mesh, (B, L), jnp.int32), _rows(mesh, (B, L), jnp.int32)
     return fn.lower(_abstract_params(cfg, mesh), tokens, mask, T).compile()
 
@@ -258,7 +261,7 @@ def _token_dims(sizes) -> set[int]:
     """Sizes a dimension of a [rows, tokens, ...] activation takes here (whole, per device,
     flattened rows x tokens); none of them is a weight dimension of the models."""
     n = math.prod(sizes.get(a, 1) for a in sharding.BATCH_AXES)
-    lengths = {L, P, T, L - 1, CHUNK // B}
+    lengths = {L, P, T, L - 1, CHUNK_POSITIONS}
     return lengths | {r * t for r in (B, B // n) for t in lengths}
 
 
@@ -320,6 +323,27 @@ def test_no_activation_moves_unless_the_layout_says_so(mesh_name, function):
         and any(d == "s32" and _token_dims(sizes) & set(s) for d, s in _dims(c.shape))
     ]
     assert not gathered_ids, [f"{c.kind} {c.shape}" for c in gathered_ids]
+
+
+@pytest.mark.parametrize("mesh_name", MESHES)
+def test_log_prob_chunks_count_tokens_per_device(mesh_name):
+    """`logprob_chunk_size` is tokens per device: CHUNK_POSITIONS x each device's rows give
+    chunks of CHUNK_POSITIONS positions on every mesh, so the forward's chunk loop runs
+    T / CHUNK_POSITIONS times. (Counted globally, it was 1-position chunks, T iterations,
+    each re-reading the whole unembedding.)"""
+    trips = hlo_stats.while_trip_counts(compiled_hlo(mesh_name, "log-prob pass"))
+    assert T // CHUNK_POSITIONS in trips.values(), trips
+    assert T not in trips.values(), trips
+
+
+def test_row_shards_counts_the_batch_axes_that_divide_the_rows():
+    assert partition.row_shards(16) == 1  # no mesh in context
+    with jax.set_mesh(_mesh({"data": 2, "fsdp": 4})):
+        assert partition.row_shards(16) == 8
+        assert partition.row_shards(4) == 2  # fsdp 4 does not divide the 2 rows data leaves
+        assert partition.row_shards(3) == 1
+    with jax.set_mesh(_mesh({"fsdp": 4, "tensor": 2})):
+        assert partition.row_shards(16) == 4  # tensor does not split rows
 
 
 def test_the_reader_sees_a_moved_activation():

@@ -47,6 +47,20 @@ def constrain(x, names: Sequence[str | None]):
     return jax.lax.with_sharding_constraint(x, spec(mesh, names, x.shape))
 
 
+def row_shards(rows: int) -> int:
+    """Devices that `rows` rows of a batch are split over on the mesh in context (the
+    batch axes that divide `rows`, as `constrain` lays them out); 1 without a mesh."""
+    mesh = context_mesh()
+    if mesh is None:
+        return 1
+    axes = spec(mesh, ("batch",), (rows,))[0]
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
+    size = 1
+    for axis in axes:
+        size *= mesh.shape[axis]
+    return size
+
+
 def spec(mesh, names: Sequence[str | None], shape: Sequence[int]) -> PartitionSpec:
     """PartitionSpec of an array of `shape` with logical dimension `names` on `mesh`."""
     from gspo_jax import sharding

@@ -65,7 +65,7 @@ from gspo_jax import logprobs as logprobs_lib
 from gspo_jax import models, objectives
 from gspo_jax import sharding as sharding_lib
 from gspo_jax.masked import masked_mean
-from gspo_jax.models import lora
+from gspo_jax.models import lora, partition
 from gspo_jax.models.attention import resolve_impl
 from gspo_jax.train_step import old_policy
 from gspo_jax.train_step.metrics import (
@@ -220,7 +220,9 @@ def response_logprobs(
         models.unembedding(step_config.model, params),
         targets_BT,
         temperature=step_config.temperature,
-        chunk_size=step_config.logprob_chunk_size,
+        # logprob_chunk_size counts tokens per chip: each chip's chunk would otherwise
+        # shrink with the number of chips its rows are split over (docs/tpu.md, section 9)
+        chunk_size=step_config.logprob_chunk_size * partition.row_shards(hidden_BTD.shape[0]),
         return_entropy=True,
     )
     return logp_BT, entropy_BT, routing_out
