@@ -1,16 +1,22 @@
-"""ROLL's GSPO example recipe (alibaba/ROLL, docs "GSPO", examples/docs_examples/example_gspo.yaml)
-in gspo_jax, with ROLL's own key names:
+"""ROLL's GSPO recipe (alibaba/ROLL, docs "User Guides / Algorithms / GSPO", the page as last
+updated 2026-04-30: gh-pages commit 6ac37eb1164294fe4ba15dacb9cf50d21038d36f,
+https://alibaba.github.io/ROLL/docs/User%20Guides/Algorithms/GSPO) in gspo_jax, with ROLL's
+own key names:
 
-  adv_estimator: "reinforce"      whiten_advantages: true     advantage_clip: 2.0
+  adv_estimator: "grpo"           whiten_advantages: false    advantage_clip: 2.0
   importance_sampling: seq        dual_clip_loss: true        reward_clip: 10
   ppo_epochs: 1                   use_kl_loss: true           kl_loss_coef: 0.001
-  reward_norm: null, reward_shift: false, reward_scale: false, add_token_level_kl: false
+  loss_agg_mode: "seq-mean-token-mean"
+  norm_mean_type / norm_std_type: ~ (reward_norm None), add_token_level_kl: false
   rollout_batch_size: 64, num_return_sequences_in_group: 8,
   prompt_length: 2048, response_length: 4096       (with hf_path: a real model on GSM8K)
 
+Earlier versions of that page and its examples/docs_examples/example_gspo.yaml used
+adv_estimator "reinforce" with whiten_advantages true: `estimator=reinforce` below gives that
+variant. (Their English yaml also said loss_agg_mode "seq-mean-token-sum", the Chinese
+"seq-mean-token-mean"; both variants here keep the latter, GSPO's 1/|y_i| normalisation.)
+
 Where the recipe is silent or ambiguous:
-- loss_agg_mode: the English page's yaml says "seq-mean-token-sum", the Chinese page's
-  "seq-mean-token-mean"; we use "seq-mean-token-mean" (GSPO's 1/|y_i| length normalisation).
 - clip range: the recipe sets no pg_clip. ROLL's default (0.2) would never clip a sequence
   ratio (they sit within ~1e-3 of 1; config validation warns), so we use the paper's
   3e-4 / 4e-4 (§5.1).
@@ -21,6 +27,8 @@ Where the recipe is silent or ambiguous:
   python -m gspo_jax.main --config=configs/roll_gspo_example.py --workdir=/tmp/roll_gspo
   python -m gspo_jax.main --config=configs/roll_gspo_example.py:add_token_level_kl=true \
       --workdir=/tmp/roll_gspo_tokkl
+  python -m gspo_jax.main --config=configs/roll_gspo_example.py:estimator=reinforce \
+      --workdir=/tmp/roll_gspo_reinforce
   python -m gspo_jax.main \
       --config=configs/roll_gspo_example.py:hf_path=/ckpt/Qwen3-0.6B,manual_dir=/data/gsm8k \
       --workdir=/tmp/roll_gspo_qwen
@@ -33,16 +41,23 @@ from configs import base, common, default
 
 
 def get_config(arg: str | None = None):
-    args = common.parse_arg(arg, hf_path="", manual_dir="", add_token_level_kl=False)
+    args = common.parse_arg(
+        arg, hf_path="", manual_dir="", add_token_level_kl=False, estimator="grpo"
+    )
+    if args["estimator"] not in ("grpo", "reinforce"):
+        raise ValueError(
+            f"roll_gspo_example: estimator={args['estimator']!r}; expected grpo (ROLL's page "
+            "of 2026-04-30) or reinforce (its earlier yaml, with whitened advantages)"
+        )
     c = default.get_config() if not args["hf_path"] else base.get_config()
-    c.adv_estimator = "reinforce"
+    c.adv_estimator = args["estimator"]
     c.importance_sampling = "seq"
     c.ppo_epochs = 1
     c.num_mini_batches = 4
     c.use_kl_loss = True
     c.kl_loss_coef = 0.001
     c.loss_agg_mode = "seq-mean-token-mean"
-    c.whiten_advantages = True
+    c.whiten_advantages = args["estimator"] == "reinforce"
     c.advantage_clip = 2.0
     c.dual_clip_loss = True
     c.reward_clip = 10.0

@@ -48,11 +48,16 @@ def _config(data_dir, arg):
 
 
 def test_the_recipe_is_rolls():
-    c = roll_gspo_example.get_config()
-    assert (c.adv_estimator, c.importance_sampling, c.ppo_epochs) == ("reinforce", "seq", 1)
-    assert c.whiten_advantages and c.advantage_clip == 2.0 and c.dual_clip_loss
+    c = roll_gspo_example.get_config()  # ROLL's GSPO page as of 2026-04-30
+    assert (c.adv_estimator, c.importance_sampling, c.ppo_epochs) == ("grpo", "seq", 1)
+    assert not c.whiten_advantages and c.advantage_clip == 2.0 and c.dual_clip_loss
+    assert c.loss_agg_mode == "seq-mean-token-mean"
     assert c.reward_clip == 10 and c.reward_norm is None
     assert c.use_kl_loss and c.kl_loss_coef == 0.001 and not c.add_token_level_kl
+    earlier = roll_gspo_example.get_config("estimator=reinforce")  # its earlier yaml
+    assert earlier.adv_estimator == "reinforce" and earlier.whiten_advantages
+    with pytest.raises(ValueError, match="estimator='ppo'"):
+        roll_gspo_example.get_config("estimator=ppo")
     with_kl = roll_gspo_example.get_config("add_token_level_kl=true")
     assert with_kl.add_token_level_kl and with_kl.token_level_kl_coef > 0
 
