@@ -430,6 +430,31 @@ def test_an_option_without_its_switch_warns(field, value, switch):
     _validate_quietly(c)
 
 
+@pytest.mark.parametrize(
+    "field,value,switch,on",
+    [
+        ("eval.temperature", 0.5, "eval.num_samples", 4),
+        ("model.lora_alpha", 8.0, "model.lora_rank", 8),
+        ("model.lora_targets", "q_proj,v_proj", "model.lora_rank", 8),
+        ("log.wandb_entity", "team", "log.wandb_project", "demo"),
+        ("log.wandb_mode", "offline", "log.wandb_project", "demo"),
+    ],
+)
+def test_an_eval_lora_or_wandb_option_without_its_switch_warns(field, value, switch, on):
+    """eval.temperature without eval.num_samples, model.lora_alpha / lora_targets without
+    model.lora_rank, log.wandb_entity / wandb_mode without log.wandb_project: ignored
+    without a word before, as the DAPO and correction options are not."""
+    if switch == "log.wandb_project":
+        pytest.importorskip("wandb")  # a project without wandb installed is an error
+    c = base.get_config()
+    section, leaf = field.split(".")
+    c[section][leaf] = value
+    with pytest.warns(ConfigWarning, match=rf"config.{field}=.* has no effect.*{switch}"):
+        validate(c)
+    c[switch.split(".")[0]][switch.split(".")[1]] = on  # the switch on: no warning
+    _validate_quietly(c)
+
+
 def test_greedy_rollouts_warn():
     c = base.get_config()
     c.sampling.temperature = 0.0

@@ -22,13 +22,24 @@ from gspo_jax.trainer import config as config_lib
 wandb = pytest.importorskip("wandb")
 
 
-def _wandb_records(run_dir: str) -> list:
-    """The protobuf records of an offline run directory's run-<id>.wandb file."""
+def _wandb_records(run_dir: str, timeout_s: float = 60.0) -> list:
+    """The protobuf records of an offline run directory's run-<id>.wandb file, once its
+    exit record is in: wandb's service process writes the file after `run.finish()` has
+    returned, so a read right after it may find some records, or none, not yet there."""
+    (path,) = glob.glob(os.path.join(run_dir, "run-*.wandb"))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with open(path, "rb") as f:
+            records = _parse_records(f.read(), path)
+        kinds = [r.WhichOneof("record_type") for r in records]
+        if "exit" in kinds or time.monotonic() > deadline:
+            return records
+        time.sleep(0.1)
+
+
+def _parse_records(data: bytes, path: str) -> list:
     from wandb.proto import wandb_internal_pb2
 
-    (path,) = glob.glob(os.path.join(run_dir, "run-*.wandb"))
-    with open(path, "rb") as f:
-        data = f.read()
     assert data[:4] == b":W&B", path
     block, pos, records, pending = 32768, 7, [], b""
     while pos + 7 <= len(data):
@@ -39,6 +50,8 @@ def _wandb_records(run_dir: str) -> list:
         if length == 0 and kind == 0:  # zero fill to the end of the block
             pos += block - pos % block
             continue
+        if pos + 7 + length > len(data):  # a record still being written
+            break
         pending += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):  # FULL or LAST

@@ -1,8 +1,10 @@
 """metrics.jsonl / TensorBoard / curves.png writers."""
 
 import json
+import logging
 import math
 import os
+import struct
 
 from gspo_jax.trainer import writers
 
@@ -32,6 +34,41 @@ def test_writer_rows_resume_and_non_finite(tmp_path):
     assert any(f.startswith("events.out.tfevents") for f in os.listdir(tmp_path / "tb"))
     png = writers.plot_curves(str(tmp_path / "metrics.jsonl"), str(tmp_path / "c.png"))
     assert os.path.getsize(png) > 5_000 and not math.isnan(rows[0]["reward/mean"])
+
+
+def _tb_tags(tb_dir) -> dict[str, float]:
+    """{tag: value} of the scalars in a TensorBoard directory's event files (TFRecords:
+    length, its CRC, an Event proto, its CRC)."""
+    from tensorboardX.proto.event_pb2 import Event
+
+    tags = {}
+    for name in os.listdir(tb_dir):
+        data = (tb_dir / name).read_bytes()
+        pos = 0
+        while pos < len(data):
+            (length,) = struct.unpack("<Q", data[pos : pos + 8])
+            event = Event.FromString(data[pos + 12 : pos + 12 + length])
+            pos += 12 + length + 4
+            tags.update({v.tag: v.simple_value for v in event.summary.value})
+    return tags
+
+
+def test_tensorboard_tags_replace_what_tensorboard_refuses_without_a_log_line(tmp_path, caplog):
+    """eval/pass@k and eval/maj@k: tensorboardX renamed them itself and logged "Summary name
+    eval/pass@1 is illegal" for each at every evaluation."""
+    caplog.set_level(logging.INFO)
+    w = writers.MetricsWriter(str(tmp_path))
+    w.write(0, {"eval/pass@1": 0.25, "eval/maj@4": 0.5, "reward/mean": 0.75})
+    w.close()
+    assert _tb_tags(tmp_path / "tb") == {
+        "eval/pass_1": 0.25,
+        "eval/maj_4": 0.5,
+        "reward/mean": 0.75,
+    }
+    assert not [r for r in caplog.records if "illegal" in r.getMessage()]
+    assert writers.tb_tag("a b/c-d.e@f") == "a_b/c-d.e_f"
+    row = json.loads((tmp_path / "metrics.jsonl").read_text())  # the keys themselves stay
+    assert row == {"step": 0, "eval/pass@1": 0.25, "eval/maj@4": 0.5, "reward/mean": 0.75}
 
 
 def test_per_update_panels_expand_in_update_order_and_absent_panels_are_left_out(

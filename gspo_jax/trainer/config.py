@@ -388,6 +388,7 @@ def _warn_options_without_switch(config, reward_norm) -> None:
             "a scratch model (model.hf_path unset)",
             not config.model.hf_path,
         ),
+        *_eval_lora_wandb_pairs(config),
     ]
     for option, is_set, switch, switch_on in pairs:
         if is_set and not switch_on:
@@ -395,6 +396,26 @@ def _warn_options_without_switch(config, reward_norm) -> None:
                 f"config.{option}={_get(config, option)!r} has no effect: it is only used "
                 f"with {switch}, which is off"
             )
+
+
+def _eval_lora_wandb_pairs(config) -> list[tuple]:
+    """(option, set?, switch, switch on?) of eval.temperature, model.lora_alpha /
+    lora_targets and log.wandb_entity / wandb_mode: each only acts with its switch."""
+    wandb_switch = "log.wandb_project", config.log.wandb_project is not None
+    lora_switch = "model.lora_rank > 0", config.model.lora_rank > 0
+    targets = lora_fields(config)["lora_targets"]
+    return [
+        (
+            "eval.temperature",
+            config.eval.temperature != DEFAULT_EVAL_TEMPERATURE,
+            "eval.num_samples > 0",
+            config.eval.num_samples > 0,
+        ),
+        ("model.lora_alpha", config.model.lora_alpha != DEFAULT_LORA_ALPHA, *lora_switch),
+        ("model.lora_targets", set(targets) != set(LORA_TARGETS), *lora_switch),
+        ("log.wandb_entity", config.log.wandb_entity is not None, *wandb_switch),
+        ("log.wandb_mode", config.log.wandb_mode != "online", *wandb_switch),
+    ]
 
 
 def _sampling_engine(config) -> None:
@@ -421,6 +442,9 @@ DEFAULT_ROLLOUT_CORRECTION_THRESHOLD = 2.0
 # ... and those of the DAPO options (warned about when set while their switch is off).
 DEFAULT_DYNAMIC_SAMPLING_MAX_ROUNDS = 3
 DEFAULT_OVERLONG_PENALTY_FACTOR = 1.0
+# ... and eval.temperature's, model.lora_alpha's (model.lora_targets': all of LORA_TARGETS).
+DEFAULT_EVAL_TEMPERATURE = 1.0
+DEFAULT_LORA_ALPHA = 16.0
 # ... and the continuous rollout engine's (configs/base.py), unused by the static engine.
 CONTINUOUS_ONLY_DEFAULTS = {"num_slots": None, "page_size": 16, "kv_budget_tokens": None}
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -42,6 +43,16 @@ def _to_builtin(value):
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)  # JSON has no NaN/inf; keep them visible as strings
     return value
+
+
+# Characters TensorBoard refuses in a tag (tensorboardX's rule): they become "_".
+_TB_TAG_INVALID = re.compile(r"[^-/\w.]")
+
+
+def tb_tag(key: str) -> str:
+    """The TensorBoard tag of a metric key: eval/pass@2 -> eval/pass_2. Done here, as
+    tensorboardX would, so that it does not log a line per key at every evaluation."""
+    return _TB_TAG_INVALID.sub("_", key)
 
 
 class MetricsWriter:
@@ -111,7 +122,7 @@ class MetricsWriter:
         if self._tb is not None:
             for key, value in metrics.items():
                 if np.ndim(value) == 0 and np.isfinite(value):
-                    self._tb.add_scalar(key, float(value), int(step))
+                    self._tb.add_scalar(tb_tag(key), float(value), int(step))
         for mirror in self.mirrors:
             mirror.write(step, metrics)
 
