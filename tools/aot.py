@@ -644,7 +644,7 @@ def fsdp_traffic(config, cfg, reports: list[Report]) -> str | None:
     micro = config.ppo_epochs * sizes["responses"] // sizes["micro_batch"]
     n = models.param_count(cfg)
     fsdp = n * (3 * jnp.dtype(cfg.dtype).itemsize + jnp.dtype(cfg.param_dtype).itemsize)
-    moved = sum(c.bytes * c.count for c in train.collectives) / micro
+    moved = sum(c.bytes * c.count for c in train.collectives if c.group_size > 1) / micro
     return (
         f"train step collectives (est. input): {moved / 1e9:.2f} GB per micro-batch per chip "
         f"({micro} micro-batches) vs textbook FSDP {fsdp / 1e9:.2f} GB (weights gathered "

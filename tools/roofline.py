@@ -148,9 +148,9 @@ def estimate(chip: Chip, model_flops: float, hbm: float, collectives) -> Estimat
     by_kind: dict[str, int] = {}
     for c in collectives:
         ici += c.count * c.bytes * ring_factor(c.kind, c.group_size) / chip.ici_bw
-        if c.group_size > 1:
-            count += c.count
-        by_kind[c.kind] = by_kind.get(c.kind, 0) + c.bytes * c.count
+        if c.group_size > 1:  # a group of one device moves nothing between chips (XLA
+            count += c.count  # keeps some as copies: their bytes are in the HBM count)
+            by_kind[c.kind] = by_kind.get(c.kind, 0) + c.bytes * c.count
     latency = count * chip.latency_s
     return Estimate(model_flops / chip.peak_flops, hbm / chip.hbm_bw, ici, latency, count, by_kind)
 
