@@ -1,9 +1,66 @@
-"""Test set-up: 8 fake CPU devices so sharding tests run anywhere (costs nothing)."""
+"""Test set-up: 8 fake CPU devices so sharding tests run anywhere (costs nothing), and one
+XLA compilation cache shared by every process of this test run.
 
+The cache: most of the suite's time is XLA compiling the same tiny programs again in other
+processes (the end-to-end tests run `python -m gspo_jax.main` and notebooks in subprocesses,
+two pytest-xdist workers, two-process JAX runs). JAX's persistent compilation cache, in a
+fresh temporary directory made by the first process of the run (the xdist controller) and
+inherited by the workers and every subprocess through the environment, compiles each program
+once per run. The directory is removed when that process exits: never shared across runs, so
+a stale entry cannot hide a bug. Keys hold the program, the backend and the compile options;
+not its source locations (JAX's default: a test process calls `train.run` from another stack
+than `gspo_jax.main` does, and would otherwise miss every entry), so an executable read back
+may carry another process's line numbers in its HLO metadata (op names are the same: the same
+code). A size limit turns on JAX's file lock, so that no reader sees a half-written entry.
+`GSPO_TESTS_XLA_CACHE=off` runs without it (every process compiles everything).
+"""
+
+import atexit
+import glob
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TFDS_DISABLE_GCS", "1")
+
+
+_PREFIX = "gspo_jax_tests_xla_cache_"
+
+
+def _remove_orphans() -> None:
+    """Delete the caches of earlier runs whose process is gone without its atexit (killed by
+    a signal, e.g. `timeout`): the directory name holds the pid of the run that made it."""
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{_PREFIX}*_*")):
+        pid = os.path.basename(path)[len(_PREFIX) :].split("_")[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except PermissionError:  # alive, another user's
+            pass
+
+
+def _share_compilation_cache() -> None:
+    """Point this process and its children at the run's cache (made here if not yet)."""
+    cache = os.environ.get("GSPO_TESTS_XLA_CACHE", "")
+    if cache == "off":
+        os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
+        return
+    if not cache:  # the run's first process: a fresh directory, removed when it exits
+        _remove_orphans()
+        cache = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}_")
+        os.environ["GSPO_TESTS_XLA_CACHE"] = cache
+        atexit.register(shutil.rmtree, cache, ignore_errors=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = cache
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+    os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(16 * 2**30)  # > 0: locked reads/writes
+
+
+_share_compilation_cache()

@@ -34,6 +34,9 @@ def env():
     paths = [str(ROOT)] + ([str(LIBTPU_DIR)] if LIBTPU_DIR.is_dir() else [])
     env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [env.get("PYTHONPATH")] if p])
     env.pop("XLA_FLAGS", None)  # conftest's fake CPU devices are not needed here
+    # Nor the run's shared compilation cache: these compiles are for a TPU (libtpu's
+    # compile-only client), each done once, and the CPU processes' entries stay CPU-only.
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
     found = subprocess.run([sys.executable, "-c", "import libtpu"], env=env, check=False)
     if found.returncode:
         message = "libtpu is not importable (pip install -r requirements-tpu.txt)"
