@@ -34,19 +34,15 @@ atexit.register(shutil.rmtree, _DUMP, ignore_errors=True)  # unless --keep-dumps
 os.environ["XLA_FLAGS"] = " ".join(
     [os.environ.get("XLA_FLAGS", ""), f"--xla_dump_to={_DUMP}", "--xla_dump_hlo_as_text"]
 )
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
-os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
 
 import jax
-import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/ is not installed
 from configs import default
-from gspo_jax.train_step import TrainState, make_logprobs_fn, make_train_step
 from gspo_jax.trainer import specs
 from tools import aot
+
+aot.prepare_process()  # libtpu compiles only; jax's runtime stays on the CPU
 
 GiB = 2**30
 # "allocation 573: size 100595712, color 1, preallocated-temp:": memory space 1 is VMEM.
@@ -80,20 +76,12 @@ def _vmem_of_new_dumps(before: set[str]) -> int:
 
 
 def compile_temps(a, function: str) -> tuple[int, int]:
-    """(HBM temporaries, VMEM temporaries) per chip of one compiled function."""
+    """(HBM temporaries, VMEM temporaries) per chip of one function, compiled as tools.aot
+    compiles it."""
     before = set(glob.glob(os.path.join(_DUMP, "*after_optimizations-buffer-assignment.txt")))
-    if function == "logprobs":
-        tokens = aot._batch_sds(a.mesh, (a.B, a.L), jnp.int32)
-        compiled = make_logprobs_fn(a.step_config).lower(a.params, tokens, tokens, a.T).compile()
-    else:
-        state_sh = TrainState(step=a.rep, params=a.param_sh, opt_state=a.opt_sh)
-        step = jax.ShapeDtypeStruct((), jnp.int32, sharding=a.rep)
-        state = TrainState(step=step, params=a.params, opt_state=a.opt_state)
-        batch = aot._train_batch(a.step_config, a.mesh, a.B, a.L, a.T)
-        fn = make_train_step(a.step_config, a.tx, state_shardings=state_sh, mesh=a.mesh)
-        compiled = fn.lower(state, batch).compile()
-    hbm = int(compiled.memory_analysis().temp_size_in_bytes)
-    return hbm, _vmem_of_new_dumps(before)
+    compile_fn = aot._compile_logprobs if function == "logprobs" else aot._compile_train_step
+    report = compile_fn(a)
+    return int(report.temp), _vmem_of_new_dumps(before)
 
 
 def measure(args) -> list[dict]:
