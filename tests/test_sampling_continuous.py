@@ -9,6 +9,7 @@ that rows wait and are preempted. One static and one continuous compile (the Qwe
 fixture, the shapes of tests/test_sampling.py).
 """
 
+import re
 from pathlib import Path
 
 import jax
@@ -183,3 +184,48 @@ def test_continuous_equals_static_with_queue_waits_and_preemption(model_and_prom
     assert int(stats.steps) > T
     assert int(stats.row_steps) < 5 * int(stats.steps)
     assert continuous.drain_widths(5, 2) == (5, 2, 1) and continuous.drain_widths(1, 2) == (1,)
+
+
+def test_the_page_pools_stay_in_place_in_the_compiled_loop(model_and_prompts):
+    """Every pool write of a step (the admissions' page copies, each layer's new token)
+    comes before the decode's attention loops read the pools: a write after those reads
+    made XLA copy every layer's whole pool twice per decoded token (1.5x the wall time of
+    benchmarks/sampler_longtail.py's long tail). The optimised program must hold no copy
+    of a pool-shaped array (with a table of one block of pages, XLA hoists the page reads out
+    of the attention loops and fuses the write into them, which copies again: a toy-size
+    case, not checked)."""
+    cfg, params, tokens, mask = model_and_prompts
+    plan = continuous.plan(4 * G, BUCKET, T, num_slots=5, page_size=2)
+    assert plan.table_width > 8  # more than one block of pages: the attention loops loop
+    pages, plen, logits, _, _ = continuous._prefill_pages(
+        cfg,
+        params,
+        jnp.asarray(tokens),
+        jnp.asarray(mask),
+        num_samples=G,
+        share_prefix=True,
+        page_size=plan.page_size,
+    )
+    compiled = continuous._engine.lower(
+        cfg,
+        params,
+        pages,
+        plen,
+        logits,
+        jax.random.key(0),
+        jnp.asarray(EOS, jnp.int32),
+        jnp.int32(0),
+        num_sequences=4 * G,
+        max_new_tokens=T,
+        page_plan=plan,
+        temperature=1.0,
+        top_k=None,
+        top_p=None,
+        impl="xla",
+    ).compile()
+    text = compiled.as_text()
+    pool_rows = 1 + pages[0].shape[0] + plan.num_pages
+    pool = ",".join(str(d) for d in (pool_rows, *pages[0].shape[1:]))
+    assert f"[{pool}]" in text  # the pools are where we look for them
+    copies = re.findall(rf"= \w+\[{pool}\]\{{[0-9,]+\}} copy\(", text)
+    assert not copies, f"{len(copies)} copies of a page pool in the compiled engine"

@@ -119,7 +119,9 @@ def plan(
 class EngineState:
     """The while_loop's carry. Per slot [S]: seq (−1 idle), t (tokens drawn), last (token
     to feed next), plen (its prompt's length), stamp (admission order), table [S, M] (its
-    pages), npages (table entries in use), first_own (first entry it owns). Free list:
+    pages), npages (table entries in use), first_own (first entry it owns), copy_src /
+    copy_dst (a page copy owed by the slot's admission, made at the top of the next step:
+    TRASH when none). Free list:
     free [R] (page ids, the first free_top valid). Queue: next_seq, requeue [B] (preempted
     sequences, the first requeue_len valid). Outputs by sequence: tokens, logprobs [B, T],
     length, ended [B]. Counters: steps, row_steps (Σ slots over steps), preemptions."""
@@ -133,6 +135,8 @@ class EngineState:
     table: jax.Array
     npages: jax.Array
     first_own: jax.Array
+    copy_src: jax.Array
+    copy_dst: jax.Array
     free: jax.Array
     free_top: jax.Array
     next_seq: jax.Array
@@ -186,6 +190,8 @@ def _init_state(prompt_pages, B: int, T: int, p: PagePlan) -> EngineState:
         table=i32((S, M)),
         npages=i32((S,)),
         first_own=i32((S,)),
+        copy_src=i32((S,)),
+        copy_dst=i32((S,)),
         free=first_free + jnp.arange(R, dtype=jnp.int32),
         free_top=jnp.int32(R),
         next_seq=i32(()),
@@ -255,9 +261,24 @@ def _decode(cfg, params, layers, state: EngineState, progress, p: PagePlan, impl
     return logits, state.replace(kv=kv)
 
 
+def _copy_pages(state: EngineState) -> EngineState:
+    """Makes the page copies the last step's admissions owe (a prompt's partly filled last
+    page into the slot's own page), before this step's decode writes and reads the pools.
+
+    Why here and not in `_admit`: a pool written after the decode's attention loops read
+    it (a write, a nested while_loop reading, then a write) makes XLA copy the whole pool
+    twice per layer per step to keep the loop's operand intact; every write before the
+    reads lets the pool stay in place (tests/test_sampling_continuous.py reads the compiled
+    program for it)."""
+    kv = tuple(pool.at[state.copy_dst].set(pool[state.copy_src]) for pool in state.kv)
+    none = jnp.full_like(state.copy_src, TRASH)
+    return state.replace(kv=kv, copy_src=none, copy_dst=none)
+
+
 def _admit(state: EngineState, allowed, plen_Q, group: int, B: int, p: PagePlan):
     """Idle slots take the next sequences (preempted ones first), one free page each at
-    most (a prompt's partly filled last page, copied). Returns (state, admitted [S])."""
+    most (a prompt's partly filled last page, copied at the top of the next step:
+    `_copy_pages`). Returns (state, admitted [S])."""
     M, R, ps = p.table_width, p.num_pages, p.page_size
     idle = state.seq < 0
     r = jnp.cumsum(idle, dtype=jnp.int32) - 1
@@ -273,14 +294,10 @@ def _admit(state: EngineState, allowed, plen_Q, group: int, B: int, p: PagePlan)
     full, tail = plen // ps, admitted & (plen % ps != 0)
     own = state.free[jnp.clip(state.free_top - jnp.cumsum(tail, dtype=jnp.int32), 0, R - 1)]
     base = 1 + q * p.prompt_pages  # the prompt's first page
-    src = jnp.where(tail, base + full, TRASH)
-    dst = jnp.where(tail, own, TRASH)
-    kv = tuple(pool.at[dst].set(pool[src]) for pool in state.kv)
     j = jnp.arange(M)[None, :]
     row = jnp.where(j < full[:, None], base[:, None] + j, TRASH)
     row = jnp.where((j == full[:, None]) & tail[:, None], own[:, None], row)
     state = state.replace(
-        kv=kv,
         seq=jnp.where(admitted, seq, state.seq),
         t=jnp.where(admitted, 0, state.t),
         plen=jnp.where(admitted, plen, state.plen),
@@ -288,6 +305,8 @@ def _admit(state: EngineState, allowed, plen_Q, group: int, B: int, p: PagePlan)
         table=jnp.where(admitted[:, None], row, state.table),
         npages=jnp.where(admitted, full + tail, state.npages),
         first_own=jnp.where(admitted, full, state.first_own),
+        copy_src=jnp.where(tail, base + full, state.copy_src),
+        copy_dst=jnp.where(tail, own, state.copy_dst),
         free_top=state.free_top - jnp.sum(tail, dtype=jnp.int32),
         next_seq=state.next_seq + n_adm - n_req,
         requeue_len=state.requeue_len - n_req,
@@ -335,6 +354,8 @@ def _release(state: EngineState, finished, victim, p: PagePlan):
         preemptions=state.preemptions + jnp.sum(victim, dtype=jnp.int32),
         seq=jnp.where(rel, -1, state.seq),
         npages=jnp.where(rel, 0, state.npages),
+        copy_src=jnp.where(rel, TRASH, state.copy_src),
+        copy_dst=jnp.where(rel, TRASH, state.copy_dst),
     )
 
 
@@ -381,6 +402,7 @@ def _engine(
     layers = models.split_layers(cfg, params)
 
     def body(state):
+        state = _copy_pages(state)
         state, progress, stalled = _grant(state, p)
         victim = _victim(state, progress)
         decoded, state = _decode(cfg, params, layers, state, progress, p, impl)
@@ -436,7 +458,18 @@ def _compact(state: EngineState, width: int) -> EngineState:
     """The running slots (at most `width`) moved to the first `width` slots; the per-slot
     arrays shrink to them."""
     order = jnp.argsort(state.seq < 0, stable=True)[:width]  # running slots first
-    per_slot = ("seq", "t", "last", "plen", "stamp", "table", "npages", "first_own")
+    per_slot = (
+        "seq",
+        "t",
+        "last",
+        "plen",
+        "stamp",
+        "table",
+        "npages",
+        "first_own",
+        "copy_src",
+        "copy_dst",
+    )
     return state.replace(**{name: getattr(state, name)[order] for name in per_slot})
 
 
