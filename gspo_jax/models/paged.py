@@ -68,12 +68,14 @@ def ragged_paged_attention(
     q's dtype.
 
     Two while_loops over blocks of `block_pages` pages, up to the longest row only (rows
-    shorter than a block mask the rest): the first finds each row's score maximum and
-    softmax denominator (f32), the second forms the normalised probabilities, casts them to
-    the value dtype and multiplies by the values — the arithmetic of `attention.attend`
-    (what the trainer recomputes log-probs with), so that in bf16 the sampler's log-probs
-    stay as close to the trainer's as the dense cache's; a context within one block gives
-    `attend`'s numbers exactly up to the order of the additions. `split_S` (int32 [S],
+    shorter than a block mask the rest): the first reads each block's keys, keeps its
+    scores and finds each row's score maximum and softmax denominator (f32); the second
+    reads the values and multiplies them by the normalised probabilities cast to the value
+    dtype — the arithmetic of `attention.attend` (what the trainer recomputes log-probs
+    with), so that in bf16 the sampler's log-probs stay as close to the trainer's as the
+    dense cache's; a context within one block gives `attend`'s numbers exactly up to the
+    order of the additions. Each page's keys and values are read once (the scores of the
+    context, [S, H, M · page_size] f32, are kept between the loops). `split_S` (int32 [S],
     optional): positions before it (the prompt) and from it (the response) are multiplied
     by the values separately and the two outputs added in the value dtype, as the trainer's
     shared-prompt attention (`attention.attend_shared_prompt`) does."""
@@ -85,32 +87,33 @@ def ragged_paged_attention(
     nb = -(-M // bp)
     table = jnp.pad(page_table_SM, ((0, 0), (0, nb * bp - M)))
     W = bp * page_size
-    q_SKRC = q_SHC.reshape(S, K, H // K, C)
+    R = H // K
+    q_SKRC = q_SHC.reshape(S, K, R, C)
     kv_lens_S = kv_lens_S.astype(jnp.int32)
     blocks = (jnp.max(kv_lens_S) + W - 1) // W
 
-    def block(j):
-        """Scores [S, K, R, W] (masked) and values [S, W, K, C] of block j."""
+    def half(j, which):
+        """Keys (which 0) or values (1) [S, W, K, C] of block j."""
         pages_Sb = jax.lax.dynamic_slice_in_dim(table, j * bp, bp, axis=1)
-        kv_SWKC = kv_pages[pages_Sb].reshape(S, W, K, 2, C)
-        k_SWKC, v_SWKC = kv_SWKC[..., 0, :], kv_SWKC[..., 1, :]
+        return kv_pages[pages_Sb, :, which::2].reshape(S, W, K, C)
+
+    def stats(carry):
+        j, m_SKR, l_SKR, s_all = carry
         s_SKRW = jnp.einsum(
-            "skrc,swkc->skrw", q_SKRC, k_SWKC.astype(q_SHC.dtype), preferred_element_type=F32
+            "skrc,swkc->skrw", q_SKRC, half(j, 0).astype(q_SHC.dtype), preferred_element_type=F32
         )
         s_SKRW = s_SKRW * sm_scale
         live_SW = (j * W + jnp.arange(W, dtype=jnp.int32))[None, :] < kv_lens_S[:, None]
-        return jnp.where(live_SW[:, None, None, :], s_SKRW, MASK_VALUE), v_SWKC
-
-    def stats(carry):
-        j, m_SKR, l_SKR = carry
-        s_SKRW, _ = block(j)
+        s_SKRW = jnp.where(live_SW[:, None, None, :], s_SKRW, MASK_VALUE)
         m_new = jnp.maximum(m_SKR, jnp.max(s_SKRW, axis=-1))
         l_SKR = l_SKR * jnp.exp(m_SKR - m_new) + jnp.sum(jnp.exp(s_SKRW - m_new[..., None]), -1)
-        return j + 1, m_new, l_SKR
+        s_all = jax.lax.dynamic_update_slice_in_dim(s_all, s_SKRW, j * W, axis=3)
+        return j + 1, m_new, l_SKR, s_all
 
     def output(carry):
         j, acc_SKRC = carry
-        s_SKRW, v_SWKC = block(j)
+        s_SKRW = jax.lax.dynamic_slice_in_dim(s_all, j * W, W, axis=3)
+        v_SWKC = half(j, 1)
         p_SKRW = (jnp.exp(s_SKRW - m_SKR[..., None]) / l_SKR[..., None]).astype(v_SWKC.dtype)
         v_SWKC = v_SWKC.astype(q_SHC.dtype)
         if split_S is None:
@@ -123,11 +126,16 @@ def ragged_paged_attention(
         return j + 1, acc_SKRC + o_SKRC.astype(F32)
 
     zero = jnp.zeros((), jnp.int32)
-    shape = (S, K, H // K)
-    _, m_SKR, l_SKR = jax.lax.while_loop(
+    shape = (S, K, R)
+    _, m_SKR, l_SKR, s_all = jax.lax.while_loop(
         lambda c: c[0] < blocks,
         stats,
-        (zero, jnp.full(shape, -jnp.inf, F32), jnp.zeros(shape, F32)),
+        (
+            zero,
+            jnp.full(shape, -jnp.inf, F32),
+            jnp.zeros(shape, F32),
+            jnp.zeros((*shape, nb * W), F32),
+        ),
     )
     l_SKR = jnp.where(l_SKR > 0, l_SKR, 1.0)  # no block read (every kv_len 0): output 0
     _, acc_SKRC = jax.lax.while_loop(
