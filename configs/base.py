@@ -137,9 +137,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.sampling.top_p = _placeholder(float)  # nucleus filter (None: off)
     c.sampling.prompt_buckets = (32, 64, 128, 256, 512, 1024, 2048)  # padded prompt lengths:
     # prompts of a bucket seen before never recompile
-    c.sampling.engine = "static"  # "static": every row decodes until the last one ends;
-    # "continuous": a finished row takes the next queued sequence (paged KV cache; more useful
-    # rows, slower per step on CPU today). Same samples for the same seed (README, "Rollout engines")
+    c.sampling.engine = "continuous"  # a finished row takes the next queued sequence (paged
+    # KV cache); "static": every row decodes until the last one ends (cheaper per step on CPU
+    # for small models and short, even lengths). Same samples for the same seed (README,
+    # "Rollout engines")
     c.sampling.num_slots = _placeholder(int)  # continuous decode rows (None: one per sequence)
     c.sampling.page_size = 16  # tokens per KV page (continuous)
     c.sampling.kv_budget_tokens = _placeholder(int)  # response tokens the KV pages hold at

@@ -394,8 +394,9 @@ def test_values_that_cannot_be_meant_are_named_errors(field, value, match):
 )
 def test_a_continuous_engine_option_with_the_static_engine_warns(field, value):
     """sampling.num_slots / page_size / kv_budget_tokens only shape the continuous engine's
-    decode; with the (default) static engine they were ignored without a word."""
+    decode; with the static engine they were ignored without a word."""
     c = base.get_config()
+    c.sampling.engine = "static"
     c.sampling[field] = value
     with pytest.warns(
         ConfigWarning, match=rf'config.sampling.{field}={value} has no effect.*engine="continuous"'

@@ -159,6 +159,7 @@ def test_continuous_equals_static_with_queue_waits_and_preemption(model_and_prom
         "top_k": None,
         "top_p": None,
         "share_prefix": True,
+        "drain_levels": 2,  # the default drains only batches of >= 64 slots
     }
     out = continuous.run(
         cfg,

@@ -13,7 +13,9 @@ lowers and compiles, as `jax.ShapeDtypeStruct`s carrying those shardings, the fu
 one RL step calls:
 
     sampler prefill   sampler._prefill: one prefill per prompt, the response cache
-    sampler decode    sampler._decode: the while_loop over response_length tokens
+    sampler decode    sampler._decode: the while_loop over response_length tokens (the
+                      static engine's, whichever sampling.engine says: the continuous
+                      engine is not compiled for a mesh here yet, the report says so)
     logprobs          train_step.make_logprobs_fn: π_old (and π_ref) recompute
     advantages        rollout.make_advantage_fn (or the token-level-KL variant)
     train step        train_step.make_train_step: ppo_epochs × num_mini_batches updates
@@ -669,7 +671,18 @@ def describe(config, cfg, topology: str, devices) -> str:
         f"{c.num_mini_batches} mini-batches of {sizes['mini_batch']}, micro-batch "
         f"{sizes['micro_batch']}, {cfg.param_dtype} params, {cfg.dtype} compute, remat "
         f"{cfg.remat}, attention {impl}, MoE {cfg.moe_impl if cfg.num_experts else '-'}; "
-        f"jax {jax.__version__}"
+        f"jax {jax.__version__}" + _engine_note(c)
+    )
+
+
+def _engine_note(config) -> str:
+    """What the sampler rows stand for when the run decodes with the continuous engine."""
+    if config.sampling.engine != "continuous":
+        return ""
+    return (
+        "\nsampler rows: the static engine (every row decodes response_length tokens: the "
+        "worst case). The run's continuous engine (sampling.engine) is not compiled here "
+        "for a mesh yet; benchmarks/continuous_aot.py compiles it for one chip"
     )
 
 

@@ -15,10 +15,13 @@ next sequence from the queue in the same step, so no slot waits for the longest 
 
 Drain: once the queue is empty, the slots still running are fewer and fewer. When at most
 half of them run, they move (`_compact`: a gather of the per-slot arrays; their pages stay
-where they are) to a loop of half the width, `drain_levels` times (default 2: S, S/2,
-S/4), so the long tail of a rollout is not decoded S rows at a time. At lognormal(mean
-2048, cap 8192) lengths this lifts the useful share of computed rows from ~0.71-0.74 to
-~0.84-0.93 (benchmarks/sampler_longtail.py --simulate).
+where they are) to a loop of half the width, `drain_levels` times, so the long tail of a
+rollout is not decoded S rows at a time. At lognormal(mean 2048, cap 8192) lengths two
+levels lift the useful share of computed rows from ~0.71-0.74 to ~0.84-0.93
+(benchmarks/sampler_longtail.py --simulate). The default (None) halves at most twice and
+never below DRAIN_MIN_WIDTH rows: a decode step of fewer rows costs about as much (the
+weights are read either way), and each level is one more compiled copy of the decode
+step (on CPU ~4 s of compilation for a small model), so small batches get none.
 
 Memory is budgeted in tokens in flight: a pool of `num_pages` response pages of
 `page_size` tokens (`kv_budget_tokens` / page_size; default: every slot at full length)
@@ -390,7 +393,7 @@ def _engine(
     top_k,
     top_p,
     impl,
-    drain_levels=2,
+    drain_levels=None,
 ):
     """The continuous loop. Returns (tokens [B, T] pad after the end, mask [B, T],
     logprobs [B, T] 0 where masked, lengths [B], truncated [B], loop steps, row steps,
@@ -444,11 +447,18 @@ def _engine(
     )
 
 
-def drain_widths(num_slots: int, drain_levels: int) -> tuple[int, ...]:
-    """Loop widths: num_slots, then halved `drain_levels` times (while ≥ 1)."""
+DRAIN_MIN_WIDTH = 32  # the default drain's narrowest loop (rows)
+DEFAULT_DRAIN_LEVELS = 2
+
+
+def drain_widths(num_slots: int, drain_levels: int | None) -> tuple[int, ...]:
+    """Loop widths: num_slots, then halved `drain_levels` times (while ≥ 1); None: up to
+    DEFAULT_DRAIN_LEVELS times while the half is ≥ DRAIN_MIN_WIDTH rows."""
+    floor = 1 if drain_levels is not None else DRAIN_MIN_WIDTH
+    levels = DEFAULT_DRAIN_LEVELS if drain_levels is None else drain_levels
     widths = [num_slots]
-    for _ in range(drain_levels):
-        if widths[-1] // 2 < 1:
+    for _ in range(levels):
+        if widths[-1] // 2 < floor:
             break
         widths.append(widths[-1] // 2)
     return tuple(widths)
@@ -514,7 +524,28 @@ def run(cfg, params, tokens_NP, mask_NP, rng, eos_ids, pad_id, *, options: dict,
         top_k=options["top_k"],
         top_p=options["top_p"],
         impl=models.paged_attention_impl(cfg.attention_impl),
-        drain_levels=options.get("drain_levels", 2),
+        drain_levels=options.get("drain_levels"),
     )
+    rows = _row_sharding(tokens_NP)
+    if rows is not None:
+        tokens, mask, logprobs, lengths, truncated = _place(
+            rows, (tokens, mask, logprobs, lengths, truncated)
+        )
     stats = EngineStats(steps=steps, row_steps=row_steps, preemptions=preempted)
     return tokens, mask, logprobs, lengths, truncated, tokens_BP, mask_BP, stats
+
+
+def _row_sharding(tokens_NP):
+    """The prompts' row sharding (a NamedSharding splitting their first axis), else None.
+    The engine's outputs come out replicated (rows are written by sequence index from any
+    slot); the static engine's follow the prompts' rows, and a multi-process loop reads
+    only its own rows (`sharding.to_local`), so the outputs are put back on that layout."""
+    s = getattr(tokens_NP, "sharding", None)
+    if not isinstance(s, jax.sharding.NamedSharding) or not s.spec or s.spec[0] is None:
+        return None
+    return jax.sharding.NamedSharding(s.mesh, jax.sharding.PartitionSpec(s.spec[0]))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _place(sharding, arrays):
+    return jax.lax.with_sharding_constraint(arrays, sharding)

@@ -16,14 +16,15 @@ How it runs (no per-token Python):
            of `models.decode_step_shared` that stop when every row has emitted an end token
            or `max_new_tokens` is reached; the state is donated and updated in place
 
-Engines (`engine=`): "static" (the default, jit 1 and 2 above) decodes all B rows until
-the last one ends. "continuous" (continuous.py) prefills the same way, then runs S decode
-slots over a queue of the B sequences with a paged KV cache — a finished
-slot takes the next sequence, so no row waits for the longest: it computes ~90 % useful
-rows on a long tail against static's ~24 %, but on CPU one of its steps still costs
-several static steps and it compiles about twice as long, so static stays the default
-until that per-step cost is fixed (docs/benchmarks.md, "The rollout on a long tail"). Token t of sequence b is drawn with key
-fold_in(fold_in(rng, b), t) in both (`draw.row_keys`), so they return the same samples.
+Engines (`engine=`): "continuous" (the default; continuous.py) prefills the same way, then
+runs S decode slots over a queue of the B sequences with a paged KV cache — a finished slot
+takes the next sequence, so no row waits for the longest: it computes ~90 % useful rows on a
+long tail against the static engine's ~24 %. "static" (jit 1 and 2 above) decodes all B rows
+until the last one ends; it stays as an option because on CPU, for a small model and short
+responses of about equal length, its step is cheaper (fewer, larger ops: the default
+run's rollout takes ~0.55x the continuous engine's time; docs/benchmarks.md, "The rollout on
+a long tail"). Token t of sequence b is drawn with key fold_in(fold_in(rng, b), t) in both
+(`draw.row_keys`), so they return the same samples.
 
 The model owns the decode arithmetic (models/kv_cache.py, through the same `Decoder` as
 `models.forward`); this module owns what is sampling-specific: bucketing and validation,
@@ -455,11 +456,11 @@ def sample(
     max_cache_len: int | None = None,
     logprobs_as_pi_old: bool = False,
     decode_segments: int | None = None,
-    engine: str = "static",
+    engine: str = "continuous",
     num_slots: int | None = None,
     page_size: int = 16,
     kv_budget_tokens: int | None = None,
-    drain_levels: int = 2,
+    drain_levels: int | None = None,
 ) -> SampleOutput:
     """Samples `num_samples` (G) responses for each of N left-padded prompts.
 
@@ -489,9 +490,10 @@ def sample(
         (`warn_if_biased_pi_old`).
       decode_segments: time segments of the static engine's response cache (see the
         module docstring); None = max(1, min(4, max_new_tokens // 32)). Speed only.
-      engine: "static" (default: every row decodes until the last one ends) or
-        "continuous" (continuous batching over a paged KV cache, continuous.py). Both give
-        the same tokens for the same rng and log-probs equal to float rounding.
+      engine: "continuous" (the default: continuous batching over a paged KV cache,
+        continuous.py) or "static" (every row decodes until the last one ends; faster on
+        CPU for small models and short, even lengths). Both give the same tokens for the
+        same rng and log-probs equal to float rounding.
       num_slots: continuous decode rows S (None: one per sequence, N·G); fewer slots than
         sequences make a queue that finished slots take from.
       page_size: tokens per KV page (continuous).
@@ -500,7 +502,8 @@ def sample(
         rerun (same results); less than one full-length sequence is an error.
       drain_levels: once the queue is empty, the continuous loop halves its width (rows
         computed per step) up to this many times as rows end (each level is one more
-        compiled copy of the decode step; 0 keeps num_slots rows to the end).
+        compiled copy of the decode step; 0 keeps num_slots rows to the end). None (the
+        default): at most 2 levels, none narrower than `continuous.DRAIN_MIN_WIDTH` rows.
 
     Returns `SampleOutput`. `logprobs[b, t]` = log softmax(logits_t / τ)[token_t] in f32, the
     UNFILTERED tempered distribution — what the trainer recomputes with the same τ
@@ -596,13 +599,15 @@ def _sample_continuous(cfg, params, tokens_NP, mask_NP, rng, eos_E, pad_id, opti
 ENGINES = ("continuous", "static")
 
 
-def _drain_levels(drain_levels) -> int:
+def _drain_levels(drain_levels) -> int | None:
+    if drain_levels is None:
+        return None
     if (
         isinstance(drain_levels, bool)
         or not isinstance(drain_levels, (int, np.integer))
         or drain_levels < 0
     ):
-        raise ValueError(f"drain_levels must be an int >= 0, got {drain_levels!r}")
+        raise ValueError(f"drain_levels must be None or an int >= 0, got {drain_levels!r}")
     return int(drain_levels)
 
 

@@ -133,7 +133,7 @@ class SamplerSpec:
     top_k: int | None
     top_p: float | None
     buckets: tuple[int, ...]
-    engine: str = "static"
+    engine: str = "continuous"
     num_slots: int | None = None
     page_size: int = 16
     kv_budget_tokens: int | None = None
