@@ -281,7 +281,8 @@ def test_scanned_layers_equal_an_unrolled_loop(cfg, runs, scan):
         out = out[0] if isinstance(out, tuple) else out
         return jnp.sum(jax.nn.log_softmax(out)[..., 1] * mask)
 
-    g_scan = jax.grad(functools.partial(loss, models.forward))(params)
-    g_loop = jax.grad(functools.partial(loss, _unrolled_forward))(params)
+    # Jitted: op by op, the scan's body and the unrolled loop dispatch every primitive.
+    g_scan = jax.jit(jax.grad(functools.partial(loss, models.forward)))(params)
+    g_loop = jax.jit(jax.grad(functools.partial(loss, _unrolled_forward)))(params)
     for a, b in zip(jax.tree.leaves(g_scan), jax.tree.leaves(g_loop)):
         np.testing.assert_allclose(a, b, atol=1e-5 * max(1.0, float(np.abs(b).max())))
