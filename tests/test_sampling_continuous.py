@@ -230,3 +230,16 @@ def test_the_page_pools_stay_in_place_in_the_compiled_loop(model_and_prompts):
     assert f"[{pool}]" in text  # the pools are where we look for them
     copies = re.findall(rf"= \w+\[{pool}\]\{{[0-9,]+\}} copy\(", text)
     assert not copies, f"{len(copies)} copies of a page pool in the compiled engine"
+
+
+def test_the_continuous_engine_is_the_default_of_sample_and_of_the_rl_loop():
+    """`sampling.sample`'s default engine and the RL loop's (configs/base.py through
+    `specs.sampler_spec`) are the continuous one; the static engine is the option."""
+    import inspect
+
+    from configs import base
+    from gspo_jax.trainer import specs
+
+    assert inspect.signature(sampling.sample).parameters["engine"].default == "continuous"
+    assert specs.sampler_spec(base.get_config()).engine == "continuous"
+    assert specs.SamplerSpec(1, 1, 1.0, None, None, (8,)).engine == "continuous"
