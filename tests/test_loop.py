@@ -64,6 +64,12 @@ def test_collect_returns_the_declared_train_batch(pieces, first):
     assert len(out.completions) == n * g and out.rewards.shape == (n * g,)
     for key in ("reward/mean", "response/length_mean", "time/sample_s"):
         assert np.isfinite(out.host_metrics[key]), key
+    # The sampler's useful share: response tokens over the decode rows it computed. One
+    # slot per sequence and no drain (fewer than 64 rows): every row until the longest ends.
+    mask_BT = np.asarray(out.batch["response_mask"])
+    frac = out.host_metrics["rollout/useful_row_frac"]
+    assert 0 < frac <= 1 and out.host_metrics["rollout/preemptions"] == 0
+    assert frac == pytest.approx(mask_BT.sum() / (n * g * mask_BT.sum(axis=1).max()), rel=1e-9)
     # The sampler's log-probs of its own tokens: log-probabilities, 0 past the end token.
     logp, mask = np.asarray(out.batch["sampler_logprobs"]), np.asarray(out.batch["response_mask"])
     assert np.all(logp[mask > 0] <= 0) and np.all(logp[mask == 0] == 0)

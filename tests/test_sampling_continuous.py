@@ -243,3 +243,23 @@ def test_the_continuous_engine_is_the_default_of_sample_and_of_the_rl_loop():
     assert inspect.signature(sampling.sample).parameters["engine"].default == "continuous"
     assert specs.sampler_spec(base.get_config()).engine == "continuous"
     assert specs.SamplerSpec(1, 1, 1.0, None, None, (8,)).engine == "continuous"
+
+
+def test_sample_reports_the_decode_rows_it_computed(model_and_prompts):
+    """`SampleOutput.row_steps` / `preemptions`: the static engine computes every row at
+    every step (B x num_steps); the continuous one reports its loop's own count, which
+    with a queue and preemption is what `continuous.run`'s EngineStats says."""
+    cfg, params, tokens, mask = model_and_prompts
+    key = jax.random.key(7)
+    kw = {"num_samples": G, "max_new_tokens": T, "eos_ids": EOS, "buckets": (BUCKET,)}
+    static = sampling.sample(cfg, params, tokens, mask, key, engine="static", **kw)
+    assert int(static.row_steps) == 4 * G * int(static.num_steps)
+    assert int(static.preemptions) == 0
+    queued = sampling.sample(
+        cfg, params, tokens, mask, key, num_slots=5, page_size=4, kv_budget_tokens=16, **kw
+    )
+    np.testing.assert_array_equal(queued.tokens, static.tokens)
+    assert int(queued.preemptions) > 0  # 16 tokens of pages: rows were preempted and rerun
+    lengths = int(np.asarray(queued.lengths).sum())
+    # 5 slots (no drain below 32 rows): 5 rows a step, and more steps than 16 x 12 / 5.
+    assert int(queued.row_steps) % 5 == 0 and int(queued.row_steps) >= lengths

@@ -105,6 +105,11 @@ class SampleOutput:
     prompt_mask   int32 [B, P]  their mask
     num_steps     int32 []      columns generated before the loop stopped (≤ T; < T when every
                                 row ended early — the columns after it hold pad_id)
+    row_steps     int32 []      decode rows computed: Σ over the token loop's steps of the rows
+                                it ran (B · num_steps for the static engine); Σ lengths /
+                                row_steps is the useful share of the decode
+    preemptions   int32 []      sequences preempted and decoded again for want of KV pages
+                                (continuous engine; 0 for the static one)
     """
 
     tokens: jax.Array
@@ -115,6 +120,8 @@ class SampleOutput:
     prompt_tokens: jax.Array
     prompt_mask: jax.Array
     num_steps: jax.Array
+    row_steps: jax.Array | None = None
+    preemptions: jax.Array | None = None
 
     def sequences(self):
         """(tokens [B, P+T], attention_mask [B, P+T]) = concat(prompt, response): the input
@@ -583,7 +590,7 @@ def _sample_continuous(cfg, params, tokens_NP, mask_NP, rng, eos_E, pad_id, opti
         options=options,
         page_plan=page_plan,
     )
-    tokens, mask, logprobs, lengths, truncated, tokens_BP, mask_BP, _ = out
+    tokens, mask, logprobs, lengths, truncated, tokens_BP, mask_BP, stats = out
     return SampleOutput(
         tokens=tokens,
         mask=mask,
@@ -593,6 +600,8 @@ def _sample_continuous(cfg, params, tokens_NP, mask_NP, rng, eos_E, pad_id, opti
         prompt_tokens=tokens_BP,
         prompt_mask=mask_BP,
         num_steps=jnp.max(lengths),
+        row_steps=stats.row_steps,
+        preemptions=stats.preemptions,
     )
 
 
@@ -662,6 +671,8 @@ def _sample_static(cfg, params, tokens_NP, mask_NP, rng, eos_E, pad_id, options,
         prompt_tokens=tokens_BP,
         prompt_mask=mask_BP,
         num_steps=state.step,
+        row_steps=state.step * jnp.int32(state.tokens.shape[0]),
+        preemptions=jnp.zeros((), jnp.int32),
     )
 
 

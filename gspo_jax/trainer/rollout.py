@@ -357,6 +357,7 @@ class Rollouts:
         if self.spec.dynamic_sampling or self.spec.overlong_filter:
             host.update(self._filter_metrics(rounds, pad_B, filtered_B))
         sample_s, reward_s = (sum(getattr(r, k) for r in rounds) for k in ("sample_s", "reward_s"))
+        host.update(_engine_metrics(rounds, host["response/tokens"]))
         host["perf/sample_tokens_per_s"] = host.pop("response/tokens") / max(sample_s, 1e-9)
         host["time/sample_s"] = sample_s
         host["time/reward_s"] = reward_s
@@ -431,7 +432,8 @@ class Rollouts:
                 x = np.pad(x, ((0, 0), (width - x.shape[1], 0)), constant_values=fill[name])
             return x
 
-        # Every per-row field is taken row by row; a scalar (num_steps) is the rounds' max.
+        # Every per-row field is taken row by row; num_steps is the rounds' max, the other
+        # scalars (the engine's counts: row_steps, preemptions) their sum.
         out = rounds[0].out
         names = [f.name for f in dataclasses.fields(out) if getattr(out, f.name) is not None]
         scalars = {k for k in names if np.ndim(getattr(out, k)) == 0}
@@ -442,7 +444,8 @@ class Rollouts:
         }
         fields = sharding_lib.to_global(self.mesh, fields)
         for k in scalars:
-            fields[k] = jnp.asarray(max(np.asarray(getattr(r.out, k)) for r in rounds))
+            values = [np.asarray(getattr(r.out, k)) for r in rounds]
+            fields[k] = jnp.asarray(max(values) if k == "num_steps" else sum(values))
         return out.replace(**fields), rows, np.repeat(pad_N, g)
 
     def _sample(self, state, prompts, index: int = 0) -> sampling.SampleOutput:
@@ -552,3 +555,14 @@ class Rollouts:
             batch["ref_logprobs"] = ref_logprobs
         # The layout the jitted train step declares (`train_step.batch_shardings`).
         return jax.device_put(batch, self.batch_shardings), running
+
+
+def _engine_metrics(rounds: list, tokens: float) -> dict:
+    """rollout/useful_row_frac (response tokens over the decode rows the sampler computed,
+    every round: 1 when no row waited for another) and rollout/preemptions (continuous
+    engine: sequences decoded again for want of KV pages)."""
+    rows = sum(int(np.asarray(r.out.row_steps)) for r in rounds if r.out.row_steps is not None)
+    if not rows:
+        return {}
+    preempted = sum(int(np.asarray(r.out.preemptions)) for r in rounds)
+    return {"rollout/useful_row_frac": tokens / rows, "rollout/preemptions": float(preempted)}
