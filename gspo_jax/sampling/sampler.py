@@ -22,7 +22,7 @@ takes the next sequence, so no row waits for the longest: it computes ~90 % usef
 long tail against the static engine's ~24 %. "static" (jit 1 and 2 above) decodes all B rows
 until the last one ends; it stays as an option because on CPU, for a small model and short
 responses of about equal length, its step is cheaper (fewer, larger ops: the default
-run's rollout takes ~0.55x the continuous engine's time; docs/benchmarks.md, "The rollout on
+run's rollout takes about half the continuous engine's time; docs/benchmarks.md, "The rollout on
 a long tail"). Token t of sequence b is drawn with key fold_in(fold_in(rng, b), t) in both
 (`draw.row_keys`), so they return the same samples.
 
