@@ -1,13 +1,23 @@
-"""Compile the continuous sampler's engine for one TPU chip, ahead of time, with the Pallas
-ragged paged attention kernel: does the TPU path compile, and what does it hold in HBM?
+"""Compile the continuous sampler's engine for TPU chips, ahead of time, with the Pallas
+ragged paged attention kernel: does the TPU path compile, what does it hold in HBM, and
+which collectives does one decoded token cost?
 
-Nothing runs (no TPU needed): libtpu describes the chip, jax lowers and compiles
+Nothing runs (no TPU needed): libtpu describes the chips, jax lowers and compiles
 `continuous._engine` (impl="pallas": `jax.experimental.pallas.ops.tpu.ragged_paged_attention`
 inside the decode loop) on `jax.ShapeDtypeStruct`s. Qwen3-0.6B widths in bfloat16, with
 `--layers` of its 28 layers (compile time grows with the unrolled layers; memory per layer
 is printed so the full model's can be read off).
 
+`--chips 1` (the default) compiles for one chip. `--chips N --layout tensor|trainer`
+compiles for N chips of the topology (mesh fsdp = N) in that rollout layout
+(`sampling.RolloutLayout`): "tensor" splits weights, KV heads and vocabulary over the chips
+(the kernel runs per chip in a shard_map); "trainer" is the trainer's FSDP rules with the
+weights gathered whole once per call. The collectives per decoded token are read from the
+optimised HLO (those inside the engine's while_loop).
+
     PYTHONPATH=/work/main/.libtpu python benchmarks/continuous_aot.py --topology=v5e:2x2
+    PYTHONPATH=/work/main/.libtpu python benchmarks/continuous_aot.py --topology=v5e:2x4 \
+        --chips 8 --layout tensor
 """
 
 from __future__ import annotations
@@ -19,8 +29,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gspo_jax import models
+from gspo_jax import models, sampling, sharding
+from gspo_jax.models import partition
 from gspo_jax.sampling import continuous
+from gspo_jax.sharding import hlo_stats
 
 GiB = 2**30
 
@@ -36,11 +48,16 @@ def main():
     ap.add_argument("--max-new-tokens", type=int, default=8192)
     ap.add_argument("--page-size", type=int, default=64)
     ap.add_argument("--kv-budget-tokens", type=int, default=160 * 1024)
+    ap.add_argument("--chips", type=int, default=1, help="chips of the topology to compile for")
+    ap.add_argument("--layout", choices=("tensor", "trainer"), default="tensor")
     args = ap.parse_args()
     from jax.experimental import topologies
 
-    device = topologies.get_topology_desc(topology_name=args.topology, platform="tpu").devices[0]
-    one = jax.sharding.SingleDeviceSharding(device)
+    devices = topologies.get_topology_desc(topology_name=args.topology, platform="tpu").devices
+    devices = list(devices)[: args.chips]
+    mesh = sharding.make_mesh({"data": 1, "fsdp": len(devices), "tensor": 1, "expert": 1}, devices)
+    layout = args.layout if len(devices) > 1 else "trainer"
+    one = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     cfg = models.ModelConfig(
         arch="qwen3",
         vocab_size=151936,
@@ -66,23 +83,34 @@ def main():
         kv_budget_tokens=args.kv_budget_tokens,
     )
 
-    def sds(tree):
-        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one), tree)
-
-    params = sds(models.abstract_params(cfg))
+    abstract = models.abstract_params(cfg)
+    if layout == "tensor":
+        shardings = sampling.rollout_shardings(cfg, abstract, mesh, "tensor")
+        with partition.layout(sharding.ROLLOUT_RULES):
+            heads = partition.spec(mesh, ("kv_heads",), (cfg.num_kv_heads,))[0]
+            vocab = partition.spec(mesh, ("vocab",), (cfg.vocab_size,))[0]
+    else:  # the trainer's FSDP layout: the engine gathers each weight whole once per call
+        shardings = sharding.tree_shardings(abstract, models.logical_axes(cfg), mesh)
+        heads = vocab = None
+    params = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings
+    )
     K2, C = 2 * cfg.num_kv_heads, cfg.head_dim
+    P_ = jax.sharding.PartitionSpec
+    page_sharding = jax.sharding.NamedSharding(mesh, P_(None, None, heads, None))
     pages = tuple(
         jax.ShapeDtypeStruct(
-            (N * plan.prompt_pages, plan.page_size, K2, C), jnp.bfloat16, sharding=one
+            (N * plan.prompt_pages, plan.page_size, K2, C), jnp.bfloat16, sharding=page_sharding
         )
         for _ in range(cfg.num_layers)
     )
     key = jax.eval_shape(lambda: jax.random.key(0))
+    logits = jax.sharding.NamedSharding(mesh, P_(None, vocab))
     arrays = (
         params,
         pages,
         jax.ShapeDtypeStruct((N,), jnp.int32, sharding=one),
-        jax.ShapeDtypeStruct((N, cfg.vocab_size), jnp.float32, sharding=one),
+        jax.ShapeDtypeStruct((N, cfg.vocab_size), jnp.float32, sharding=logits),
         jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=one),
         jax.ShapeDtypeStruct((1,), jnp.int32, sharding=one),
         jax.ShapeDtypeStruct((), jnp.int32, sharding=one),
@@ -95,16 +123,20 @@ def main():
         "top_k": None,
         "top_p": None,
         "impl": "pallas",
+        "layout": layout,
     }
     start = time.perf_counter()
-    # The mesh in context tells Pallas's lowering which chip it compiles for.
-    with jax.set_mesh(jax.sharding.Mesh(np.array([device]), ("data",))):
+    # The mesh in context tells Pallas's lowering which chips it compiles for.
+    with jax.set_mesh(mesh):
         compiled = continuous._engine.lower(cfg, *arrays, **static).compile()
     seconds = time.perf_counter() - start
     mem = compiled.memory_analysis()
     text = compiled.as_text()
     pool = (1 + N * plan.prompt_pages + plan.num_pages) * plan.page_size * K2 * C * 2
-    print(f"compiled for {args.topology} (one chip) in {seconds:.0f} s, {args.layers} layers")
+    pool //= max(1, len(devices) if heads is not None else 1)
+    where = "one chip" if len(devices) == 1 else f"{len(devices)} chips, layout {layout!r}"
+    print(f"compiled for {args.topology} ({where}) in {seconds:.0f} s, {args.layers} layers")
+    print(per_token_collectives(text, args.layers))
     print(
         f"pallas kernel in the program: {'ragged_paged_attention' in text or 'tpu_custom_call' in text}"
     )
@@ -116,6 +148,33 @@ def main():
         print(f"{name:28s} {getattr(mem, name) / GiB:.3f} GiB")
     print(f"full 28 layers: pool {28 * pool / GiB:.2f} GiB per chip (bf16)")
     return np.asarray(0)
+
+
+LOOP = 10**6  # stands for the engine loop's unknown trip count
+
+
+def per_token_collectives(text: str, layers: int) -> str:
+    """The collectives inside the engine's while_loop (one decoded token for every slot):
+    count and bytes per step per chip, by kind. The attention's own block loops nest inside
+    and count once per block (their trip counts are unknown as well)."""
+    per_kind: dict[str, list] = {}
+    for c in hlo_stats.collectives(text, unknown_trip_count=LOOP):
+        if c.count < LOOP:  # outside the loop: once per call
+            continue
+        n = c.count / LOOP if c.count < LOOP**2 else c.count / LOOP**2  # nested: per block
+        k = per_kind.setdefault(c.kind, [0.0, 0.0, 0])
+        k[0] += n
+        k[1] += n * c.bytes
+        k[2] = max(k[2], c.bytes)
+    if not per_kind:
+        return "collectives per decoded token: none"
+    rows = [
+        f"  {kind:18s} {v[0]:6.0f} per step, {v[1] / 1e6:8.3f} MB per step per chip, "
+        f"largest {v[2] / 1e3:.1f} kB"
+        for kind, v in sorted(per_kind.items())
+    ]
+    total = sum(v[0] for v in per_kind.values())
+    return f"collectives per decoded token ({layers} layers): {total:.0f}\n" + "\n".join(rows)
 
 
 if __name__ == "__main__":

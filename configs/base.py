@@ -145,6 +145,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.sampling.page_size = 16  # tokens per KV page (continuous)
     c.sampling.kv_budget_tokens = _placeholder(int)  # response tokens the KV pages hold at
     # once (None: every slot at full length); below that, rows wait or are preempted and rerun
+    c.sampling.rollout_layout = "auto"  # how the rollout lays the policy out on the mesh,
+    # remade from the trainer's params once per RL step: "tensor" (weights in the compute
+    # dtype, heads / MLP / KV heads / vocabulary split over mesh.fsdp x mesh.tensor, rows
+    # whole), "trainer" (the trainer's FSDP rules, each weight gathered whole per call),
+    # "auto": "tensor" on a mesh of > 1 chip with mesh.data = mesh.expert = 1, else
+    # "trainer" (docs/tpu.md, "The rollout layout")
 
     # ------------------------------------------------------------------------------------
     # Optimizer (optax AdamW, clip-by-global-norm, warmup + constant/cosine schedule).

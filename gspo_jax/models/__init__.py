@@ -101,6 +101,7 @@ from gspo_jax.models.params import (
     init_params,
     logical_axes,
     param_count,
+    rollout_params,
 )
 
 __all__ = [
@@ -129,6 +130,7 @@ __all__ = [
     "ragged_paged_attention",
     "read_hf_config",
     "response_segments",
+    "rollout_params",
     "save_pretrained",
     "split_layers",
     "unembedding",

@@ -40,6 +40,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from gspo_jax.models import partition
 from gspo_jax.models.attention import target_platform
 from gspo_jax.models.config import ModelConfig
 from gspo_jax.models.functional import logits_from_hidden
@@ -92,10 +93,16 @@ def ragged_paged_attention(
     kv_lens_S = kv_lens_S.astype(jnp.int32)
     blocks = (jnp.max(kv_lens_S) + W - 1) // W
 
+    # [pages, page_size, K, 2, C]: keys and values of kv head k at [..., k, 0 / 1, :]. Taking
+    # one of the two by index (not a stride-2 slice of the 2K axis) keeps a pool split over
+    # kv heads (the rollout's tensor layout) where it is: a strided slice across the shards
+    # made GSPMD all-reduce every gathered block.
+    pool_5 = kv_pages.reshape(kv_pages.shape[0], page_size, K, 2, C)
+
     def half(j, which):
         """Keys (which 0) or values (1) [S, W, K, C] of block j."""
         pages_Sb = jax.lax.dynamic_slice_in_dim(table, j * bp, bp, axis=1)
-        return kv_pages[pages_Sb, :, which::2].reshape(S, W, K, C)
+        return pool_5[pages_Sb, :, :, which].reshape(S, W, K, C)
 
     def stats(carry):
         j, m_SKR, l_SKR, s_all = carry
@@ -171,7 +178,22 @@ def paged_attention(
     """`ragged_paged_attention` ("xla", with `split_S`) or the Pallas kernel ("pallas",
     one product over the whole context)."""
     if impl == "pallas":
-        return _pallas_paged_attention(q_SHC, kv_pages, kv_lens_S, page_table_SM, sm_scale=sm_scale)
+        kernel = functools.partial(_pallas_paged_attention, sm_scale=sm_scale)
+        mesh = partition.context_mesh()
+        if mesh is None or partition.active_rules() is partition.trainer_rules():
+            return kernel(q_SHC, kv_pages, kv_lens_S, page_table_SM)
+        # The rollout's tensor layout: every chip runs the kernel on its own kv heads (and
+        # the query heads that read them); a Pallas call left to GSPMD would be replicated.
+        K = kv_pages.shape[2] // 2
+        heads = partition.spec(mesh, ("kv_heads",), (K,))[0]
+        P = jax.sharding.PartitionSpec
+        return jax.shard_map(
+            kernel,
+            mesh=mesh,
+            in_specs=(P(None, heads, None), P(None, None, heads, None), P(), P()),
+            out_specs=P(None, heads, None),
+            check_vma=False,
+        )(q_SHC, kv_pages, kv_lens_S, page_table_SM)
     if impl == "xla":
         return ragged_paged_attention(
             q_SHC, kv_pages, kv_lens_S, page_table_SM, sm_scale=sm_scale, split_S=split_S

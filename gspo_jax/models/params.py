@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from gspo_jax.models import partition
@@ -109,21 +110,48 @@ def param_count(model_config: ModelConfig, *, active: bool = False) -> int:
 
 
 def for_decoding(model_config: ModelConfig, params: dict) -> dict:
-    """`params` in the rollout's layout: each weight whole on every chip of the fsdp axis
-    (its tensor / expert sharding kept), so a decode loop gathers the weights once, here,
-    instead of once per token (FSDP's per-use gather inside a loop of response_length
-    iterations moves the whole model every token). Call it inside the sampler's jitted
-    function, before its loop; a no-op without a mesh in context. Values are unchanged.
+    """`params` in the rollout's layout: no weight split over `embed` (under the trainer's
+    rules each weight is whole on every chip of the fsdp axis, its tensor / expert sharding
+    kept; under `sharding.ROLLOUT_RULES` (`partition.layout`) heads, MLP and vocabulary are
+    split over fsdp x tensor), so a decode loop gathers the weights once, here, instead of
+    once per token (FSDP's per-use gather inside a loop of response_length iterations moves
+    the whole model every token). Call it inside the sampler's jitted function, before its
+    loop; a no-op without a mesh in context, and on weights already in that layout
+    (`rollout_params` makes them so once per RL step). Values are unchanged.
 
-    Memory: the model at `param_dtype` on every chip of an fsdp group, next to the
-    trainer's sharded copy, while the rollout runs (Qwen3-0.6B f32: 2.4 GB; Qwen3-8B: 33 GB).
+    Memory (trainer's rules): the model at `param_dtype` on every chip of an fsdp group, next
+    to the trainer's sharded copy, while the rollout runs (Qwen3-0.6B f32: 2.4 GB; Qwen3-8B:
+    33 GB). Under the rollout rules: 1/(fsdp x tensor) of it per chip.
     """
     mesh = partition.context_mesh()
-    if mesh is None or mesh.shape.get("fsdp", 1) == 1:
+    if mesh is None:
         return params
 
-    def whole_over_fsdp(x, names):
+    def unsplit_embed(x, names):
         names = tuple(None if n == "embed" else n for n in names)
         return jax.lax.with_sharding_constraint(x, partition.spec(mesh, names, x.shape))
 
-    return jax.tree.map(whole_over_fsdp, params, logical_axes(model_config))
+    return jax.tree.map(unsplit_embed, params, logical_axes(model_config))
+
+
+def _kept_in_float32(path) -> bool:
+    """Weights the model uses in float32 whatever its compute dtype: the MoE router (its
+    matmul runs in float32, layers.MoE)."""
+    return any(getattr(p, "key", None) == "router" for p in path)
+
+
+def rollout_params(model_config: ModelConfig, params: dict) -> dict:
+    """The policy as the sampler reads it: every weight cast to the compute dtype
+    (`model_config.dtype`; the MoE router stays as it is: it runs in float32), then
+    `for_decoding`'s layout. The model casts each weight to the compute dtype where it uses
+    it, so samples and log-probs are unchanged; the rollout's copy is half the size of f32
+    master weights with a bf16 model. Jit it with out_shardings (`sampling.RolloutLayout`)
+    to make the copy once per RL step."""
+    dtype = jnp.dtype(model_config.dtype)
+
+    def cast(path, x):
+        if _kept_in_float32(path) or not jnp.issubdtype(x.dtype, jnp.floating):
+            return x
+        return x.astype(dtype)
+
+    return for_decoding(model_config, jax.tree_util.tree_map_with_path(cast, params))

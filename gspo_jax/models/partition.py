@@ -10,6 +10,8 @@ replicated). Model code therefore still names logical axes only (sharding is dat
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from collections.abc import Sequence
 
 import jax
@@ -21,6 +23,38 @@ RESIDUAL = ("batch", None, None)  # [B, L, D]: rows over the batch axes, D whole
 HEADS = ("batch", None, "heads", None)  # [B, L, H, C]
 KV_HEADS = ("batch", None, "kv_heads", None)  # [B, L, K, C]
 HIDDEN = ("batch", None, "mlp")  # [B, L, F]
+
+
+_RULES: contextvars.ContextVar = contextvars.ContextVar("gspo_jax_layout_rules", default=None)
+
+
+@contextlib.contextmanager
+def layout(rules: dict | None):
+    """Model code traced inside this context maps logical axes with `rules` instead of
+    `sharding.LOGICAL_RULES` (None: those). The sampler traces its jitted stages under the
+    rollout's rules (`sharding.ROLLOUT_RULES`: tensor-parallel, rows replicated). Enter it
+    inside a jitted function whose static arguments decide the rules: jit's cache does not
+    see this context."""
+    token = _RULES.set(rules)
+    try:
+        yield
+    finally:
+        _RULES.reset(token)
+
+
+def active_rules() -> dict:
+    """The logical-axis rules in force (`layout`), by default `sharding.LOGICAL_RULES`."""
+    from gspo_jax import sharding
+
+    rules = _RULES.get()
+    return sharding.LOGICAL_RULES if rules is None else rules
+
+
+def trainer_rules() -> dict:
+    """`sharding.LOGICAL_RULES` (the rules outside any `layout`)."""
+    from gspo_jax import sharding
+
+    return sharding.LOGICAL_RULES
 
 
 def context_mesh():
@@ -50,24 +84,32 @@ def constrain(x, names: Sequence[str | None]):
 def row_shards(rows: int) -> int:
     """Devices that `rows` rows of a batch are split over on the mesh in context (the
     batch axes that divide `rows`, as `constrain` lays them out); 1 without a mesh."""
+    return shards("batch", rows)
+
+
+def shards(name: str, size: int) -> int:
+    """Devices a dimension of `size` named `name` is split over on the mesh in context
+    under the rules in force (1 without a mesh)."""
     mesh = context_mesh()
     if mesh is None:
         return 1
-    axes = spec(mesh, ("batch",), (rows,))[0]
+    axes = spec(mesh, (name,), (size,))[0]
     axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
-    size = 1
+    n = 1
     for axis in axes:
-        size *= mesh.shape[axis]
-    return size
+        n *= mesh.shape[axis]
+    return n
 
 
 def spec(mesh, names: Sequence[str | None], shape: Sequence[int]) -> PartitionSpec:
-    """PartitionSpec of an array of `shape` with logical dimension `names` on `mesh`."""
+    """PartitionSpec of an array of `shape` with logical dimension `names` on `mesh`, under
+    the rules in force (`layout`)."""
     from gspo_jax import sharding
 
     def present(target):
         axes = (target,) if isinstance(target, str) else tuple(target or ())
         return tuple(a for a in axes if a in mesh.shape)
 
-    rules = {n: present(sharding.LOGICAL_RULES.get(n)) for n in names if n is not None}
+    table = active_rules()
+    rules = {n: present(table.get(n)) for n in names if n is not None}
     return sharding.logical_to_spec(names, shape, mesh, rules)

@@ -2,11 +2,17 @@
 
     sampler.py   `sample`: one prefill per prompt, a `lax.while_loop` decode (the public
                  entry point, `gspo_jax.sampling.sample`)
+    continuous.py the continuous engine (the default): slots, a page pool, a queue
     draw.py      the token draw: temperature, top-k / top-p, inverse-CDF categorical
+                 (vocabulary-sharded logits drawn where they are)
+    layout.py    `RolloutLayout`: the policy's rollout copy (compute dtype, decode layout),
+                 made once per RL step
 
-Imports only `models` (the decode arithmetic lives with the model, models/kv_cache.py).
+Imports only `models` and `sharding` (the decode arithmetic lives with the model,
+models/kv_cache.py and models/paged.py).
 """
 
+from gspo_jax.sampling.layout import RolloutLayout, rollout_shardings
 from gspo_jax.sampling.sampler import (
     DEFAULT_BUCKETS,
     BiasedPiOldWarning,
@@ -20,9 +26,11 @@ from gspo_jax.sampling.sampler import (
 __all__ = [
     "DEFAULT_BUCKETS",
     "BiasedPiOldWarning",
+    "RolloutLayout",
     "SampleOutput",
     "SamplerState",
     "choose_bucket",
+    "rollout_shardings",
     "sample",
     "warn_if_biased_pi_old",
 ]

@@ -56,7 +56,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from gspo_jax import models
+from gspo_jax import models, sharding
+from gspo_jax.models import partition
 from gspo_jax.sampling.draw import next_token, row_keys
 
 F32 = jnp.float32
@@ -156,20 +157,52 @@ class EngineState:
 
 
 @functools.partial(
-    jax.jit, static_argnames=("model_config", "num_samples", "share_prefix", "page_size")
+    jax.jit,
+    static_argnames=("model_config", "num_samples", "share_prefix", "page_size", "layout"),
 )
 def _prefill_pages(
-    model_config, params, tokens_NP, mask_NP, *, num_samples, share_prefix, page_size
+    model_config,
+    params,
+    tokens_NP,
+    mask_NP,
+    *,
+    num_samples,
+    share_prefix,
+    page_size,
+    layout="trainer",
 ):
     """(prompt pages per layer, prompt lengths [Q], last-position logits [Q, V], the prompts
     repeated G times [B, P] and their mask)."""
-    G = num_samples
+    with partition.layout(sharding.layout_rules(layout)):
+        return _prefill_pages_body(
+            model_config, params, tokens_NP, mask_NP, num_samples, share_prefix, page_size
+        )
+
+
+def _prefill_pages_body(model_config, params, tokens_NP, mask_NP, G, share_prefix, page_size):
+    if partition.active_rules() is sharding.ROLLOUT_RULES:
+        params = models.for_decoding(model_config, params)  # a no-op on rollout_params
     tokens_BP = jnp.repeat(tokens_NP, G, axis=0)
     mask_BP = jnp.repeat(mask_NP, G, axis=0)
     tokens_QP, mask_QP = (tokens_NP, mask_NP) if share_prefix else (tokens_BP, mask_BP)
     prompt, logits_QV, _ = models.prefill_shared(model_config, params, tokens_QP, mask_QP)
-    pages = models.prompt_pages(prompt, page_size)
+    pages = tuple(_constrain_pool(x) for x in models.prompt_pages(prompt, page_size))
     return pages, prompt.length, logits_QV, tokens_BP, mask_BP.astype(jnp.int32)
+
+
+def _constrain_pool(pool):
+    """A page pool [pages, page_size, 2K, C] split over the kv heads as the rules in force
+    split "kv_heads" (a chip keeps both keys and values of its heads); pages whole. Only
+    under the rollout's tensor layout: under the trainer's rules the pools keep the layout
+    GSPMD gives them."""
+    if partition.active_rules() is not sharding.ROLLOUT_RULES:
+        return pool
+    mesh = partition.context_mesh()
+    if mesh is None:
+        return pool
+    heads = partition.spec(mesh, ("kv_heads",), (pool.shape[2] // 2,))[0]
+    spec = jax.sharding.PartitionSpec(None, None, heads, None)
+    return jax.lax.with_sharding_constraint(pool, spec)
 
 
 def _init_state(prompt_pages, B: int, T: int, p: PagePlan) -> EngineState:
@@ -177,8 +210,10 @@ def _init_state(prompt_pages, B: int, T: int, p: PagePlan) -> EngineState:
     S, M, R = p.num_slots, p.table_width, p.num_pages
     first_free = 1 + prompt_pages[0].shape[0]
     kv = tuple(
-        jnp.concatenate(
-            [jnp.zeros((1, *x.shape[1:]), x.dtype), x, jnp.zeros((R, *x.shape[1:]), x.dtype)]
+        _constrain_pool(
+            jnp.concatenate(
+                [jnp.zeros((1, *x.shape[1:]), x.dtype), x, jnp.zeros((R, *x.shape[1:]), x.dtype)]
+            )
         )
         for x in prompt_pages
     )
@@ -374,6 +409,7 @@ def _release(state: EngineState, finished, victim, p: PagePlan):
         "top_p",
         "impl",
         "drain_levels",
+        "layout",
     ),
 )
 def _engine(
@@ -394,13 +430,48 @@ def _engine(
     top_p,
     impl,
     drain_levels=None,
+    layout="trainer",
 ):
     """The continuous loop. Returns (tokens [B, T] pad after the end, mask [B, T],
     logprobs [B, T] 0 where masked, lengths [B], truncated [B], loop steps, row steps,
-    preemptions)."""
+    preemptions). `layout`: the rules the loop is traced under (`sharding.layout_rules`)."""
+    with partition.layout(sharding.layout_rules(layout)):
+        return _engine_body(
+            model_config,
+            params,
+            prompt_pages,
+            plen_Q,
+            logits_QV,
+            rng,
+            eos_ids_E,
+            pad_id,
+            num_sequences,
+            max_new_tokens,
+            page_plan,
+            (temperature, top_k, top_p),
+            impl,
+            drain_levels,
+        )
+
+
+def _engine_body(
+    model_config,
+    params,
+    prompt_pages,
+    plen_Q,
+    logits_QV,
+    rng,
+    eos_ids_E,
+    pad_id,
+    num_sequences,
+    max_new_tokens,
+    page_plan,
+    draw,
+    impl,
+    drain_levels,
+):
     cfg, B, T, p = model_config, num_sequences, max_new_tokens, page_plan
     group = B // plen_Q.shape[0]
-    draw = (temperature, top_k, top_p)
     params = models.for_decoding(cfg, params)  # weights gathered once, not once per token
     layers = models.split_layers(cfg, params)
 
@@ -506,6 +577,7 @@ def run(cfg, params, tokens_NP, mask_NP, rng, eos_ids, pad_id, *, options: dict,
         num_samples=G,
         share_prefix=options["share_prefix"],
         page_size=page_plan.page_size,
+        layout=options.get("layout", "trainer"),
     )
     B = tokens_NP.shape[0] * G
     tokens, mask, logprobs, lengths, truncated, steps, row_steps, preempted = _engine(
@@ -525,11 +597,12 @@ def run(cfg, params, tokens_NP, mask_NP, rng, eos_ids, pad_id, *, options: dict,
         top_p=options["top_p"],
         impl=models.paged_attention_impl(cfg.attention_impl),
         drain_levels=options.get("drain_levels"),
+        layout=options.get("layout", "trainer"),
     )
     rows = _row_sharding(tokens_NP)
     if rows is not None:
-        tokens, mask, logprobs, lengths, truncated = _place(
-            rows, (tokens, mask, logprobs, lengths, truncated)
+        tokens, mask, logprobs, lengths, truncated, tokens_BP, mask_BP = _place(
+            rows, (tokens, mask, logprobs, lengths, truncated, tokens_BP, mask_BP)
         )
     stats = EngineStats(steps=steps, row_steps=row_steps, preemptions=preempted)
     return tokens, mask, logprobs, lengths, truncated, tokens_BP, mask_BP, stats

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from gspo_jax.logprobs import logprobs_from_logits
+from gspo_jax.models import partition
 
 F32 = jnp.float32
 
@@ -86,42 +87,66 @@ def row_uniforms(keys_B):
     return jax.vmap(lambda k: jax.random.uniform(k, (1,), F32))(keys_B)
 
 
-def draw_categorical(z_BV, key=None, *, u_B1=None):
+def draw_categorical(z_BV, key=None, *, u_B1=None, shards: int = 1):
     """One draw per row from softmax(z) (z may hold −inf), by inverse CDF: one f32 uniform
     per row (from `key`, or given as `u_B1`, e.g. `row_uniforms` of per-row keys), u·Σp
-    located first among block sums, then inside the chosen block.
+    located first among the vocabulary's `shards` slices, then among the chosen slice's
+    block sums, then inside the chosen block.
 
         p = exp(z − max z),  token = min{i : Σ_{j≤i} p_j > u·Σ_j p_j}
 
     Costs one exp pass over [B, V] plus [B, V/blk] and [B, blk] scans — far cheaper on CPU
     than Gumbel-max, which needs B·V random numbers per step. Tokens with p = 0 are never
-    drawn (the index is clamped to the last positive entry, against rounding); u has 2⁻²³
+    drawn (each index is clamped to the last positive entry, against rounding); u has 2⁻²³
     resolution, so probabilities below ~1e-7 are resolved only to that grain.
+
+    `shards` (dividing V): the vocabulary slices the logits are split over (the rollout's
+    tensor layout, `next_token`). Every slice runs the block search locally with the
+    position u falls at within the slice chosen from the [B, shards] slice masses, and the
+    chosen slice's token is kept: what crosses chips is a row max, the [B, shards] masses
+    and one int per row, never the [B, V] logits. With shards = 1 it is the plain two-level
+    search, to the bit.
     """
     B, V = z_BV.shape
-    blk = _block_size(V)
-    nb = -(-V // blk)
+    X = int(shards)
+    if X < 1 or V % X:
+        raise ValueError(f"shards={shards} must divide the vocabulary ({V})")
+    Vx = V // X
+    blk = _block_size(Vx)
+    nb = -(-Vx // blk)
     z = z_BV.astype(F32)
-    if nb * blk != V:
-        z = jnp.pad(z, ((0, 0), (0, nb * blk - V)), constant_values=-jnp.inf)
-    p_BV = jnp.exp(z - jnp.max(z, axis=-1, keepdims=True))
-    p_BNb = p_BV.reshape(B, nb, blk)
-    mass_BN = jnp.sum(p_BNb, axis=-1)
-    cdf_BN = jnp.cumsum(mass_BN, axis=-1)
+    p_BXv = jnp.exp(z - jnp.max(z, axis=-1, keepdims=True)).reshape(B, X, Vx)
+    if X > 1:
+        p_BXv = partition.constrain(p_BXv, ("batch", "vocab", None))
+    if nb * blk != Vx:  # exp(−inf) = 0: padding with zeros is padding z with −inf
+        p_BXv = jnp.pad(p_BXv, ((0, 0), (0, 0), (0, nb * blk - Vx)))
+    p_BXNb = p_BXv.reshape(B, X, nb, blk)
+    mass_BXN = jnp.sum(p_BXNb, axis=-1)
+    cdf_BXN = jnp.cumsum(mass_BXN, axis=-1)
+    slice_cdf_BX = jnp.cumsum(cdf_BXN[..., -1], axis=-1)
     if u_B1 is None:
         u_B1 = jax.random.uniform(key, (B, 1), F32)
-    u_B1 = u_B1 * cdf_BN[:, -1:]
-    block_index = jnp.arange(nb, dtype=jnp.int32)
-    last_block = jnp.max(jnp.where(mass_BN > 0, block_index, 0), axis=-1, keepdims=True)
-    j_B1 = jnp.minimum(jnp.sum(cdf_BN <= u_B1, axis=-1, keepdims=True), last_block)
+    u_B1 = u_B1 * slice_cdf_BX[:, -1:]
+    # Which slice: as the block search below, one level up.
+    x_index = jnp.arange(X, dtype=jnp.int32)
+    last_slice = jnp.max(jnp.where(cdf_BXN[..., -1] > 0, x_index, 0), axis=-1, keepdims=True)
+    x_B1 = jnp.minimum(jnp.sum(slice_cdf_BX <= u_B1, axis=-1, keepdims=True), last_slice)
     before_B1 = jnp.where(
-        j_B1 > 0, jnp.take_along_axis(cdf_BN, jnp.maximum(j_B1 - 1, 0), axis=-1), 0.0
+        x_B1 > 0, jnp.take_along_axis(slice_cdf_BX, jnp.maximum(x_B1 - 1, 0), axis=-1), 0.0
     )
-    p_Bb = jnp.take_along_axis(p_BNb, j_B1[:, :, None], axis=1)[:, 0]
+    u_BX1 = (u_B1 - before_B1)[:, None, :]  # where u falls within its slice, on every slice
+    block_index = jnp.arange(nb, dtype=jnp.int32)
+    last_block = jnp.max(jnp.where(mass_BXN > 0, block_index, 0), axis=-1, keepdims=True)
+    j_BX1 = jnp.minimum(jnp.sum(cdf_BXN <= u_BX1, axis=-1, keepdims=True), last_block)
+    before_BX1 = jnp.where(
+        j_BX1 > 0, jnp.take_along_axis(cdf_BXN, jnp.maximum(j_BX1 - 1, 0), axis=-1), 0.0
+    )
+    p_BXb = jnp.take_along_axis(p_BXNb, j_BX1[..., None], axis=2)[:, :, 0]
     in_index = jnp.arange(blk, dtype=jnp.int32)
-    last_in = jnp.max(jnp.where(p_Bb > 0, in_index, 0), axis=-1, keepdims=True)
-    t_B1 = jnp.sum(jnp.cumsum(p_Bb, axis=-1) <= u_B1 - before_B1, axis=-1, keepdims=True)
-    return (j_B1 * blk + jnp.minimum(t_B1, last_in))[:, 0].astype(jnp.int32)
+    last_in = jnp.max(jnp.where(p_BXb > 0, in_index, 0), axis=-1, keepdims=True)
+    t_BX1 = jnp.sum(jnp.cumsum(p_BXb, axis=-1) <= u_BX1 - before_BX1, axis=-1, keepdims=True)
+    token_BX = x_index * Vx + (j_BX1 * blk + jnp.minimum(t_BX1, last_in))[..., 0]
+    return jnp.sum(jnp.where(x_index == x_B1, token_BX, 0), axis=-1).astype(jnp.int32)
 
 
 def next_token(logits_BV, keys_B, temperature: float, top_k, top_p):
@@ -134,5 +159,11 @@ def next_token(logits_BV, keys_B, temperature: float, top_k, top_p):
         return token, logprobs_from_logits(logits_BV, token, 1.0)
     z = logits_BV.astype(F32) / temperature
     u_B1 = row_uniforms(keys_B)
-    token = draw_categorical(filter_logits(z, top_k=top_k, top_p=top_p), u_B1=u_B1)
+    if partition.active_rules() is not partition.trainer_rules():
+        # Rows replicated (the rollout layout): left alone, GSPMD split the keys' threefry
+        # over the chips and all-to-all'ed it back, 6 collectives per decoded token.
+        u_B1 = partition.constrain(u_B1, ("batch", None))
+    # Vocabulary-sharded logits (the rollout's tensor layout) are drawn from where they are.
+    shards = partition.shards("vocab", z.shape[-1])
+    token = draw_categorical(filter_logits(z, top_k=top_k, top_p=top_p), u_B1=u_B1, shards=shards)
     return token, logprobs_from_logits(logits_BV, token, temperature)

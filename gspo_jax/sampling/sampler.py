@@ -70,7 +70,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from gspo_jax import models
+from gspo_jax import models, sharding
+from gspo_jax.models import partition
 from gspo_jax.sampling import continuous
 from gspo_jax.sampling.draw import next_token, row_keys
 
@@ -176,7 +177,14 @@ def _auto_segments(T: int) -> int:
 
 @functools.partial(
     jax.jit,
-    static_argnames=("model_config", "num_samples", "share_prefix", "max_new_tokens", "segments"),
+    static_argnames=(
+        "model_config",
+        "num_samples",
+        "share_prefix",
+        "max_new_tokens",
+        "segments",
+        "layout",
+    ),
 )
 def _prefill(
     model_config,
@@ -189,9 +197,38 @@ def _prefill(
     share_prefix,
     max_new_tokens,
     segments=1,
+    layout="trainer",
 ):
     """Prompt cache, initial state (nothing generated yet) and the first-token logits
-    ([N, V] shared, [B, V] not shared), plus the prompts repeated G times."""
+    ([N, V] shared, [B, V] not shared), plus the prompts repeated G times. `layout`: the
+    rules the stage is traced under (`sharding.layout_rules`)."""
+    with partition.layout(sharding.layout_rules(layout)):
+        if layout == "tensor":
+            params = models.for_decoding(model_config, params)  # a no-op on rollout_params
+        return _prefill_body(
+            model_config,
+            params,
+            tokens_NP,
+            mask_NP,
+            rng,
+            num_samples,
+            share_prefix,
+            max_new_tokens,
+            segments,
+        )
+
+
+def _prefill_body(
+    model_config,
+    params,
+    tokens_NP,
+    mask_NP,
+    rng,
+    num_samples,
+    share_prefix,
+    max_new_tokens,
+    segments,
+):
     cfg, G, T = model_config, num_samples, max_new_tokens
     B = tokens_NP.shape[0] * G
     tokens_BP = jnp.repeat(tokens_NP, G, axis=0)
@@ -213,7 +250,7 @@ def _prefill(
 
 @functools.partial(
     jax.jit,
-    static_argnames=("model_config", "temperature", "top_k", "top_p"),
+    static_argnames=("model_config", "temperature", "top_k", "top_p", "layout"),
     donate_argnames=("state",),
 )
 def _decode(
@@ -228,9 +265,37 @@ def _decode(
     temperature,
     top_k,
     top_p,
+    layout="trainer",
 ):
     """First token from the prefill logits, then the while_loop; returns (final state,
-    response mask [B, T], truncated [B])."""
+    response mask [B, T], truncated [B]). `layout`: as `_prefill`'s."""
+    with partition.layout(sharding.layout_rules(layout)):
+        return _decode_body(
+            model_config,
+            params,
+            prompt,
+            state,
+            first_logits_QV,
+            eos_ids_E,
+            pad_id,
+            temperature,
+            top_k,
+            top_p,
+        )
+
+
+def _decode_body(
+    model_config,
+    params,
+    prompt,
+    state,
+    first_logits_QV,
+    eos_ids_E,
+    pad_id,
+    temperature,
+    top_k,
+    top_p,
+):
     cfg = model_config
     B, T = state.tokens.shape
     params = models.for_decoding(cfg, params)  # weights gathered once, not once per token
@@ -468,6 +533,7 @@ def sample(
     page_size: int = 16,
     kv_budget_tokens: int | None = None,
     drain_levels: int | None = None,
+    layout: str = "trainer",
 ) -> SampleOutput:
     """Samples `num_samples` (G) responses for each of N left-padded prompts.
 
@@ -511,6 +577,16 @@ def sample(
         computed per step) up to this many times as rows end (each level is one more
         compiled copy of the decode step; 0 keeps num_slots rows to the end). None (the
         default): at most 2 levels, none narrower than `continuous.DRAIN_MIN_WIDTH` rows.
+      layout: how the stages lay the work out on the mesh in context (`jax.set_mesh`; no
+        effect without one). "trainer" (the default): the trainer's rules, rows over the
+        batch axes, each weight gathered whole over fsdp once per call (`for_decoding`).
+        "tensor": `sharding.ROLLOUT_RULES`, every weight, the KV heads and the vocabulary
+        split over fsdp x tensor, rows replicated; tokens are drawn from the
+        vocabulary-sharded logits. Give it `sampling.RolloutLayout`'s params (compute
+        dtype, already in that layout; the RL loop makes them once per step), else each
+        call reshards. A mesh with mesh.data or mesh.expert > 1 rejects "tensor". "auto"
+        picks "tensor" on a mesh without those axes, else "trainer". Results are the same
+        either way, to the float rounding of the tensor-parallel sums.
 
     Returns `SampleOutput`. `logprobs[b, t]` = log softmax(logits_t / τ)[token_t] in f32, the
     UNFILTERED tempered distribution — what the trainer recomputes with the same τ
@@ -561,6 +637,7 @@ def sample(
         "top_p": top_p,
         "share_prefix": bool(share_prefix),
         "drain_levels": _drain_levels(drain_levels),
+        "layout": _layout(layout),
     }
     B = np.shape(prompt_tokens)[0] * int(num_samples)
     page_plan = _page_plan(engine, B, bucket, options, num_slots, page_size, kv_budget_tokens)
@@ -608,6 +685,17 @@ def _sample_continuous(cfg, params, tokens_NP, mask_NP, rng, eos_E, pad_id, opti
 ENGINES = ("continuous", "static")
 
 
+def _layout(layout) -> str:
+    """`layout` resolved against the mesh in context ("auto" -> "tensor" or "trainer");
+    ValueError for an unknown one, or "tensor" on a mesh with data / expert replicas."""
+    if layout not in sharding.ROLLOUT_LAYOUTS:
+        raise ValueError(f"layout={layout!r}: expected one of {sharding.ROLLOUT_LAYOUTS}")
+    mesh = partition.context_mesh()
+    if mesh is None:
+        return "trainer" if layout == "auto" else layout
+    return sharding.resolve_rollout_layout(layout, dict(mesh.shape), field="layout")
+
+
 def _drain_levels(drain_levels) -> int | None:
     if drain_levels is None:
         return None
@@ -649,6 +737,7 @@ def _sample_static(cfg, params, tokens_NP, mask_NP, rng, eos_E, pad_id, options,
         share_prefix=options["share_prefix"],
         max_new_tokens=options["max_new_tokens"],
         segments=segments,
+        layout=options["layout"],
     )
     state, mask, truncated = _decode(
         cfg,
@@ -661,12 +750,19 @@ def _sample_static(cfg, params, tokens_NP, mask_NP, rng, eos_E, pad_id, options,
         temperature=options["temperature"],
         top_k=options["top_k"],
         top_p=options["top_p"],
+        layout=options["layout"],
     )
+    tokens, logprobs, lengths = state.tokens, state.logprobs, state.length
+    rows = continuous._row_sharding(tokens_NP)
+    if rows is not None and options["layout"] == "tensor":  # rows came out replicated
+        tokens, mask, logprobs, lengths, truncated, tokens_BP, mask_BP = continuous._place(
+            rows, (tokens, mask, logprobs, lengths, truncated, tokens_BP, mask_BP)
+        )
     return SampleOutput(
-        tokens=state.tokens,
+        tokens=tokens,
         mask=mask,
-        logprobs=state.logprobs,
-        lengths=state.length,
+        logprobs=logprobs,
+        lengths=lengths,
         truncated=truncated,
         prompt_tokens=tokens_BP,
         prompt_mask=mask_BP,

@@ -33,12 +33,16 @@ from gspo_jax.sharding.multihost import (
 )
 from gspo_jax.sharding.rules import (
     LOGICAL_RULES,
+    ROLLOUT_LAYOUTS,
+    ROLLOUT_RULES,
     batch_sharding,
     batch_shardings,
     data_parallel_size,
+    layout_rules,
     logical_to_spec,
     optimizer_state_shardings,
     replicated,
+    resolve_rollout_layout,
     tree_shardings,
 )
 
@@ -46,6 +50,8 @@ __all__ = [
     "BATCH_AXES",
     "LOGICAL_RULES",
     "MESH_AXES",
+    "ROLLOUT_LAYOUTS",
+    "ROLLOUT_RULES",
     "barrier",
     "batch_sharding",
     "batch_shardings",
@@ -56,6 +62,7 @@ __all__ = [
     "gather_rows",
     "host_max",
     "host_sum",
+    "layout_rules",
     "lead_first",
     "logical_to_spec",
     "make_mesh",
@@ -63,6 +70,7 @@ __all__ = [
     "optimizer_state_shardings",
     "process_rows",
     "replicated",
+    "resolve_rollout_layout",
     "to_global",
     "to_local",
     "tree_shardings",

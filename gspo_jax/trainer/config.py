@@ -423,6 +423,7 @@ def _sampling_engine(config) -> None:
     must hold one full-length response: ⌈response_length / page_size⌉ + 1 pages)."""
     s = config.sampling
     _choice("sampling.engine", s.engine, ("continuous", "static"))
+    _choice("sampling.rollout_layout", s.rollout_layout, sharding_lib.ROLLOUT_LAYOUTS)
     _int(config, "sampling.num_slots", minimum=1, allow_none=True)
     page = _int(config, "sampling.page_size", minimum=1)
     budget = _int(config, "sampling.kv_budget_tokens", minimum=1, allow_none=True)
@@ -716,7 +717,10 @@ def _data_parallel_size(config, num_devices: int) -> int:
 def mesh_shape(config, num_devices: int) -> dict[str, int]:
     """`sharding.mesh_shape` of config.mesh (one axis may be -1), as a ConfigError."""
     try:
-        return sharding_lib.mesh_shape(config.mesh, num_devices)
+        sizes = sharding_lib.mesh_shape(config.mesh, num_devices)
+        # "tensor" on a mesh with data / expert replicas: an error naming the field
+        sharding_lib.resolve_rollout_layout(config.sampling.rollout_layout, sizes)
+        return sizes
     except ValueError as e:
         raise ConfigError(str(e)) from None
 

@@ -310,7 +310,10 @@ class Rollouts:
     rollout's sampler options bound); reward / accuracy: the verifiers (accuracy None: the
     reward itself is the 0/1 accuracy); logprobs_fn: the train step's jitted whole-batch
     log-prob pass (π_ref, the token-level KL's π_old); advantage_fn: `make_advantage_fn`;
-    batch_shardings: the layout the jitted train step declares for its batch.
+    batch_shardings: the layout the jitted train step declares for its batch;
+    rollout_params: the trainer's params -> the sampler's copy (`sampling.RolloutLayout`:
+    compute dtype, the decode layout), made once per RL step; None: the sampler reads the
+    trainer's params as they are.
     """
 
     spec: RolloutSpec
@@ -322,6 +325,7 @@ class Rollouts:
     logprobs_fn: Callable
     advantage_fn: Callable
     batch_shardings: dict
+    rollout_params: Callable | None = None
 
     def collect(self, state, prompts: dict[str, np.ndarray], more_prompts=None) -> Rollout:
         """Sample, score and prepare one rollout batch for `state`'s policy.
@@ -332,9 +336,14 @@ class Rollouts:
         prompt batch of the data stream for each extra round (round k samples with
         fold_in(that key, k)); the loop saves the data position after them.
         """
-        rounds = [self._round(state, prompts, 0)]
+        t0 = time.perf_counter()
+        policy = state.train.params
+        if self.rollout_params is not None:  # one reshard per RL step, every round reads it
+            policy = jax.block_until_ready(self.rollout_params(policy))
+        reshard_s = time.perf_counter() - t0
+        rounds = [self._round(state, policy, prompts, 0)]
         if self.spec.dynamic_sampling:
-            rounds = self._refill(state, rounds, more_prompts)
+            rounds = self._refill(state, policy, rounds, more_prompts)
             out, rows, pad_B = self._assemble(rounds)
         else:
             out, rows = rounds[0].out, np.arange(rounds[0].rewards.size)
@@ -360,14 +369,16 @@ class Rollouts:
         host.update(_engine_metrics(rounds, host["response/tokens"]))
         host["perf/sample_tokens_per_s"] = host.pop("response/tokens") / max(sample_s, 1e-9)
         host["time/sample_s"] = sample_s
+        if self.rollout_params is not None:
+            host["time/rollout_reshard_s"] = reshard_s
         host["time/reward_s"] = reward_s
         return Rollout(train_batch, running, host, completions, rewards, valid)
 
-    def _round(self, state, prompts, index: int) -> _Round:
+    def _round(self, state, policy, prompts, index: int) -> _Round:
         """One sampling round: G responses to each prompt, decoded, scored, and the soft
         overlong penalty (`overlong_buffer_len`) added to the valid rewards."""
         t0 = time.perf_counter()
-        out = self._sample(state, prompts, index)
+        out = self._sample(state, prompts, index, policy)
         mask = sharding_lib.to_local(out.mask)
         t1 = time.perf_counter()
         completions = decode_responses(self.tokenizer, sharding_lib.to_local(out.tokens), mask)
@@ -396,7 +407,7 @@ class Rollouts:
             reward_s=time.perf_counter() - t1,
         )
 
-    def _refill(self, state, rounds: list, more_prompts) -> list:
+    def _refill(self, state, policy, rounds: list, more_prompts) -> list:
         """Dynamic sampling: extra rounds while any process holds fewer live groups than
         prompts, at most `dynamic_sampling_max_rounds`. Every process samples in the same
         rounds (the sampler is one program over all of them), each keeping its own rows."""
@@ -410,7 +421,7 @@ class Rollouts:
                     "dynamic_sampling needs more prompts: pass more_prompts to collect "
                     "(the loop passes its data iterator)"
                 )
-            rounds.append(self._round(state, more_prompts(), len(rounds)))
+            rounds.append(self._round(state, policy, more_prompts(), len(rounds)))
             live += int(np.sum(~zero_std_groups(rounds[-1].rewards, rounds[-1].valid, g)))
         return rounds
 
@@ -448,9 +459,10 @@ class Rollouts:
             fields[k] = jnp.asarray(max(values) if k == "num_steps" else sum(values))
         return out.replace(**fields), rows, np.repeat(pad_N, g)
 
-    def _sample(self, state, prompts, index: int = 0) -> sampling.SampleOutput:
-        """G responses to each prompt of `prompts` from the state's policy (round `index` of
-        dynamic sampling: the same compiled sampler, another key)."""
+    def _sample(self, state, prompts, index: int = 0, policy=None) -> sampling.SampleOutput:
+        """G responses to each prompt of `prompts` from the state's policy (`policy`: its
+        rollout copy, default the trainer's params; round `index` of dynamic sampling: the
+        same compiled sampler, another key)."""
         tokens_NP, mask_NP = bucket_prompts(
             prompts["prompt_tokens"], prompts["prompt_mask"], self.spec.buckets
         )
@@ -458,7 +470,8 @@ class Rollouts:
         key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
         if index:
             key = jax.random.fold_in(key, index)
-        return self.sample(state.train.params, prompt_tokens, prompt_mask, key)
+        policy = state.train.params if policy is None else policy
+        return self.sample(policy, prompt_tokens, prompt_mask, key)
 
     def _score(self, prompts, completions):
         """(rewards [B], valid [B], correct [B], scoring stats) of this process's responses."""

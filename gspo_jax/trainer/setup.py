@@ -221,6 +221,7 @@ def _bind_sampler(model_config, sampler: specs.SamplerSpec, tokenizer):
 
 def _rollouts(spec: specs.Specs, model_config, tokenizer, mesh, pool) -> Rollouts:
     same = spec.reward.accuracy == spec.reward.spec
+    layout = sampling.RolloutLayout(model_config, mesh, spec.sampler.layout)
     return Rollouts(
         spec=spec.rollout,
         mesh=mesh,
@@ -231,6 +232,7 @@ def _rollouts(spec: specs.Specs, model_config, tokenizer, mesh, pool) -> Rollout
         logprobs_fn=make_logprobs_fn(spec.step),
         advantage_fn=make_advantage_fn(spec.advantage, mesh),
         batch_shardings=batch_shardings(spec.step, mesh),
+        rollout_params=layout if layout.layout == "tensor" else None,
     )
 
 

@@ -137,6 +137,7 @@ class SamplerSpec:
     num_slots: int | None = None
     page_size: int = 16
     kv_budget_tokens: int | None = None
+    layout: str = "auto"
 
     def greedy(self) -> SamplerSpec:
         """One temperature-0 response per prompt (held-out evaluation)."""
@@ -378,6 +379,7 @@ def sampler_spec(c) -> SamplerSpec:
         num_slots=s.num_slots,
         page_size=s.page_size,
         kv_budget_tokens=s.kv_budget_tokens,
+        layout=s.rollout_layout,
     )
 
 

@@ -1,0 +1,73 @@
+"""The rollout's copy of the policy: made from the trainer's parameters once per RL step.
+
+The trainer keeps float32 master weights split for training (FSDP: each chip holds a slice
+of every weight's `embed` dimension). Decoding reads every weight once per token, so the
+rollout reads its own copy instead:
+
+  - in the compute dtype (`model_config.dtype`; the MoE router stays float32, as the model
+    uses it): the model casts each weight where it uses it, so samples and log-probs do not
+    change, and a bf16 model's copy is half the bytes of its f32 master weights;
+  - in the decode layout: "tensor" (`sharding.ROLLOUT_RULES`) splits heads, MLP, KV heads and
+    vocabulary over fsdp x tensor and keeps rows whole (each chip reads 1/(fsdp x tensor)
+    of the weights per token); "trainer" keeps the trainer's rules with every weight whole
+    over fsdp (`models.for_decoding`).
+
+`RolloutLayout(model_config, mesh, layout)(params)` is one jitted reshard with explicit
+out_shardings (what moves: `tools.aot`'s "rollout reshard" row). The RL loop calls it once per
+step before sampling (`trainer/rollout.py`, logged as time/rollout_reshard_s) and hands the
+copy to `sample(..., layout=...)`.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from gspo_jax import models, sharding
+from gspo_jax.models import partition
+
+
+def rollout_shardings(model_config, abstract_params, mesh, layout: str):
+    """NamedShardings of the rollout copy of `abstract_params` for `layout` ("tensor" or
+    "trainer"): the layout's rules, no weight split over `embed`."""
+    rules = sharding.layout_rules(layout)
+
+    def whole_embed(names):
+        return None if names is None else tuple(None if n == "embed" else n for n in names)
+
+    axes = jax.tree.map(
+        whole_embed,
+        models.logical_axes(model_config),
+        is_leaf=lambda x: x is None or isinstance(x, tuple),
+    )
+    return sharding.tree_shardings(abstract_params, axes, mesh, rules)
+
+
+class RolloutLayout:
+    """params -> the rollout's copy (compute dtype, decode layout), one jitted reshard.
+
+    `layout`: "auto" | "tensor" | "trainer" (`sharding.resolve_rollout_layout` against the
+    mesh; the resolved name is `.layout`, what `sample(layout=...)` takes). Built lazily on
+    the first call from the params' own tree (LoRA adapters included)."""
+
+    def __init__(self, model_config, mesh, layout: str = "auto"):
+        self.model_config = model_config
+        self.mesh = mesh
+        self.layout = sharding.resolve_rollout_layout(layout, dict(mesh.shape))
+        self._fn = None
+
+    def jitted(self, params):
+        """The jitted reshard for params shaped like `params` (arrays or ShapeDtypeStructs)."""
+        if self._fn is None:
+            cfg, rules = self.model_config, sharding.layout_rules(self.layout)
+
+            def make(p):
+                with partition.layout(rules):
+                    return models.rollout_params(cfg, p)
+
+            abstract = jax.eval_shape(lambda p: models.rollout_params(cfg, p), params)
+            out = rollout_shardings(cfg, abstract, self.mesh, self.layout)
+            self._fn = jax.jit(make, out_shardings=out)
+        return self._fn
+
+    def __call__(self, params):
+        return self.jitted(params)(params)
