@@ -124,6 +124,7 @@ def main():
         "top_p": None,
         "impl": "pallas",
         "layout": layout,
+        "drain_levels": 0,  # one loop: its collectives are those of one decoded token
     }
     start = time.perf_counter()
     # The mesh in context tells Pallas's lowering which chips it compiles for.
@@ -158,10 +159,12 @@ def per_token_collectives(text: str, layers: int) -> str:
     count and bytes per step per chip, by kind. The attention's own block loops nest inside
     and count once per block (their trip counts are unknown as well)."""
     per_kind: dict[str, list] = {}
+    shapes: dict[tuple, float] = {}
     for c in hlo_stats.collectives(text, unknown_trip_count=LOOP):
         if c.count < LOOP:  # outside the loop: once per call
             continue
         n = c.count / LOOP if c.count < LOOP**2 else c.count / LOOP**2  # nested: per block
+        shapes[(c.kind, c.shape)] = shapes.get((c.kind, c.shape), 0) + n
         k = per_kind.setdefault(c.kind, [0.0, 0.0, 0])
         k[0] += n
         k[1] += n * c.bytes
@@ -174,6 +177,7 @@ def per_token_collectives(text: str, layers: int) -> str:
         for kind, v in sorted(per_kind.items())
     ]
     total = sum(v[0] for v in per_kind.values())
+    rows += [f"    {n:4.0f} x {kind} {shape[:70]}" for (kind, shape), n in sorted(shapes.items())]
     return f"collectives per decoded token ({layers} layers): {total:.0f}\n" + "\n".join(rows)
 
 

@@ -242,17 +242,14 @@ def test_layout_choices_and_errors(fixture_model):
     resolve = sharding.resolve_rollout_layout
     assert resolve("auto", {"fsdp": 8}) == "tensor"
     assert resolve("auto", {"fsdp": 4, "tensor": 2}) == "tensor"
-    assert resolve("auto", {"data": 8}) == "trainer"  # rows over data: the trainer's layout
-    assert resolve("auto", {"fsdp": 4, "expert": 2}) == "trainer"
+    assert resolve("auto", {"data": 2, "fsdp": 4}) == "tensor"  # TP in a host, DP across
+    assert resolve("auto", {"data": 8}) == "trainer"  # pure data parallelism
+    assert resolve("auto", {"data": 4, "expert": 2}) == "trainer"
     assert resolve("auto", {}) == "trainer"  # one chip
     assert resolve("trainer", {"fsdp": 8}) == "trainer"
-    with pytest.raises(ValueError, match=r"sampling.rollout_layout='tensor'.*mesh.data=2"):
-        resolve("tensor", {"data": 2, "fsdp": 4})
     with pytest.raises(ValueError, match="sampling.rollout_layout='rows'"):
         resolve("rows", {"fsdp": 8})
     cfg, params, tokens, mask = fixture_model
-    with jax.set_mesh(_mesh(2, data=2)), pytest.raises(ValueError, match="layout='tensor'"):
-        _sample(cfg, params, tokens, mask, layout="tensor")
     with pytest.raises(ValueError, match="layout='diagonal'"):
         _sample(cfg, params, tokens, mask, layout="diagonal")
     # The rules a stage is traced under are scoped to its `layout` context.
@@ -260,6 +257,55 @@ def test_layout_choices_and_errors(fixture_model):
     with partition.layout(sharding.ROLLOUT_RULES):
         assert partition.active_rules() is sharding.ROLLOUT_RULES
     assert partition.active_rules() is sharding.LOGICAL_RULES
+    # Inside a replica of the engine (manual over data): data indexes replicas, rows whole.
+    inner = partition.without_axes(sharding.ROLLOUT_RULES, ("data",))
+    assert inner["batch"] is None and inner["heads"] == ("fsdp", "tensor")
+    inner = partition.without_axes(sharding.LOGICAL_RULES, ("data", "fsdp"))
+    assert inner["batch"] is None and inner["embed"] is None and inner["heads"] == ("tensor",)
+
+
+def test_replicas_divide_prompts_slots_and_pages():
+    mesh = _mesh(8, data=2, fsdp=4)
+    plan = continuous.plan(32, 16, 12, page_size=4)  # 32 slots, 4 pages per sequence
+    assert continuous.replica_axes(mesh, "trainer", 8, plan) == (
+        ("data", "fsdp"),
+        dataclasses.replace(plan, num_slots=4, num_pages=plan.num_pages // 8),
+    )
+    assert continuous.replica_axes(mesh, "tensor", 8, plan)[0] == ("data",)
+    # 6 prompts: 8 replicas do not divide them, 2 do.
+    assert continuous.replica_axes(mesh, "trainer", 6, plan)[0] == ("data",)
+    # A KV budget of 2 sequences' pages cannot be split 8 ways (each replica needs one).
+    small = continuous.plan(32, 16, 12, page_size=4, kv_budget_tokens=2 * 5 * 4)
+    assert continuous.replica_axes(mesh, "trainer", 8, small)[0] == ("data",)
+    assert continuous.replica_axes(None, "trainer", 8, plan) == ((), plan)
+
+
+@pytest.mark.parametrize(
+    "axes", [{"data": 4}, {"data": 2, "fsdp": 2}], ids=["data 4", "data 2 x fsdp 2"]
+)
+def test_engine_replicas_sample_what_one_device_samples(fixture_model, axes):
+    """The trainer's layout on a data (x fsdp) mesh: one engine per replica on its own
+    prompts, slots and pages (fewer slots than sequences and a tight KV budget, so rows
+    queue, wait and are preempted inside each replica): the one-device engine's tokens and
+    log-probs (benchmarks/continuous_aot.py and the probe in docs/tpu.md read the loop's
+    collectives: none on a data x fsdp mesh)."""
+    cfg, params, tokens, mask = fixture_model
+    kw = {"num_slots": 8, "page_size": 4, "kv_budget_tokens": 64}
+    want = _sample(cfg, params, tokens, mask, **kw)
+    n = int(np.prod(list(axes.values())))
+    mesh = _mesh(n, **axes)
+    with jax.set_mesh(mesh):
+        tok, msk = jax.device_put((tokens, mask), sharding.batch_sharding(mesh, 2))
+        kw = {"num_slots": 8, "page_size": 4, "kv_budget_tokens": 64}
+        got = _sample(cfg, _on_mesh(cfg, params, mesh), tok, msk, **kw)
+        plan = continuous.plan(4 * G, BUCKET, T, **kw)
+        assert continuous.replica_axes(partition.context_mesh(), "trainer", 4, plan)[0] == tuple(
+            axes
+        )
+    np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
+    np.testing.assert_array_equal(np.asarray(got.lengths), np.asarray(want.lengths))
+    np.testing.assert_allclose(np.asarray(got.logprobs), np.asarray(want.logprobs), atol=TOL)
+    assert got.tokens.sharding.is_equivalent_to(tok.sharding, 2)
 
 
 def _run_config(data_dir, mesh: dict):

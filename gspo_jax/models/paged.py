@@ -180,10 +180,12 @@ def paged_attention(
     if impl == "pallas":
         kernel = functools.partial(_pallas_paged_attention, sm_scale=sm_scale)
         mesh = partition.context_mesh()
-        if mesh is None or partition.active_rules() is partition.trainer_rules():
+        axes = () if mesh is None else partition.auto_axes(mesh)
+        if not axes:  # one chip, or every axis already manual (a replica of the engine)
             return kernel(q_SHC, kv_pages, kv_lens_S, page_table_SM)
-        # The rollout's tensor layout: every chip runs the kernel on its own kv heads (and
-        # the query heads that read them); a Pallas call left to GSPMD would be replicated.
+        # Every chip runs the kernel on its own kv heads (and the query heads that read
+        # them), rows whole: XLA cannot partition a Mosaic kernel ("Mosaic kernels cannot
+        # be automatically partitioned").
         K = kv_pages.shape[2] // 2
         heads = partition.spec(mesh, ("kv_heads",), (K,))[0]
         P = jax.sharding.PartitionSpec
@@ -192,6 +194,7 @@ def paged_attention(
             mesh=mesh,
             in_specs=(P(None, heads, None), P(None, None, heads, None), P(), P()),
             out_specs=P(None, heads, None),
+            axis_names=frozenset(axes),
             check_vma=False,
         )(q_SHC, kv_pages, kv_lens_S, page_table_SM)
     if impl == "xla":

@@ -50,6 +50,40 @@ def active_rules() -> dict:
     return sharding.LOGICAL_RULES if rules is None else rules
 
 
+def without_axes(rules: dict, axes) -> dict:
+    """`rules` for code running per replica inside a shard_map manual over `axes`: those
+    axes dropped from every rule (they index replicas, not a dimension's shards), rows
+    ("batch") whole."""
+    manual = set(axes)
+
+    def keep(target):
+        kept = tuple(a for a in ((target,) if isinstance(target, str) else target or ()))
+        kept = tuple(a for a in kept if a not in manual)
+        return kept or None
+
+    return {name: keep(target) for name, target in rules.items()} | {"batch": None}
+
+
+def rows_whole() -> bool:
+    """Whether the rules in force keep rows ("batch") whole on the mesh in context (the
+    rollout's tensor layout, or a replica of the continuous engine); True without a mesh."""
+    mesh = context_mesh()
+    if mesh is None:
+        return True
+    target = active_rules().get("batch")
+    axes = (target,) if isinstance(target, str) else tuple(target or ())
+    return all(mesh.shape.get(a, 1) == 1 for a in axes)
+
+
+def auto_axes(mesh) -> tuple[str, ...]:
+    """The mesh's axes of size > 1 that GSPMD partitions (not manual: inside a shard_map
+    over some axes, the others)."""
+    types = dict(zip(mesh.axis_names, mesh.axis_types))
+    return tuple(
+        a for a in mesh.axis_names if mesh.shape[a] > 1 and types[a] != jax.sharding.AxisType.Manual
+    )
+
+
 def trainer_rules() -> dict:
     """`sharding.LOGICAL_RULES` (the rules outside any `layout`)."""
     from gspo_jax import sharding

@@ -193,12 +193,10 @@ def _prefill_pages_body(model_config, params, tokens_NP, mask_NP, G, share_prefi
 def _constrain_pool(pool):
     """A page pool [pages, page_size, 2K, C] split over the kv heads as the rules in force
     split "kv_heads" (a chip keeps both keys and values of its heads); pages whole. Only
-    under the rollout's tensor layout: under the trainer's rules the pools keep the layout
-    GSPMD gives them."""
-    if partition.active_rules() is not sharding.ROLLOUT_RULES:
-        return pool
+    where rows are whole (a replica of the engine, the tensor layout's prefill): otherwise
+    the pools keep the layout GSPMD gives them."""
     mesh = partition.context_mesh()
-    if mesh is None:
+    if mesh is None or not partition.rows_whole():
         return pool
     heads = partition.spec(mesh, ("kv_heads",), (pool.shape[2] // 2,))[0]
     spec = jax.sharding.PartitionSpec(None, None, heads, None)
@@ -353,11 +351,12 @@ def _admit(state: EngineState, allowed, plen_Q, group: int, B: int, p: PagePlan)
     return state, admitted
 
 
-def _emit(state: EngineState, logits_SV, emit, rng, eos_E, draw, T: int):
-    """Draws token t of every emitting row with its sequence's key, writes it by sequence
-    index. Returns (state, finished [S]: the row's sequence ended)."""
+def _emit(state: EngineState, logits_SV, emit, rng, eos_E, draw, T: int, seq_offset=0):
+    """Draws token t of every emitting row with its sequence's key (sequence seq_offset +
+    seq: a replica's sequences are a slice of the call's), writes it by sequence index.
+    Returns (state, finished [S]: the row's sequence ended)."""
     B = state.tokens.shape[0]
-    keys = row_keys(rng, jnp.maximum(state.seq, 0), state.t)
+    keys = row_keys(rng, seq_offset + jnp.maximum(state.seq, 0), state.t)
     token, logprob = next_token(logits_SV, keys, *draw)
     row = jnp.where(emit, state.seq, B)  # B: out of range, dropped
     t1 = state.t + emit
@@ -410,6 +409,7 @@ def _release(state: EngineState, finished, victim, p: PagePlan):
         "impl",
         "drain_levels",
         "layout",
+        "replicas",
     ),
 )
 def _engine(
@@ -431,27 +431,64 @@ def _engine(
     impl,
     drain_levels=None,
     layout="trainer",
+    replicas=(),
 ):
     """The continuous loop. Returns (tokens [B, T] pad after the end, mask [B, T],
     logprobs [B, T] 0 where masked, lengths [B], truncated [B], loop steps, row steps,
-    preemptions). `layout`: the rules the loop is traced under (`sharding.layout_rules`)."""
-    with partition.layout(sharding.layout_rules(layout)):
-        return _engine_body(
-            model_config,
-            params,
-            prompt_pages,
-            plen_Q,
-            logits_QV,
-            rng,
-            eos_ids_E,
-            pad_id,
-            num_sequences,
-            max_new_tokens,
-            page_plan,
-            (temperature, top_k, top_p),
-            impl,
-            drain_levels,
+    preemptions). `layout`: the rules the loop is traced under (`sharding.layout_rules`).
+
+    `replicas` (mesh axes, `replica_axes`): the loop runs once per replica, in a shard_map
+    over those axes, on the replica's slice of the prompts (its pages, lengths, logits)
+    with `page_plan` as each replica's (its slots and pages): a replica's pool, page table
+    and queue stay on its chips, and the other mesh axes split the model inside it. Rows
+    come out split over the replicas in sequence order; row steps and preemptions are
+    summed over them, loop steps are the longest replica's."""
+    draw = (temperature, top_k, top_p)
+    args = (model_config, params, prompt_pages, plen_Q, logits_QV, rng, eos_ids_E, pad_id)
+    static = (max_new_tokens, page_plan, draw, impl, drain_levels)
+    rules = sharding.layout_rules(layout)
+    if replicas:
+        rules = sharding.LOGICAL_RULES if rules is None else rules
+        return _per_replica(args, num_sequences, static, rules, replicas)
+    with partition.layout(rules):
+        return _engine_body(*args, num_sequences, *static)
+
+
+def _per_replica(args, num_sequences, static, rules, replicas):
+    """`_engine_body` in a shard_map over the `replicas` mesh axes (see `_engine`)."""
+    cfg, params, prompt_pages, plen_Q, logits_QV, rng, eos_ids_E, pad_id = args
+    mesh = partition.context_mesh()
+    D = 1
+    for axis in replicas:
+        D *= mesh.shape[axis]
+    local_B = num_sequences // D
+    inner = partition.without_axes(rules, replicas)
+    P = jax.sharding.PartitionSpec
+    rows = P(replicas)
+
+    def one(params, prompt_pages, plen_Q, logits_QV, rng, eos_ids_E, pad_id):
+        offset = jax.lax.axis_index(replicas) * local_B
+        with partition.layout(inner):
+            out = _engine_body(
+                cfg, params, prompt_pages, plen_Q, logits_QV, rng, eos_ids_E, pad_id,
+                local_B, *static, seq_offset=offset,
+            )  # fmt: skip
+        *per_row, steps, row_steps, preempted = out
+        return (
+            *per_row,
+            jax.lax.pmax(steps, replicas),
+            jax.lax.psum(row_steps, replicas),
+            jax.lax.psum(preempted, replicas),
         )
+
+    return jax.shard_map(
+        one,
+        mesh=mesh,
+        in_specs=(P(), rows, rows, rows, P(), P(), P()),
+        out_specs=(rows,) * 5 + (P(),) * 3,
+        axis_names=frozenset(replicas),
+        check_vma=False,
+    )(params, prompt_pages, plen_Q, logits_QV, rng, eos_ids_E, pad_id)
 
 
 def _engine_body(
@@ -469,6 +506,7 @@ def _engine_body(
     draw,
     impl,
     drain_levels,
+    seq_offset=0,
 ):
     cfg, B, T, p = model_config, num_sequences, max_new_tokens, page_plan
     group = B // plen_Q.shape[0]
@@ -484,7 +522,8 @@ def _engine_body(
         state, admitted = _admit(state, allowed, plen_Q, group, B, p)
         first = logits_QV[jnp.clip(state.seq, 0, B - 1) // group]
         logits = jnp.where(admitted[:, None], first, decoded)
-        state, finished = _emit(state, logits, progress | admitted, rng, eos_ids_E, draw, T)
+        emit = progress | admitted
+        state, finished = _emit(state, logits, emit, rng, eos_ids_E, draw, T, seq_offset)
         state = _release(state, finished, victim, p)
         width = state.seq.shape[0]
         return state.replace(steps=state.steps + 1, row_steps=state.row_steps + width)
@@ -580,6 +619,10 @@ def run(cfg, params, tokens_NP, mask_NP, rng, eos_ids, pad_id, *, options: dict,
         layout=options.get("layout", "trainer"),
     )
     B = tokens_NP.shape[0] * G
+    layout = options.get("layout", "trainer")
+    replicas, local_plan = replica_axes(
+        partition.context_mesh(), layout, tokens_NP.shape[0], page_plan
+    )
     tokens, mask, logprobs, lengths, truncated, steps, row_steps, preempted = _engine(
         cfg,
         params,
@@ -591,13 +634,14 @@ def run(cfg, params, tokens_NP, mask_NP, rng, eos_ids, pad_id, *, options: dict,
         pad_id,
         num_sequences=B,
         max_new_tokens=options["max_new_tokens"],
-        page_plan=page_plan,
+        page_plan=local_plan,
         temperature=options["temperature"],
         top_k=options["top_k"],
         top_p=options["top_p"],
         impl=models.paged_attention_impl(cfg.attention_impl),
         drain_levels=options.get("drain_levels"),
-        layout=options.get("layout", "trainer"),
+        layout=layout,
+        replicas=replicas,
     )
     rows = _row_sharding(tokens_NP)
     if rows is not None:
@@ -606,6 +650,31 @@ def run(cfg, params, tokens_NP, mask_NP, rng, eos_ids, pad_id, *, options: dict,
         )
     stats = EngineStats(steps=steps, row_steps=row_steps, preemptions=preempted)
     return tokens, mask, logprobs, lengths, truncated, tokens_BP, mask_BP, stats
+
+
+def replica_axes(mesh, layout: str, num_prompts: int, p: PagePlan) -> tuple[tuple, PagePlan]:
+    """(mesh axes the engine runs one replica per, each replica's page plan).
+
+    The candidates are the layout's row axes but expert ("trainer": data, fsdp; "tensor":
+    data) of size > 1: each replica decodes its own prompts' sequences on its own slots and
+    pages, and the other axes split the model inside it. The longest leading run of them
+    whose product D divides the prompts and the slots, and leaves each replica the pages of
+    one full-length sequence; with none (or no mesh), one engine over GSPMD's layout.
+    Each replica's plan: num_slots / D slots, num_pages / D response pages."""
+    if mesh is None:
+        return (), p
+    target = (sharding.layout_rules(layout) or sharding.LOGICAL_RULES)["batch"]
+    axes = (target,) if isinstance(target, str) else tuple(target or ())
+    axes = [a for a in axes if a != "expert" and mesh.shape.get(a, 1) > 1]
+    while axes:
+        D = 1
+        for axis in axes:
+            D *= mesh.shape[axis]
+        if num_prompts % D == 0 and p.num_slots % D == 0 and p.num_pages // D >= p.seq_pages:
+            local = dataclasses.replace(p, num_slots=p.num_slots // D, num_pages=p.num_pages // D)
+            return tuple(axes), local
+        axes.pop()
+    return (), p
 
 
 def _row_sharding(tokens_NP):

@@ -159,9 +159,9 @@ def next_token(logits_BV, keys_B, temperature: float, top_k, top_p):
         return token, logprobs_from_logits(logits_BV, token, 1.0)
     z = logits_BV.astype(F32) / temperature
     u_B1 = row_uniforms(keys_B)
-    if partition.active_rules() is not partition.trainer_rules():
-        # Rows replicated (the rollout layout): left alone, GSPMD split the keys' threefry
-        # over the chips and all-to-all'ed it back, 6 collectives per decoded token.
+    if partition.rows_whole():
+        # Rows whole (the rollout layout): left alone, GSPMD split the keys' threefry over
+        # the chips and all-to-all'ed it back, 6 collectives per decoded token.
         u_B1 = partition.constrain(u_B1, ("batch", None))
     # Vocabulary-sharded logits (the rollout's tensor layout) are drawn from where they are.
     shards = partition.shards("vocab", z.shape[-1])

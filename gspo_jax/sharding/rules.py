@@ -31,13 +31,13 @@ LOGICAL_RULES: dict[str, str | tuple[str, ...] | None] = {
 
 # The rollout's decode layout (`rollout_layout="tensor"`): every weight split over the
 # model-parallel axes (fsdp and tensor together: a tensor-parallel group of fsdp x tensor
-# chips), none gathered whole, rows and the KV pages' token axes replicated, vocabulary
-# split (tokens are drawn from vocabulary-sharded logits). A decode step reads 1/(fsdp x
-# tensor) of the weights and of the KV heads per chip, at the price of two all-reduces of
-# [rows, hidden] per layer. With mesh.data or mesh.expert > 1 every data replica would
-# decode every sequence: `rollout_layout` refuses it (`resolve_rollout_layout`).
+# chips, e.g. a host's), none gathered whole; rows over data (and expert) only, the KV
+# pages' token axes whole; vocabulary split (tokens are drawn from vocabulary-sharded
+# logits). A decode step reads 1/(fsdp x tensor) of the weights and of the KV heads per
+# chip, at the price of two all-reduces of [rows, hidden] per layer; mesh.data replicas
+# (across hosts) each decode their own rows (the continuous engine: one engine per replica).
 ROLLOUT_RULES: dict[str, str | tuple[str, ...] | None] = {
-    "batch": None,
+    "batch": ("data", "expert"),
     "layers": None,
     "vocab": ("fsdp", "tensor"),
     "embed": None,
@@ -61,23 +61,15 @@ def layout_rules(layout: str) -> dict | None:
 
 
 def resolve_rollout_layout(layout: str, axis_sizes, field: str = "sampling.rollout_layout") -> str:
-    """ "auto" -> "tensor" when the mesh has more than one chip and no data or expert axis
-    (mesh.data = mesh.expert = 1), else "trainer"; "tensor" on a mesh with mesh.data or
-    mesh.expert > 1 is a ValueError naming the field (each data replica would decode every
-    sequence). `axis_sizes`: the resolved mesh axis sizes (a Mesh's .shape, or a dict)."""
+    """ "auto" -> "tensor" when the mesh has model-parallel chips (mesh.fsdp x mesh.tensor
+    > 1), else "trainer" (pure data parallelism: the two are the same rows-over-data
+    layout); ValueError naming `field` for an unknown name. `axis_sizes`: the resolved mesh
+    axis sizes (a dict)."""
     if layout not in ROLLOUT_LAYOUTS:
         raise ValueError(f"{field}={layout!r}: expected one of {ROLLOUT_LAYOUTS}")
-    sizes = {a: int(axis_sizes.get(a, 1)) for a in ("data", "fsdp", "tensor", "expert")}
-    replicas = sizes["data"] * sizes["expert"]
     if layout == "auto":
-        return "tensor" if replicas == 1 and sizes["fsdp"] * sizes["tensor"] > 1 else "trainer"
-    if layout == "tensor" and replicas > 1:
-        raise ValueError(
-            f"{field}='tensor' splits the weights over the whole mesh, but "
-            f"mesh.data={sizes['data']} and mesh.expert={sizes['expert']} make "
-            f"{replicas} replicas that would each decode every sequence: use "
-            "rollout_layout='trainer' (rows over the batch axes) or 'auto'"
-        )
+        model_parallel = int(axis_sizes.get("fsdp", 1)) * int(axis_sizes.get("tensor", 1))
+        return "tensor" if model_parallel > 1 else "trainer"
     return layout
 
 
