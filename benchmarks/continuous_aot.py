@@ -115,10 +115,13 @@ def main():
         jax.ShapeDtypeStruct((1,), jnp.int32, sharding=one),
         jax.ShapeDtypeStruct((), jnp.int32, sharding=one),
     )
+    # One replica per data-parallel chip group (the trainer layout: each chip its own rows).
+    replicas, local = continuous.replica_axes(mesh, layout, N, plan)
     static = {
         "num_sequences": N * G,
         "max_new_tokens": T,
-        "page_plan": plan,
+        "page_plan": local,
+        "replicas": replicas,
         "temperature": 1.0,
         "top_k": None,
         "top_p": None,
@@ -133,17 +136,22 @@ def main():
     seconds = time.perf_counter() - start
     mem = compiled.memory_analysis()
     text = compiled.as_text()
-    pool = (1 + N * plan.prompt_pages + plan.num_pages) * plan.page_size * K2 * C * 2
-    pool //= max(1, len(devices) if heads is not None else 1)
+    # Per chip: a replica's pages (its prompts' and its share of the budget), its kv heads.
+    D = len(devices) if replicas else 1
+    head_shards = len(devices) if heads is not None else 1
+    pool = (1 + N // D * plan.prompt_pages + local.num_pages) * plan.page_size * K2 * C * 2
+    pool //= head_shards
     where = "one chip" if len(devices) == 1 else f"{len(devices)} chips, layout {layout!r}"
+    where += f", replicas over {'x'.join(replicas)}" if replicas else ""
     print(f"compiled for {args.topology} ({where}) in {seconds:.0f} s, {args.layers} layers")
     print(per_token_collectives(text, args.layers))
     print(
         f"pallas kernel in the program: {'ragged_paged_attention' in text or 'tpu_custom_call' in text}"
     )
     print(
-        f"page pool per layer: {pool / GiB:.3f} GiB ({plan.num_pages} response pages of "
-        f"{plan.page_size} tokens + {N * plan.prompt_pages} prompt pages)"
+        f"page pool per layer per chip: {pool / GiB:.3f} GiB ({local.num_pages} response "
+        f"pages of {plan.page_size} tokens + {N // D * plan.prompt_pages} prompt pages per "
+        f"replica, 1/{head_shards} of the kv heads)"
     )
     for name in ("argument_size_in_bytes", "temp_size_in_bytes", "output_size_in_bytes"):
         print(f"{name:28s} {getattr(mem, name) / GiB:.3f} GiB")

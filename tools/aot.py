@@ -12,10 +12,13 @@ mesh (`config.mesh`), the parameter / optimizer / batch shardings the trainer us
 lowers and compiles, as `jax.ShapeDtypeStruct`s carrying those shardings, the functions
 one RL step calls:
 
-    sampler prefill   sampler._prefill: one prefill per prompt, the response cache
-    sampler decode    sampler._decode: the while_loop over response_length tokens (the
-                      static engine's, whichever sampling.engine says: the continuous
-                      engine is not compiled for a mesh here yet, the report says so)
+    rollout reshard   sampling.RolloutLayout: the policy's rollout copy, once per RL step
+                      (sampling.rollout_layout "tensor" only)
+    sampler prefill   the run's engine (sampling.engine): continuous._prefill_pages (one
+                      prefill per prompt, written into pages) or sampler._prefill (static)
+    sampler decode    continuous._engine (its loop, one replica per data-parallel chip
+                      group) or sampler._decode (static), every response response_length
+                      tokens long
     logprobs          train_step.make_logprobs_fn: π_old (and π_ref) recompute
     advantages        rollout.make_advantage_fn (or the token-level-KL variant)
     train step        train_step.make_train_step: ppo_epochs × num_mini_batches updates
@@ -447,9 +450,23 @@ def compile_run(
     return reports
 
 
+def _decode_flops_per_token(cfg, P: int, T: int) -> float:
+    """One decoded token: the weights once, attention over P + T/2 keys on average."""
+    per_token = 2 * _matmul_params(cfg) + 2 * cfg.hidden_size * cfg.vocab_size
+    return per_token + 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * (P + T / 2)
+
+
+def rollout_layout(config, mesh) -> str:
+    """The run's resolved `sampling.rollout_layout` on `mesh`."""
+    return sharding_lib.resolve_rollout_layout(config.sampling.rollout_layout, dict(mesh.shape))
+
+
 def _compile_sampler(a: _Abstract, functions) -> list[Report]:
     """The sampler's prefill, then its decode on the prefill's outputs (as compiled, with
-    their shardings); the reports of those among `functions`."""
+    their shardings); the reports of those among `functions`. The run's engine
+    (`sampling.engine`): the continuous one is `_compile_continuous`."""
+    if a.c.sampling.engine == "continuous":
+        return _compile_continuous(a, functions)
     cfg, N, P, T = a.cfg, a.N, a.P, a.T
     tokens_NP = _batch_sds(a.mesh, (N, P), jnp.int32)
     key = jax.eval_shape(lambda: jax.random.key(0))
@@ -486,8 +503,7 @@ def _compile_sampler(a: _Abstract, functions) -> list[Report]:
     )
     prompt, state, first_logits = _sds(shapes, compiled.output_shardings)[:3]
     # T steps of B rows: the weights once per token, attention over P + t/2 keys.
-    per_token = 2 * _matmul_params(cfg) + 2 * cfg.hidden_size * cfg.vocab_size
-    per_token += 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * (P + T / 2)
+    per_token = _decode_flops_per_token(cfg, P, T)
     report, _ = _compile(
         "sampler decode",
         sampler._decode,
@@ -504,6 +520,95 @@ def _compile_sampler(a: _Abstract, functions) -> list[Report]:
         resident=a.idle,
         flops=per_token * a.B * T / a.chips,
         loop_trips=T,  # the token loop stops early when every row ended: T at worst
+    )
+    reports.append(report)
+    return reports
+
+
+def _compile_continuous(a: _Abstract, functions) -> list[Report]:
+    """The continuous engine as the run lays it out (`sampling.rollout_layout`): the
+    rollout copy of the params ("rollout reshard", the tensor layout only), the prefill
+    into pages ("sampler prefill") and the engine's loop ("sampler decode": one replica per
+    data-parallel chip group, `continuous.replica_axes`). Worst case: every response
+    response_length long, so a slot is refilled only when its sequence has decoded them
+    all: ⌈sequences / slots⌉ x response_length loop steps per replica."""
+    from gspo_jax import sampling
+    from gspo_jax.sampling import continuous
+
+    c, cfg, N, P, T, G = a.c, a.cfg, a.N, a.P, a.T, a.G
+    s = c.sampling
+    layout = rollout_layout(c, a.mesh)
+    reports = []
+    params = a.params
+    if layout == "tensor":
+        copy = sampling.RolloutLayout(cfg, a.mesh, layout)
+        report, compiled = _compile("rollout reshard", copy.jitted(a.params), a.params)
+        reports.append(report)
+        out = jax.eval_shape(lambda p: models.rollout_params(cfg, p), a.abstract)
+        params = _sds(out, sampling.rollout_shardings(cfg, out, a.mesh, layout))
+    tokens_NP = _batch_sds(a.mesh, (N, P), jnp.int32)
+    page_size = int(s.page_size)
+    report, compiled = _compile(
+        "sampler prefill",
+        continuous._prefill_pages,
+        cfg,
+        params,
+        tokens_NP,
+        tokens_NP,
+        resident=a.idle,
+        flops=_forward_flops(cfg, N, P, 1) / a.chips,
+        num_samples=G,
+        share_prefix=True,
+        page_size=page_size,
+        layout=layout,
+    )
+    if "prefill" in functions:
+        reports.append(report)
+    if "decode" not in functions or compiled is None:
+        return reports
+    shapes = jax.eval_shape(
+        lambda p, t: continuous._prefill_pages(
+            cfg, p, t, t, num_samples=G, share_prefix=True, page_size=page_size, layout=layout
+        ),
+        jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params),
+        jax.ShapeDtypeStruct((N, P), jnp.int32),
+    )
+    pages, plen, logits = _sds(shapes, compiled.output_shardings)[:3]
+    plan = continuous.plan(
+        N * G,
+        P,
+        T,
+        num_slots=s.num_slots,
+        page_size=page_size,
+        kv_budget_tokens=s.kv_budget_tokens,
+    )
+    replicas, local = continuous.replica_axes(a.mesh, layout, N, plan)
+    waves = -(-(N * G) // plan.num_slots)
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    report, _ = _compile(
+        "sampler decode",
+        continuous._engine,
+        cfg,
+        params,
+        pages,
+        plen,
+        logits,
+        jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=a.rep),
+        jax.ShapeDtypeStruct((1,), jnp.int32, sharding=a.rep),  # eos ids
+        jax.ShapeDtypeStruct((), jnp.int32, sharding=a.rep),  # pad id
+        resident=a.idle,
+        flops=_decode_flops_per_token(cfg, P, T) * a.B * T / a.chips,
+        loop_trips=waves * T,
+        num_sequences=N * G,
+        max_new_tokens=T,
+        page_plan=local,
+        temperature=float(s.temperature),
+        top_k=s.top_k,
+        top_p=s.top_p,
+        impl=models.paged_attention_impl(cfg.attention_impl, "tpu", cfg.head_dim),
+        drain_levels=0,  # the worst case drains nothing: one loop, its trips counted
+        layout=layout,
+        replicas=replicas,
     )
     reports.append(report)
     return reports
@@ -671,18 +776,19 @@ def describe(config, cfg, topology: str, devices) -> str:
         f"{c.num_mini_batches} mini-batches of {sizes['mini_batch']}, micro-batch "
         f"{sizes['micro_batch']}, {cfg.param_dtype} params, {cfg.dtype} compute, remat "
         f"{cfg.remat}, attention {impl}, MoE {cfg.moe_impl if cfg.num_experts else '-'}; "
-        f"jax {jax.__version__}" + _engine_note(c)
+        f"jax {jax.__version__}" + _engine_note(c, mesh)
     )
 
 
-def _engine_note(config) -> str:
-    """What the sampler rows stand for when the run decodes with the continuous engine."""
+def _engine_note(config, mesh_sizes) -> str:
+    """What the sampler rows stand for."""
     if config.sampling.engine != "continuous":
-        return ""
+        return "\nsampler rows: the static engine (every row decodes response_length tokens)"
+    layout = sharding_lib.resolve_rollout_layout(config.sampling.rollout_layout, mesh_sizes)
     return (
-        "\nsampler rows: the static engine (every row decodes response_length tokens: the "
-        "worst case). The run's continuous engine (sampling.engine) is not compiled here "
-        "for a mesh yet; benchmarks/continuous_aot.py compiles it for one chip"
+        "\nsampler rows: the continuous engine, rollout layout "
+        f"{layout!r} (sampling.rollout_layout={config.sampling.rollout_layout!r}), at its "
+        "worst case: every response response_length long (no slot refilled early)"
     )
 
 

@@ -51,10 +51,15 @@ MASK_VALUE = -0.7 * float(jnp.finfo(F32).max)  # the Pallas kernel's DEFAULT_MAS
 PAGED_IMPLS = ("xla", "pallas")
 
 
-def paged_attention_impl(attention_impl: str, platform: str | None = None) -> str:
+def paged_attention_impl(
+    attention_impl: str, platform: str | None = None, head_dim: int | None = None
+) -> str:
     """ "pallas" when compiling for a TPU and `attention_impl` is "auto" or "splash" (the
-    Pallas kernels), "xla" otherwise."""
+    Pallas kernels), "xla" otherwise, and also for a `head_dim` the kernel cannot take (it
+    works in 128-lane tiles: a multiple of 128; the tiny test models' 16 is not)."""
     platform = platform or target_platform()
+    if head_dim is not None and head_dim % 128:
+        return "xla"
     if platform == "tpu" and attention_impl in ("auto", "splash"):
         return "pallas"
     return "xla"
@@ -184,8 +189,9 @@ def paged_attention(
         if not axes:  # one chip, or every axis already manual (a replica of the engine)
             return kernel(q_SHC, kv_pages, kv_lens_S, page_table_SM)
         # Every chip runs the kernel on its own kv heads (and the query heads that read
-        # them), rows whole: XLA cannot partition a Mosaic kernel ("Mosaic kernels cannot
-        # be automatically partitioned").
+        # them), rows whole. Manual over every axis GSPMD still partitions, size-1 ones
+        # too: XLA cannot partition a Mosaic kernel ("Mosaic kernels cannot be
+        # automatically partitioned").
         K = kv_pages.shape[2] // 2
         heads = partition.spec(mesh, ("kv_heads",), (K,))[0]
         P = jax.sharding.PartitionSpec

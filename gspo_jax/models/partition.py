@@ -76,12 +76,10 @@ def rows_whole() -> bool:
 
 
 def auto_axes(mesh) -> tuple[str, ...]:
-    """The mesh's axes of size > 1 that GSPMD partitions (not manual: inside a shard_map
-    over some axes, the others)."""
+    """The mesh's axes GSPMD partitions (not manual: inside a shard_map over some axes,
+    the others), whatever their size."""
     types = dict(zip(mesh.axis_names, mesh.axis_types))
-    return tuple(
-        a for a in mesh.axis_names if mesh.shape[a] > 1 and types[a] != jax.sharding.AxisType.Manual
-    )
+    return tuple(a for a in mesh.axis_names if types[a] != jax.sharding.AxisType.Manual)
 
 
 def trainer_rules() -> dict:
