@@ -610,8 +610,22 @@ def _compile_continuous(a: _Abstract, functions) -> list[Report]:
         layout=layout,
         replicas=replicas,
     )
+    if report.error is None:
+        report.hlo_bytes = _engine_hbm_bytes(cfg, params, pages[0], local, P, T, waves)
     reports.append(report)
     return reports
+
+
+def _engine_hbm_bytes(cfg, params, pool, local, P: int, T: int, waves: int) -> float:
+    """HBM bytes per chip of the engine's loop, analytic: per step the chip's weights
+    once and its slots' real context (P + T/2 positions on average), waves x T steps. The
+    HLO's count would be wrong here: the Pallas kernel takes each layer's whole page pool
+    as an operand (it reads only the pages of each row's table)."""
+    weights = _per_chip(params)
+    per_position = cfg.num_layers * math.prod(pool.sharding.shard_shape(pool.shape)[2:])
+    per_position *= jnp.dtype(pool.dtype).itemsize
+    context = local.num_slots * (P + T / 2) * per_position
+    return float(waves * T * (weights + context))
 
 
 def _compile_logprobs(a: _Abstract) -> Report:
@@ -788,7 +802,9 @@ def _engine_note(config, mesh_sizes) -> str:
     return (
         "\nsampler rows: the continuous engine, rollout layout "
         f"{layout!r} (sampling.rollout_layout={config.sampling.rollout_layout!r}), at its "
-        "worst case: every response response_length long (no slot refilled early)"
+        "worst case: every response response_length long (no slot refilled early); its "
+        "decode HBM bytes are analytic (each step: the chip's weights and its rows' real "
+        "context), the HLO handing the kernel whole page pools"
     )
 
 

@@ -13,6 +13,12 @@ next sequence from the queue in the same step, so no slot waits for the longest 
          prompt's pages (a prompt's partly filled last page is copied into a page of the
          slot's own, since the slot writes after it)
 
+On a mesh (the RL loop traces under `jax.set_mesh`) the engine runs one replica per
+data-parallel chip group (`replica_axes`: the rollout layout's row axes), each in a
+`shard_map` with its own prompts, slots, pages and queue, the model split over the other
+axes inside it (`sampling.layout` and docs/tpu.md, "The rollout layout"). Sequence b is
+still drawn with its global index, so the replica split changes no token.
+
 Drain: once the queue is empty, the slots still running are fewer and fewer. When at most
 half of them run, they move (`_compact`: a gather of the per-slot arrays; their pages stay
 where they are) to a loop of half the width, `drain_levels` times, so the long tail of a
@@ -679,9 +685,10 @@ def replica_axes(mesh, layout: str, num_prompts: int, p: PagePlan) -> tuple[tupl
 
 def _row_sharding(tokens_NP):
     """The prompts' row sharding (a NamedSharding splitting their first axis), else None.
-    The engine's outputs come out replicated (rows are written by sequence index from any
-    slot); the static engine's follow the prompts' rows, and a multi-process loop reads
-    only its own rows (`sharding.to_local`), so the outputs are put back on that layout."""
+    Without replicas the engine's outputs come out replicated (rows are written by
+    sequence index from any slot), with them split over the replica axes; the static
+    engine's follow the prompts' rows, and a multi-process loop reads only its own rows
+    (`sharding.to_local`), so the outputs are put back on that layout."""
     s = getattr(tokens_NP, "sharding", None)
     if not isinstance(s, jax.sharding.NamedSharding) or not s.spec or s.spec[0] is None:
         return None
