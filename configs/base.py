@@ -148,8 +148,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.sampling.rollout_layout = "auto"  # how the rollout lays the policy out on the mesh,
     # remade from the trainer's params once per RL step: "tensor" (weights in the compute
     # dtype, heads / MLP / KV heads / vocabulary split over mesh.fsdp x mesh.tensor, rows
-    # whole), "trainer" (the trainer's FSDP rules, each weight gathered whole per call),
-    # "auto": "tensor" on a mesh of > 1 chip with mesh.data = mesh.expert = 1, else
+    # over mesh.data), "trainer" (the trainer's rules, each weight gathered whole per call;
+    # the continuous engine runs one replica per data x fsdp chip),
+    # "auto": "tensor" when mesh.fsdp x mesh.tensor > 1 divides the model's kv heads, else
     # "trainer" (docs/tpu.md, "The rollout layout")
 
     # ------------------------------------------------------------------------------------

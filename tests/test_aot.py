@@ -89,7 +89,9 @@ def test_tiny_rl_step_compiles_for_a_tpu_slice(env, tmp_path):
         assert 1 <= len(uses) <= 3 and sum(
             u["bytes"] * u["count"] * u["instructions"] for u in uses
         )
-        assert uses[0]["bytes"] * uses[0]["count"] * uses[0]["instructions"] <= r["hbm"], r
+        if r["name"] != "sampler decode":  # the engine's bytes are analytic (aot.py:
+            # `_engine_hbm_bytes`), its HLO uses count the kernel's whole page pools
+            assert uses[0]["bytes"] * uses[0]["count"] * uses[0]["instructions"] <= r["hbm"], r
         assert f"HBM traffic of {r['name']}: " in proc.stdout
     assert re.search(
         r"HBM traffic of sampler decode: \S+ GB per chip per call, \S+ GB per token", proc.stdout

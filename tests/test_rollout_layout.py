@@ -247,6 +247,10 @@ def test_layout_choices_and_errors(fixture_model):
     assert resolve("auto", {"data": 4, "expert": 2}) == "trainer"
     assert resolve("auto", {}) == "trainer"  # one chip
     assert resolve("trainer", {"fsdp": 8}) == "trainer"
+    # Qwen3-8B's 8 kv heads on 64 model-parallel chips: one replica per chip instead.
+    assert resolve("auto", {"fsdp": 64}, kv_heads=8) == "trainer"
+    assert resolve("auto", {"data": 16, "fsdp": 4}, kv_heads=8) == "tensor"
+    assert resolve("tensor", {"fsdp": 64}, kv_heads=8) == "tensor"  # asked for: as asked
     with pytest.raises(ValueError, match="sampling.rollout_layout='rows'"):
         resolve("rows", {"fsdp": 8})
     cfg, params, tokens, mask = fixture_model

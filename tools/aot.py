@@ -456,9 +456,12 @@ def _decode_flops_per_token(cfg, P: int, T: int) -> float:
     return per_token + 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * (P + T / 2)
 
 
-def rollout_layout(config, mesh) -> str:
-    """The run's resolved `sampling.rollout_layout` on `mesh`."""
-    return sharding_lib.resolve_rollout_layout(config.sampling.rollout_layout, dict(mesh.shape))
+def rollout_layout(config, cfg, mesh_sizes) -> str:
+    """The run's resolved `sampling.rollout_layout` for model `cfg` on a mesh of these
+    axis sizes."""
+    return sharding_lib.resolve_rollout_layout(
+        config.sampling.rollout_layout, dict(mesh_sizes), kv_heads=cfg.num_kv_heads
+    )
 
 
 def _compile_sampler(a: _Abstract, functions) -> list[Report]:
@@ -537,7 +540,7 @@ def _compile_continuous(a: _Abstract, functions) -> list[Report]:
 
     c, cfg, N, P, T, G = a.c, a.cfg, a.N, a.P, a.T, a.G
     s = c.sampling
-    layout = rollout_layout(c, a.mesh)
+    layout = rollout_layout(c, cfg, a.mesh.shape)
     reports = []
     params = a.params
     if layout == "tensor":
@@ -790,15 +793,15 @@ def describe(config, cfg, topology: str, devices) -> str:
         f"{c.num_mini_batches} mini-batches of {sizes['mini_batch']}, micro-batch "
         f"{sizes['micro_batch']}, {cfg.param_dtype} params, {cfg.dtype} compute, remat "
         f"{cfg.remat}, attention {impl}, MoE {cfg.moe_impl if cfg.num_experts else '-'}; "
-        f"jax {jax.__version__}" + _engine_note(c, mesh)
+        f"jax {jax.__version__}" + _engine_note(c, cfg, mesh)
     )
 
 
-def _engine_note(config, mesh_sizes) -> str:
+def _engine_note(config, cfg, mesh_sizes) -> str:
     """What the sampler rows stand for."""
     if config.sampling.engine != "continuous":
         return "\nsampler rows: the static engine (every row decodes response_length tokens)"
-    layout = sharding_lib.resolve_rollout_layout(config.sampling.rollout_layout, mesh_sizes)
+    layout = rollout_layout(config, cfg, mesh_sizes)
     return (
         "\nsampler rows: the continuous engine, rollout layout "
         f"{layout!r} (sampling.rollout_layout={config.sampling.rollout_layout!r}), at its "

@@ -52,7 +52,9 @@ class RolloutLayout:
     def __init__(self, model_config, mesh, layout: str = "auto"):
         self.model_config = model_config
         self.mesh = mesh
-        self.layout = sharding.resolve_rollout_layout(layout, dict(mesh.shape))
+        self.layout = sharding.resolve_rollout_layout(
+            layout, dict(mesh.shape), kv_heads=model_config.num_kv_heads
+        )
         self._fn = None
 
     def jitted(self, params):

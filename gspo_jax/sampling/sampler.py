@@ -637,7 +637,7 @@ def sample(
         "top_p": top_p,
         "share_prefix": bool(share_prefix),
         "drain_levels": _drain_levels(drain_levels),
-        "layout": _layout(layout),
+        "layout": _layout(layout, cfg.num_kv_heads),
     }
     B = np.shape(prompt_tokens)[0] * int(num_samples)
     page_plan = _page_plan(engine, B, bucket, options, num_slots, page_size, kv_budget_tokens)
@@ -685,7 +685,7 @@ def _sample_continuous(cfg, params, tokens_NP, mask_NP, rng, eos_E, pad_id, opti
 ENGINES = ("continuous", "static")
 
 
-def _layout(layout) -> str:
+def _layout(layout, kv_heads: int) -> str:
     """`layout` resolved against the mesh in context ("auto" -> "tensor" or "trainer");
     ValueError for an unknown one, or "tensor" on a mesh with data / expert replicas."""
     if layout not in sharding.ROLLOUT_LAYOUTS:
@@ -693,7 +693,7 @@ def _layout(layout) -> str:
     mesh = partition.context_mesh()
     if mesh is None:
         return "trainer" if layout == "auto" else layout
-    return sharding.resolve_rollout_layout(layout, dict(mesh.shape), field="layout")
+    return sharding.resolve_rollout_layout(layout, dict(mesh.shape), "layout", kv_heads)
 
 
 def _drain_levels(drain_levels) -> int | None:

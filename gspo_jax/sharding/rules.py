@@ -60,16 +60,22 @@ def layout_rules(layout: str) -> dict | None:
     raise ValueError(f"rollout layout {layout!r}: expected 'tensor' or 'trainer'")
 
 
-def resolve_rollout_layout(layout: str, axis_sizes, field: str = "sampling.rollout_layout") -> str:
-    """ "auto" -> "tensor" when the mesh has model-parallel chips (mesh.fsdp x mesh.tensor
-    > 1), else "trainer" (pure data parallelism: the two are the same rows-over-data
-    layout); ValueError naming `field` for an unknown name. `axis_sizes`: the resolved mesh
-    axis sizes (a dict)."""
+def resolve_rollout_layout(
+    layout: str, axis_sizes, field: str = "sampling.rollout_layout", kv_heads: int | None = None
+) -> str:
+    """ "auto" -> "tensor" when the mesh has model-parallel chips (M = mesh.fsdp x
+    mesh.tensor > 1) that split the model's `kv_heads` evenly, else "trainer". Past the kv
+    heads a tensor-parallel group cannot split the keys and values: every chip would hold
+    every row's whole context (Qwen3-8B's 8 kv heads on fsdp 64: 1,179 GiB per chip at
+    16k, tools.aot), where one replica per chip holds its own rows'. Pure data parallelism
+    (M = 1): the two are the same rows-over-data layout. ValueError naming `field` for an
+    unknown name. `axis_sizes`: the resolved mesh axis sizes (a dict)."""
     if layout not in ROLLOUT_LAYOUTS:
         raise ValueError(f"{field}={layout!r}: expected one of {ROLLOUT_LAYOUTS}")
     if layout == "auto":
         model_parallel = int(axis_sizes.get("fsdp", 1)) * int(axis_sizes.get("tensor", 1))
-        return "tensor" if model_parallel > 1 else "trainer"
+        splits_kv = kv_heads is None or kv_heads % model_parallel == 0
+        return "tensor" if model_parallel > 1 and splits_kv else "trainer"
     return layout
 
 
