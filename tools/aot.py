@@ -614,14 +614,19 @@ def _compile_continuous(a: _Abstract, functions) -> list[Report]:
         replicas=replicas,
     )
     if report.error is None:
-        report.hlo_bytes = _engine_hbm_bytes(cfg, params, pages[0], local, P, T, waves)
+        # What a chip reads per step: the weights as the loop holds them (compute dtype,
+        # whole over fsdp in the trainer's layout), not as they were handed in.
+        out = jax.eval_shape(lambda p: models.rollout_params(cfg, p), a.abstract)
+        held = _sds(out, sampling.rollout_shardings(cfg, out, a.mesh, layout))
+        report.hlo_bytes = _engine_hbm_bytes(cfg, held, pages[0], local, P, T, waves)
     reports.append(report)
     return reports
 
 
 def _engine_hbm_bytes(cfg, params, pool, local, P: int, T: int, waves: int) -> float:
     """HBM bytes per chip of the engine's loop, analytic: per step the chip's weights
-    once and its slots' real context (P + T/2 positions on average), waves x T steps. The
+    (`params` as the loop holds them) once and its slots' real context (P + T/2
+    positions on average), waves x T steps. The
     HLO's count would be wrong here: the Pallas kernel takes each layer's whole page pool
     as an operand (it reads only the pages of each row's table)."""
     weights = _per_chip(params)
