@@ -1,4 +1,5 @@
-"""Partition specs for the model's own `jax.shard_map` regions (splash attention, MoE).
+"""Partition specs for the model's own `jax.shard_map` regions (splash attention, MoE), and
+the logical-axis rules in force (`layout`: the trainer's, or the rollout's).
 
 A few model functions run per device inside `jax.shard_map` over the mesh in context
 (`jax.set_mesh`). They name their arrays' dimensions with the same logical axes as the
@@ -32,7 +33,8 @@ _RULES: contextvars.ContextVar = contextvars.ContextVar("gspo_jax_layout_rules",
 def layout(rules: dict | None):
     """Model code traced inside this context maps logical axes with `rules` instead of
     `sharding.LOGICAL_RULES` (None: those). The sampler traces its jitted stages under the
-    rollout's rules (`sharding.ROLLOUT_RULES`: tensor-parallel, rows replicated). Enter it
+    rollout's rules (`sharding.ROLLOUT_RULES`: tensor-parallel over fsdp x tensor, rows over
+    data), the continuous engine's replicas under `without_axes` of them. Enter it
     inside a jitted function whose static arguments decide the rules: jit's cache does not
     see this context."""
     token = _RULES.set(rules)
@@ -80,13 +82,6 @@ def auto_axes(mesh) -> tuple[str, ...]:
     the others), whatever their size."""
     types = dict(zip(mesh.axis_names, mesh.axis_types))
     return tuple(a for a in mesh.axis_names if types[a] != jax.sharding.AxisType.Manual)
-
-
-def trainer_rules() -> dict:
-    """`sharding.LOGICAL_RULES` (the rules outside any `layout`)."""
-    from gspo_jax import sharding
-
-    return sharding.LOGICAL_RULES
 
 
 def context_mesh():
