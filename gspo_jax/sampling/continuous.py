@@ -65,6 +65,7 @@ from flax import struct
 from gspo_jax import models, sharding
 from gspo_jax.models import partition
 from gspo_jax.sampling.draw import next_token, row_keys
+from gspo_jax.sampling.layout import traced_under_layout
 
 F32 = jnp.float32
 TRASH = 0  # page 0: where rows that write nothing write; never read as context
@@ -166,6 +167,7 @@ class EngineState:
     jax.jit,
     static_argnames=("model_config", "num_samples", "share_prefix", "page_size", "layout"),
 )
+@traced_under_layout
 def _prefill_pages(
     model_config,
     params,
@@ -178,15 +180,9 @@ def _prefill_pages(
     layout="trainer",
 ):
     """(prompt pages per layer, prompt lengths [Q], last-position logits [Q, V], the prompts
-    repeated G times [B, P] and their mask)."""
-    with partition.layout(sharding.layout_rules(layout)):
-        return _prefill_pages_body(
-            model_config, params, tokens_NP, mask_NP, num_samples, share_prefix, page_size
-        )
-
-
-def _prefill_pages_body(model_config, params, tokens_NP, mask_NP, G, share_prefix, page_size):
-    if partition.active_rules() is sharding.ROLLOUT_RULES:
+    repeated G times [B, P] and their mask). `layout`: the rules it is traced under."""
+    G = num_samples
+    if layout == "tensor":
         params = models.for_decoding(model_config, params)  # a no-op on rollout_params
     tokens_BP = jnp.repeat(tokens_NP, G, axis=0)
     mask_BP = jnp.repeat(mask_NP, G, axis=0)

@@ -20,10 +20,24 @@ copy to `sample(..., layout=...)`.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 
 from gspo_jax import models, sharding
 from gspo_jax.models import partition
+
+
+def traced_under_layout(fn):
+    """`fn(..., layout="trainer" | "tensor")` traced with that layout's rules
+    (`partition.layout`); keeps fn's signature, so jit's static_argnames sees `layout`."""
+
+    @functools.wraps(fn)
+    def wrapped(*args, layout="trainer", **kwargs):
+        with partition.layout(sharding.layout_rules(layout)):
+            return fn(*args, layout=layout, **kwargs)
+
+    return wrapped
 
 
 def rollout_shardings(model_config, abstract_params, mesh, layout: str):

@@ -74,6 +74,7 @@ from gspo_jax import models, sharding
 from gspo_jax.models import partition
 from gspo_jax.sampling import continuous
 from gspo_jax.sampling.draw import next_token, row_keys
+from gspo_jax.sampling.layout import traced_under_layout
 
 __all__ = [
     "DEFAULT_BUCKETS",
@@ -186,6 +187,7 @@ def _auto_segments(T: int) -> int:
         "layout",
     ),
 )
+@traced_under_layout
 def _prefill(
     model_config,
     params,
@@ -202,33 +204,8 @@ def _prefill(
     """Prompt cache, initial state (nothing generated yet) and the first-token logits
     ([N, V] shared, [B, V] not shared), plus the prompts repeated G times. `layout`: the
     rules the stage is traced under (`sharding.layout_rules`)."""
-    with partition.layout(sharding.layout_rules(layout)):
-        if layout == "tensor":
-            params = models.for_decoding(model_config, params)  # a no-op on rollout_params
-        return _prefill_body(
-            model_config,
-            params,
-            tokens_NP,
-            mask_NP,
-            rng,
-            num_samples,
-            share_prefix,
-            max_new_tokens,
-            segments,
-        )
-
-
-def _prefill_body(
-    model_config,
-    params,
-    tokens_NP,
-    mask_NP,
-    rng,
-    num_samples,
-    share_prefix,
-    max_new_tokens,
-    segments,
-):
+    if layout == "tensor":
+        params = models.for_decoding(model_config, params)  # a no-op on rollout_params
     cfg, G, T = model_config, num_samples, max_new_tokens
     B = tokens_NP.shape[0] * G
     tokens_BP = jnp.repeat(tokens_NP, G, axis=0)
@@ -253,6 +230,7 @@ def _prefill_body(
     static_argnames=("model_config", "temperature", "top_k", "top_p", "layout"),
     donate_argnames=("state",),
 )
+@traced_under_layout
 def _decode(
     model_config,
     params,
@@ -269,33 +247,6 @@ def _decode(
 ):
     """First token from the prefill logits, then the while_loop; returns (final state,
     response mask [B, T], truncated [B]). `layout`: as `_prefill`'s."""
-    with partition.layout(sharding.layout_rules(layout)):
-        return _decode_body(
-            model_config,
-            params,
-            prompt,
-            state,
-            first_logits_QV,
-            eos_ids_E,
-            pad_id,
-            temperature,
-            top_k,
-            top_p,
-        )
-
-
-def _decode_body(
-    model_config,
-    params,
-    prompt,
-    state,
-    first_logits_QV,
-    eos_ids_E,
-    pad_id,
-    temperature,
-    top_k,
-    top_p,
-):
     cfg = model_config
     B, T = state.tokens.shape
     params = models.for_decoding(cfg, params)  # weights gathered once, not once per token
