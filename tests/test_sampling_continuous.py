@@ -263,3 +263,16 @@ def test_sample_reports_the_decode_rows_it_computed(model_and_prompts):
     lengths = int(np.asarray(queued.lengths).sum())
     # 5 slots (no drain below 32 rows): 5 rows a step, and more steps than 16 x 12 / 5.
     assert int(queued.row_steps) % 5 == 0 and int(queued.row_steps) >= lengths
+
+
+def test_copy_pages_copies_whole_pages_and_touches_nothing_else():
+    """`models.copy_pages` (written as token rows for the TPU's layout) against the page
+    indexing it replaces: pages 5 and 2 take pages 1 and 3; the rows with nothing to copy
+    all name the trash page 0 (duplicates: whatever lands there is never read)."""
+    pool = jnp.asarray(np.random.default_rng(0).normal(size=(8, 4, 2, 3)), jnp.float32)
+    src = jnp.array([1, 0, 3, 0], jnp.int32)
+    dst = jnp.array([5, 0, 2, 0], jnp.int32)
+    got = np.asarray(models.copy_pages(pool, src, dst))
+    want = np.asarray(pool).copy()
+    want[5], want[2] = want[1], want[3]
+    np.testing.assert_array_equal(got[1:], want[1:])

@@ -90,6 +90,7 @@ from gspo_jax.models.kv_cache import (
 )
 from gspo_jax.models.layer_stack import layer_runs, split_layers
 from gspo_jax.models.paged import (
+    copy_pages,
     decode_step_paged,
     paged_attention_impl,
     prompt_pages,
@@ -109,6 +110,7 @@ __all__ = [
     "PromptCache",
     "ResponseCache",
     "abstract_params",
+    "copy_pages",
     "decode_step_paged",
     "decode_step_shared",
     "for_decoding",

@@ -210,6 +210,23 @@ def paged_attention(
     raise ValueError(f"paged attention impl {impl!r}: expected one of {PAGED_IMPLS}")
 
 
+def copy_pages(pool, src_S, dst_S):
+    """`pool` [pages, page_size, 2K, C] with page dst_S[s] overwritten by page src_S[s].
+
+    Written as token rows of [pages · page_size, 2K, C] (a bitcast), not as whole pages:
+    with few kv heads per chip (the tensor rollout layout, 2K = 2) XLA:TPU lays a
+    page-indexed scatter's pool out page-offset-minor, unlike the Pallas kernel's layout,
+    and copied every pool out of and back into the kernel's layout on every decode step:
+    two pool copies per layer in the engine's temporaries (v5e, Qwen3-0.6B widths; row
+    writes leave the temporaries at the pools alone)."""
+    R, ps = pool.shape[:2]
+    offsets = jnp.arange(ps, dtype=jnp.int32)
+    rows = pool.reshape(R * ps, *pool.shape[2:])
+    src = (src_S[:, None] * ps + offsets).reshape(-1)
+    dst = (dst_S[:, None] * ps + offsets).reshape(-1)
+    return rows.at[dst].set(rows[src]).reshape(pool.shape)
+
+
 def kv_entry(k_SKC, v_SKC, dtype):
     """Keys and values of one token per row interleaved as the pool's [S, 2K, C]."""
     S, K, C = k_SKC.shape
@@ -317,6 +334,7 @@ def decode_step_paged(
 __all__ = [
     "MASK_VALUE",
     "PAGED_IMPLS",
+    "copy_pages",
     "decode_step_paged",
     "kv_entry",
     "paged_attention",

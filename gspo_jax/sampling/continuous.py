@@ -308,7 +308,7 @@ def _copy_pages(state: EngineState) -> EngineState:
     twice per layer per step to keep the loop's operand intact; every write before the
     reads lets the pool stay in place (tests/test_sampling_continuous.py reads the compiled
     program for it)."""
-    kv = tuple(pool.at[state.copy_dst].set(pool[state.copy_src]) for pool in state.kv)
+    kv = tuple(models.copy_pages(pool, state.copy_src, state.copy_dst) for pool in state.kv)
     none = jnp.full_like(state.copy_src, TRASH)
     return state.replace(kv=kv, copy_src=none, copy_dst=none)
 
