@@ -44,6 +44,7 @@ def main() -> None:
     c.reward.num_workers = 0  # scoring in-process: the timing is the evaluation's own
     if args.warm_start_steps is not None:
         c.warm_start.steps = args.warm_start_steps
+        c.warm_start.target_accuracy = 0  # exactly that many steps
     workdir = args.workdir or tempfile.mkdtemp(prefix="eval_cost_")
     trainer = setup.setup(c, os.path.join(workdir, "run"))
     try:

@@ -216,6 +216,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.warm_start.learning_rate = 1e-3
     c.warm_start.teacher_error_rate = 0.0  # fraction of carrying additions the warm-start
     # teacher answers with the carries dropped (data/teacher.py); 0: a perfect teacher
+    c.warm_start.target_accuracy = _placeholder(float)  # train to a target, not a step
+    # count: stop at the first check whose greedy accuracy on the first check_prompts
+    # train-split problems reaches it (None or 0: run `steps`); else go on past `steps` at the
+    # final learning rate up to max_steps. The same start on any CPU type (README, "The
+    # default run")
+    c.warm_start.check_every = 100  # SFT steps between checks (with target_accuracy)
+    c.warm_start.check_prompts = 200  # train-split problems a check scores
+    c.warm_start.max_steps = _placeholder(int)  # give up (warn) here; None: `steps`
 
     # ------------------------------------------------------------------------------------
     # Evaluation, checkpoints, logging.

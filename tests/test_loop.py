@@ -199,3 +199,71 @@ def test_evaluation_scores_exactly_the_first_num_prompts(pieces, num_prompts, ba
     assert got["eval/length_mean"] == 2
     # Each call a whole number of rows per data-parallel device (8), at most batch_size.
     assert all(n % 8 == 0 or n == batch_size for n in seen) and sum(seen) >= num_prompts
+
+
+def _scripted_warm_start(pieces, accuracies, **spec):
+    """warm_start.warm_start on the tiny run's pieces with a `check` that returns the given
+    accuracies in turn; returns (WarmStartResult, the steps each check saw)."""
+    from gspo_jax import models
+    from gspo_jax.trainer import warm_start as warm_start_lib
+
+    seen = iter(accuracies)
+    params = models.init_params(pieces.model_config, jax.random.PRNGKey(0))
+    _, result = warm_start_lib.warm_start(
+        pieces.model_config,
+        params,
+        pieces.sft_source,
+        pieces.tokenizer,
+        pieces.mesh,
+        spec=dataclasses.replace(pieces.warm_start, **spec),
+        prompt=pieces.prompt,
+        data_spec=pieces.data_spec,
+        progress=False,
+        check=lambda params: next(seen),
+    )
+    return result
+
+
+def test_a_warm_start_trained_to_a_target_stops_at_the_first_check_that_reaches_it(pieces):
+    result = _scripted_warm_start(
+        pieces, [0.1, 0.2, 0.35, 0.9], steps=4, max_steps=6, check_every=1, target_accuracy=0.3
+    )
+    assert result.steps == 3 and result.reached is True
+    assert result.checks == ((1, 0.1), (2, 0.2), (3, 0.35))
+    assert "3 supervised warm-start steps (target reached: 35.0%)" == result.describe()
+
+
+def test_a_warm_start_short_of_its_target_runs_to_max_steps_and_says_so(pieces, caplog):
+    """Checks every check_every steps and at `steps` (the schedule's end), then at
+    max_steps; it keeps what it trained and warns, naming the fields to change."""
+    result = _scripted_warm_start(
+        pieces, [0.0, 0.1, 0.2, 0.3], steps=3, max_steps=5, check_every=2, target_accuracy=0.5
+    )
+    assert result.reached is False and result.steps == 5
+    assert result.checks == ((2, 0.0), (3, 0.1), (4, 0.2), (5, 0.3))
+    assert "warm_start.max_steps" in caplog.text and "warm_start.target_accuracy" in caplog.text
+    assert "target NOT reached" in result.describe()
+
+
+def test_the_loops_warm_start_checks_the_train_split(pieces):
+    """train.warm_start builds its check from the held-out evaluator on the train split:
+    with an unreachable target every check is a real greedy accuracy in [0, 1]."""
+    from gspo_jax import models
+
+    spec = dataclasses.replace(
+        pieces.warm_start, steps=2, max_steps=4, check_every=2, check_prompts=8
+    )
+    trainer = types.SimpleNamespace(
+        **{k: getattr(pieces, k) for k in ("model_config", "sft_source", "tokenizer", "mesh")},
+        warm_start=dataclasses.replace(spec, target_accuracy=1.0),
+        prompt=pieces.prompt,
+        data_spec=pieces.data_spec,
+        evaluator=pieces.evaluator,
+        schedule=pieces.schedule,
+        state_shardings=pieces.state_shardings,
+        is_lead=False,
+    )
+    params = models.init_params(pieces.model_config, jax.random.PRNGKey(0))
+    _, result = train.warm_start(trainer, params)
+    assert [s for s, _ in result.checks] == [2, 4] and result.reached is False
+    assert all(0.0 <= a <= 1.0 for _, a in result.checks)

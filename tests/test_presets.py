@@ -19,6 +19,7 @@ TINY = {
     "model.num_kv_heads": 1,
     "model.head_dim": 16,
     "warm_start.steps": 3,
+    "warm_start.target_accuracy": 0,
     "warm_start.batch_size": 16,
     "num_steps": 2,
     "rollout_batch_size": 8,

@@ -34,6 +34,7 @@ TINY_MODEL = [
     "--config.model.num_kv_heads=1",
     "--config.model.head_dim=16",
     "--config.warm_start.steps=3",
+    "--config.warm_start.target_accuracy=0",  # exactly 3 steps, not to default.py's target
     "--config.warm_start.batch_size=16",
     "--config.checkpoint.every_steps=1",
     "--config.log.progress_bar=false",

@@ -512,6 +512,12 @@ def _ranges(config) -> None:
     _positive_int(config, "warm_start.batch_size")
     _number(config, "warm_start.learning_rate", low=0.0, low_open=True)
     _number(config, "warm_start.teacher_error_rate", low=0.0, high=1.0)
+    if config.warm_start.target_accuracy not in (None, 0):  # None or 0: off
+        _number(config, "warm_start.target_accuracy", low=0.0, high=1.0, low_open=True)
+        _positive_int(config, "warm_start.check_every")
+        _positive_int(config, "warm_start.check_prompts")
+    if config.warm_start.max_steps is not None:
+        _int(config, "warm_start.max_steps", minimum=config.warm_start.steps)
 
     _int(config, "eval.every_steps", minimum=0)
     _positive_int(config, "eval.num_prompts")

@@ -20,6 +20,7 @@ docs/failures.md.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -36,7 +37,7 @@ from gspo_jax.trainer import checkpoint, filtering, preemption, writers
 from gspo_jax.trainer import state as state_lib
 from gspo_jax.trainer import warm_start as warm_start_lib
 from gspo_jax.trainer.rollout import Rollout
-from gspo_jax.trainer.setup import Trainer, setup
+from gspo_jax.trainer.setup import Trainer, prepare_prompts, setup
 from gspo_jax.trainer.state import RunState
 
 log = logging.getLogger(__name__)
@@ -395,8 +396,8 @@ def _base_params(trainer: Trainer, *, resume: bool) -> tuple[dict, str]:
     init = jax.jit(models.init_params, static_argnums=0, out_shardings=shardings)
     params = init(cfg, jax.random.PRNGKey(schedule.seed))
     if trainer.warm_start.steps > 0:
-        params = warm_start(trainer, params)
-        origin += f" + {trainer.warm_start.steps} supervised warm-start steps"
+        params, result = warm_start(trainer, params)
+        origin += f" + {result.describe()}"
         if lora_warm:
             checkpoint.save_params(base_dir, params)
     return params, origin
@@ -409,8 +410,26 @@ def _base_shardings(trainer: Trainer):
 
 
 def warm_start(trainer: Trainer, params):
-    """The supervised warm start of a scratch model (`trainer.warm_start` steps). With LoRA
-    it trains the whole base model (it makes the "pretrained" base the adapters adapt)."""
+    """The supervised warm start of a scratch model (`trainer.warm_start`): (params,
+    warm_start.WarmStartResult). With LoRA it trains the whole base model (it makes the
+    "pretrained" base the adapters adapt). Trained to a target accuracy, its checks are
+    the held-out evaluator's greedy accuracy on the first `check_prompts` problems of the
+    train split (never the held-out split the run reports)."""
+    check = None
+    spec = trainer.warm_start
+    if spec.target_accuracy is not None:
+        evaluator = dataclasses.replace(
+            trainer.evaluator,
+            spec=dataclasses.replace(
+                trainer.evaluator.spec, num_prompts=spec.check_prompts, num_samples=0
+            ),
+            eval_data=prepare_prompts(trainer.prompt, trainer.sft_source, trainer.tokenizer),
+            sample_k=None,
+        )
+
+        def check(params):
+            return evaluator(params)["eval/accuracy"]
+
     return warm_start_lib.warm_start(
         lora.base_config(trainer.model_config),
         params,
@@ -422,6 +441,7 @@ def warm_start(trainer: Trainer, params):
         data_spec=trainer.data_spec,
         progress=trainer.is_lead and trainer.schedule.progress_bar,
         param_shardings=_base_shardings(trainer),
+        check=check,
     )
 
 

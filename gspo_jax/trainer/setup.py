@@ -161,7 +161,7 @@ def _setup_locked(c, workdir, mesh, checkpoint_dir, run_lock, allow_config_chang
         step_config=spec.step,
         train_step=make_train_step(spec.step, tx, state_shardings=state_shardings.train, mesh=mesh),
         evaluator=_evaluator(spec, model_config, tokenizer, mesh, pool, sources[c.data.eval_split]),
-        train_iter=_prompts(spec.prompt, sources[c.data.train_split], tokenizer).iterator(
+        train_iter=prepare_prompts(spec.prompt, sources[c.data.train_split], tokenizer).iterator(
             spec.loop.rollout_batch_size,
             seed=spec.loop.seed,
             train=True,
@@ -242,7 +242,7 @@ def _evaluator(spec: specs.Specs, model_config, tokenizer, mesh, pool, source) -
     return Evaluator(
         spec=spec.eval,
         sample_greedy=_bind_sampler(model_config, spec.sampler.greedy(), tokenizer),
-        eval_data=_prompts(spec.prompt, source, tokenizer),
+        eval_data=prepare_prompts(spec.prompt, source, tokenizer),
         tokenizer=tokenizer,
         accuracy=Scorer.for_accuracy(spec.reward, pool),
         mesh=mesh,
@@ -252,7 +252,7 @@ def _evaluator(spec: specs.Specs, model_config, tokenizer, mesh, pool, source) -
     )
 
 
-def _prompts(prompt: specs.PromptSpec, source, tokenizer) -> data.PreparedData:
+def prepare_prompts(prompt: specs.PromptSpec, source, tokenizer) -> data.PreparedData:
     """A whole split's prompts, templated and padded. Every process prepares the whole split
     and keeps its rows of each global batch, so the batches (and a saved data position) do
     not depend on the number of processes."""

@@ -253,6 +253,14 @@ class WarmStartSpec:
     seed: int
     response_length: int
     chunk_size: int
+    # Train to a target instead of a step count (None: run `steps`): greedy accuracy on
+    # the first `check_prompts` train-split problems every `check_every` steps; stop at the
+    # first check at or above the target, else at `max_steps` (the learning rate holds its
+    # final value past `steps`).
+    target_accuracy: float | None = None
+    check_every: int = 100
+    check_prompts: int = 200
+    max_steps: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -422,6 +430,10 @@ def _warm_start_spec(c) -> WarmStartSpec:
         seed=c.seed + 1,
         response_length=c.response_length,
         chunk_size=c.logprob_chunk_size,
+        target_accuracy=float(w.target_accuracy) if w.target_accuracy else None,
+        check_every=int(w.check_every),
+        check_prompts=int(w.check_prompts),
+        max_steps=int(w.steps if w.max_steps is None else w.max_steps),
     )
 
 

@@ -11,7 +11,10 @@ Shapes: N examples, L = P + R tokens (prompt left-padded into P columns, then th
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import logging
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +24,26 @@ from gspo_jax import data, models
 from gspo_jax import logprobs as logprobs_lib
 from gspo_jax import sharding as sharding_lib
 from gspo_jax.trainer.specs import PromptSpec, WarmStartSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmStartResult:
+    """What a warm start did: SFT steps run, (step, accuracy) of each check (trained to a
+    target), and whether the target was reached (None: no target)."""
+
+    steps: int
+    checks: tuple[tuple[int, float], ...] = ()
+    reached: bool | None = None
+
+    def describe(self) -> str:
+        if self.reached is None:
+            return f"{self.steps} supervised warm-start steps"
+        last = self.checks[-1][1] if self.checks else float("nan")
+        if self.reached:
+            return f"{self.steps} supervised warm-start steps (target reached: {last:.1%})"
+        return f"{self.steps} supervised warm-start steps (target NOT reached: {last:.1%})"
 
 
 def sft_loss(model_config, params, tokens_NL, attention_mask_NL, loss_mask_NL, chunk_size=256):
@@ -41,7 +64,8 @@ def sft_loss(model_config, params, tokens_NL, attention_mask_NL, loss_mask_NL, c
 
 
 def make_sft_optimizer(spec: WarmStartSpec) -> optax.GradientTransformation:
-    """AdamW with 10% linear warm-up then cosine decay over the warm-start steps."""
+    """AdamW with 10% linear warm-up then cosine decay over the warm-start steps (to 0.1 of
+    the peak, which holds past them: a warm start trained to a target may run longer)."""
     steps = max(int(spec.steps), 1)
     schedule = optax.warmup_cosine_decay_schedule(
         init_value=0.0,
@@ -99,8 +123,17 @@ def warm_start(
     data_spec,
     progress: bool = True,
     param_shardings=None,
+    check: Callable | None = None,
 ):
-    """`spec.steps` SFT steps on (prompt, target) pairs of `source`; returns the new params.
+    """SFT steps on (prompt, target) pairs of `source`; returns (params, WarmStartResult).
+
+    `spec.steps` steps, or with `spec.target_accuracy` until `check(params)` (a greedy
+    accuracy in [0, 1]: the loop's is on the first `spec.check_prompts` train-split
+    problems) reaches it, checked every `spec.check_every` steps and at `spec.steps`, up to
+    `spec.max_steps`. Short of the target at max_steps it warns and returns what it has.
+    Why a target: this tiny task's warm start ends at very different accuracies with the
+    CPU type's last-bit numerics or the seed (README, "The default run"); a target makes
+    RL start from the same accuracy everywhere.
 
     With `spec.teacher_error_rate` > 0 the demonstrations come from an imperfect teacher
     (`data.NoisyTeacher`: carries dropped on that fraction of carrying additions).
@@ -111,7 +144,10 @@ def warm_start(
     same. `param_shardings` (default: replicated over `mesh`) keeps params and the
     optimizer's moments sharded through the warm start.
     """
-    steps = int(spec.steps)
+    target = spec.target_accuracy
+    if target is not None and check is None:
+        raise ValueError("warm_start: target_accuracy needs a `check` (params -> accuracy)")
+    steps = int(spec.steps) if target is None else max(int(spec.max_steps), int(spec.steps))
     tx = make_sft_optimizer(spec)
     abstract = models.abstract_params(model_config)
     if param_shardings is None:
@@ -144,16 +180,51 @@ def warm_start(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=steps, desc="warm start", dynamic_ncols=True)
-    for i in range(steps):
+    if target is not None:
+        log.info(
+            "warm start: until greedy accuracy %.3f on %d train-split problems, checked every "
+            "%d steps, at most %d steps (warm_start.target_accuracy; 0: exactly %d steps)",
+            target,
+            spec.check_prompts,
+            spec.check_every,
+            steps,
+            spec.steps,
+        )
+    checks: list[tuple[int, float]] = []
+    done, reached = 0, None if target is None else False
+    while done < steps:
         batch = next(it)
         batch = sharding_lib.to_global(
             mesh, {k: batch[k] for k in ("tokens", "attention_mask", "loss_mask")}
         )
         params, opt_state, metrics = step_fn(params, opt_state, batch)
+        done += 1
         if bar is not None:
-            if i % 20 == 0 or i == steps - 1:
+            if done % 20 == 1 or done == steps:
                 bar.set_postfix(loss=f"{float(metrics['sft/loss']):.3f}", refresh=False)
             bar.update(1)
+        if target is not None and (done % spec.check_every == 0 or done in (spec.steps, steps)):
+            checks.append((done, float(check(params))))
+            log.info(
+                "warm start step %d: greedy accuracy %.3f on the check problems (target %.3f)",
+                done,
+                checks[-1][1],
+                target,
+            )
+            if bar is not None:
+                bar.set_postfix(acc=f"{checks[-1][1]:.1%}", target=f"{target:.1%}")
+            if checks[-1][1] >= target:
+                reached = True
+                break
     if bar is not None:
         bar.close()
-    return params
+    if reached is False:
+        log.warning(
+            "warm start: %d steps (warm_start.max_steps) did not reach "
+            "warm_start.target_accuracy=%.3f (last check: %.3f); RL starts from there. Raise "
+            "warm_start.max_steps or lower the target.",
+            done,
+            target,
+            checks[-1][1] if checks else float("nan"),
+        )
+    return params, WarmStartResult(steps=done, checks=tuple(checks), reached=reached)
