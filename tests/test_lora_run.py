@@ -125,3 +125,23 @@ def test_gspo_on_the_adapters_raises_the_advantaged_responses(run):
     valid = np.asarray(batch["response_mask"]).sum(1) > 0
     up, down = gain[(sign > 0) & valid].mean(), gain[(sign < 0) & valid].mean()
     assert up - down > 0, (up, down)
+
+
+def test_a_lora_warm_start_trained_to_a_target_checks_the_base(run):
+    """With LoRA the warm start trains the base model; its check samples through the
+    run's LoRA evaluator, so the base gets adapters whose B is zero (the base's function)."""
+    import dataclasses
+
+    trainer, state, _ = run
+    spec = dataclasses.replace(
+        trainer.warm_start,
+        steps=2,
+        max_steps=2,
+        check_every=2,
+        check_prompts=8,
+        target_accuracy=1.0,
+    )
+    base = jax.tree.map(jnp.copy, lora.partition(state.train.params)[0])  # SFT donates it
+    _, result = train.warm_start(dataclasses.replace(trainer, warm_start=spec), base)
+    assert result.steps == 2 and result.reached is False
+    assert [s for s, _ in result.checks] == [2] and 0.0 <= result.checks[0][1] <= 1.0

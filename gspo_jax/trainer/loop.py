@@ -427,7 +427,17 @@ def warm_start(trainer: Trainer, params):
             sample_k=None,
         )
 
+        adapters = None
+        if trainer.model_config.lora_rank:  # the evaluator samples the LoRA model: give the
+            # base fresh adapters (B = 0, so exactly the base's function)
+            adapters = jax.jit(
+                lora.init_adapters,
+                static_argnums=0,
+                out_shardings=lora.trainable(trainer.state_shardings.train.params),
+            )(trainer.model_config, jax.random.PRNGKey(0))
+
         def check(params):
+            params = params if adapters is None else lora.combine(params, adapters)
             return evaluator(params)["eval/accuracy"]
 
     return warm_start_lib.warm_start(

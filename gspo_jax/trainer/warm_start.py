@@ -191,6 +191,7 @@ def warm_start(
             spec.steps,
         )
     checks: list[tuple[int, float]] = []
+    shown: dict[str, str] = {}  # the bar's postfix: the loss and the last check
     done, reached = 0, None if target is None else False
     while done < steps:
         batch = next(it)
@@ -201,7 +202,8 @@ def warm_start(
         done += 1
         if bar is not None:
             if done % 20 == 1 or done == steps:
-                bar.set_postfix(loss=f"{float(metrics['sft/loss']):.3f}", refresh=False)
+                shown["loss"] = f"{float(metrics['sft/loss']):.3f}"
+                bar.set_postfix(shown, refresh=False)
             bar.update(1)
         if target is not None and (done % spec.check_every == 0 or done in (spec.steps, steps)):
             checks.append((done, float(check(params))))
@@ -212,7 +214,8 @@ def warm_start(
                 target,
             )
             if bar is not None:
-                bar.set_postfix(acc=f"{checks[-1][1]:.1%}", target=f"{target:.1%}")
+                shown["acc"], shown["target"] = f"{checks[-1][1]:.1%}", f"{target:.1%}"
+                bar.set_postfix(shown)
             if checks[-1][1] >= target:
                 reached = True
                 break
