@@ -452,3 +452,32 @@ def test_orbax_task_reports_go_to_debug_and_others_stay():
     assert not ckpt._orbax_filter.filter(record("asyncio", orbax_task))
     assert ckpt._orbax_filter.filter(record("asyncio", other_task))
     assert ckpt._orbax_filter.filter(record("my.module", orbax_task))  # only asyncio's
+
+
+def test_orbax_future_reports_go_to_debug_by_their_traceback():
+    """asyncio's "Future exception was never retrieved" names no coroutine: the record is
+    orbax's when its exception was raised in orbax's code (async_path's write on a full
+    disk, seen once in a fresh clone's test run); a future failed elsewhere still shows."""
+    import logging
+    import sys
+
+    from gspo_jax.trainer import checkpoint as ckpt
+
+    def raised_in(filename):
+        code = compile(
+            "def write():\n    raise OSError(28, 'No space left on device')\n", filename, "exec"
+        )
+        space = {}
+        exec(code, space)  # noqa: S102 (a function whose frames name orbax's file)
+        try:
+            space["write"]()
+        except OSError:
+            return sys.exc_info()
+
+    text = "Future exception was never retrieved\nfuture: <Future finished exception=OSError(28)>"
+    orbax = "/venv/site-packages/orbax/checkpoint/_src/path/async_path.py"
+    for filename, shown in ((orbax, False), ("/work/mine.py", True)):
+        record = logging.LogRecord(
+            "asyncio", logging.ERROR, "base_events.py", 1771, text, None, raised_in(filename)
+        )
+        assert ckpt._orbax_filter.filter(record) is shown, filename
