@@ -46,17 +46,22 @@ def env():
     return env
 
 
-def _aot(env, tmp_path, *args):
-    out = tmp_path / "reports.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "tools.aot", *args, f"--json={out}"],
+def _python(env, *argv, timeout=1200):
+    """`python ARGV...` in the repository root with libtpu importable."""
+    return subprocess.run(
+        [sys.executable, *argv],
         env=env,
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=1200,
+        timeout=timeout,
         check=False,
     )
+
+
+def _aot(env, tmp_path, *args):
+    out = tmp_path / "reports.json"
+    proc = _python(env, "-m", "tools.aot", *args, f"--json={out}")
     reports = json.loads(out.read_text()) if out.exists() else None
     return proc, reports
 
@@ -116,15 +121,14 @@ def test_the_tensor_layout_decode_keeps_its_page_pools_in_place(env):
     rollout layout (one kv head per chip): its temporaries are the page pools and little
     else. Page copies written as whole pages made XLA keep two more copies of every pool
     (out of the kernel's layout and back, each decode step: 0.38 GiB here, not 0.17)."""
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/continuous_aot.py", "--topology=v5e:2x4", "--chips=8"]
-        + ["--layout=tensor", "--layers=2"],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    proc = _python(
+        env,
+        "benchmarks/continuous_aot.py",
+        "--topology=v5e:2x4",
+        "--chips=8",
+        "--layout=tensor",
+        "--layers=2",
         timeout=600,
-        check=False,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     pool = float(re.search(r"page pool per layer per chip: ([\d.]+) GiB", proc.stdout)[1])

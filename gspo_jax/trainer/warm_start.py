@@ -148,33 +148,8 @@ def warm_start(
     if target is not None and check is None:
         raise ValueError("warm_start: target_accuracy needs a `check` (params -> accuracy)")
     steps = int(spec.steps) if target is None else max(int(spec.max_steps), int(spec.steps))
-    tx = make_sft_optimizer(spec)
-    abstract = models.abstract_params(model_config)
-    if param_shardings is None:
-        param_shardings = jax.tree.map(lambda _: sharding_lib.replicated(mesh), abstract)
-    opt_shardings = sharding_lib.optimizer_state_shardings(tx, abstract, param_shardings, mesh)
-    opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(params)
-    step_fn = make_sft_step(
-        model_config,
-        tx,
-        chunk_size=spec.chunk_size,
-        state_shardings=(param_shardings, opt_shardings),
-    )
-    if spec.teacher_error_rate:
-        source = data.NoisyTeacher(source, spec.teacher_error_rate, seed=spec.seed)
-    it = data.make_sft_iterator(
-        source,
-        tokenizer,
-        batch_size=spec.batch_size // jax.process_count(),
-        prompt_length=prompt.prompt_length,
-        response_length=spec.response_length,
-        seed=spec.seed,
-        answer_key=data_spec.answer_key,
-        target_template=data_spec.target_template,
-        system_prompt=prompt.system_prompt,
-        instruction=prompt.instruction,
-        overlong=prompt.overlong,
-    )
+    opt_state, step_fn = _sft_state(model_config, params, spec, mesh, param_shardings)
+    it = _demonstrations(source, tokenizer, spec, prompt, data_spec)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -222,12 +197,54 @@ def warm_start(
     if bar is not None:
         bar.close()
     if reached is False:
-        log.warning(
-            "warm start: %d steps (warm_start.max_steps) did not reach "
-            "warm_start.target_accuracy=%.3f (last check: %.3f); RL starts from there. Raise "
-            "warm_start.max_steps or lower the target.",
-            done,
-            target,
-            checks[-1][1] if checks else float("nan"),
-        )
+        _warn_short(done, target, checks)
     return params, WarmStartResult(steps=done, checks=tuple(checks), reached=reached)
+
+
+def _sft_state(model_config, params, spec: WarmStartSpec, mesh, param_shardings):
+    """(the optimizer state, the jitted SFT step), both laid out like `param_shardings`
+    (default: replicated over `mesh`)."""
+    tx = make_sft_optimizer(spec)
+    abstract = models.abstract_params(model_config)
+    if param_shardings is None:
+        param_shardings = jax.tree.map(lambda _: sharding_lib.replicated(mesh), abstract)
+    opt_shardings = sharding_lib.optimizer_state_shardings(tx, abstract, param_shardings, mesh)
+    opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(params)
+    step_fn = make_sft_step(
+        model_config,
+        tx,
+        chunk_size=spec.chunk_size,
+        state_shardings=(param_shardings, opt_shardings),
+    )
+    return opt_state, step_fn
+
+
+def _demonstrations(source, tokenizer, spec: WarmStartSpec, prompt: PromptSpec, data_spec):
+    """The SFT batches of `source` (through the imperfect teacher when
+    `spec.teacher_error_rate` > 0), this process's share of each."""
+    if spec.teacher_error_rate:
+        source = data.NoisyTeacher(source, spec.teacher_error_rate, seed=spec.seed)
+    return data.make_sft_iterator(
+        source,
+        tokenizer,
+        batch_size=spec.batch_size // jax.process_count(),
+        prompt_length=prompt.prompt_length,
+        response_length=spec.response_length,
+        seed=spec.seed,
+        answer_key=data_spec.answer_key,
+        target_template=data_spec.target_template,
+        system_prompt=prompt.system_prompt,
+        instruction=prompt.instruction,
+        overlong=prompt.overlong,
+    )
+
+
+def _warn_short(done: int, target: float, checks) -> None:
+    log.warning(
+        "warm start: %d steps (warm_start.max_steps) did not reach "
+        "warm_start.target_accuracy=%.3f (last check: %.3f); RL starts from there. Raise "
+        "warm_start.max_steps or lower the target.",
+        done,
+        target,
+        checks[-1][1] if checks else float("nan"),
+    )
