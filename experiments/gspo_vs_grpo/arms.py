@@ -10,6 +10,7 @@ from collections.abc import Callable
 EPS_GSPO = (3e-4, 4e-4)  # configs/gspo_paper.py
 UPCYCLE_NOISE = 0.01  # relative per-weight noise that lets the upcycled experts diverge
 PAPER_EXPERT_CHANGE = 0.10  # §5.3: ~10% of activated experts change per update (48 layers)
+DEV_PROBLEMS = 500  # --dev: the first 500 train problems are the dev split
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,10 +19,19 @@ class Arm:
     name: str  # "gspo" | "grpo_rr" | "grpo"
     label: str
     config_fn: Callable
+    # (config field, value) pairs set last, after the budget's settings: a sweep's variant
+    # of the arm (sweep.py); () for the arm itself.
+    overrides: tuple[tuple[str, object], ...] = ()
+
+    @property
+    def variant(self) -> str:
+        """The overrides as "field=value,field=value" ("" for the arm itself)."""
+        return ",".join(f"{k}={v}" for k, v in self.overrides)
 
     @property
     def key(self) -> str:
-        return f"{self.model}/{self.name}"
+        base = f"{self.model}/{self.name}"
+        return f"{base}@{self.variant}" if self.overrides else base
 
 
 def _moe(arg):
@@ -56,6 +66,9 @@ class Budget:
     eval_every: int
     eval_prompts: int
     quick: bool = False  # shrink batch, warm start and evaluation: a smoke test, no result
+    # Train (warm start and RL) on train[DEV_PROBLEMS:], evaluate on train[:DEV_PROBLEMS]
+    # (a dev split for choosing hyperparameters; the test split is never read).
+    dev: bool = False
     independent_warm_starts: bool = False  # seed k's runs start from a warm start of seed k
     moe_seeds: int | None = None  # seeds of the MoE arms (None: `seeds`)
 
@@ -86,6 +99,9 @@ def arm_config(arm: Arm, seed: int, budget: Budget, root: str, warm: str | None 
     c.reward.num_workers = 0  # the exact-sum verifier is cheap: score in-process
     c.eval.save_per_problem = True  # per-problem correctness: the paired bootstrap's unit
     assert c.num_mini_batches == 4, arm.key
+    if budget.dev:
+        c.data.train_split = f"train[{DEV_PROBLEMS}:]"
+        c.data.eval_split = f"train[:{DEV_PROBLEMS}]"
     if budget.quick:
         c.num_return_sequences_in_group = 4
         c.warm_start.steps, c.warm_start.batch_size = 3, 16
@@ -95,9 +111,49 @@ def arm_config(arm: Arm, seed: int, budget: Budget, root: str, warm: str | None 
         c.warm_start.steps = 0
         if arm.model == "moe":  # upcycled experts are the dense MLP's width (192): running
             c.model.moe_impl = "ragged"  # only the chosen 2 is ~2.5x faster here, and exact
+    for field, value in arm.overrides:
+        set_field(c, field, value, arm.key)
     return c
 
 
+def set_field(c, field: str, value, who: str) -> None:
+    """c.<field> = value, cast to the field's type ("1e-4" for a float, "true" for a bool);
+    a field the config lacks or a value that does not cast is a ValueError naming both."""
+    *parents, leaf = field.split(".")
+    node = c
+    for name in parents:
+        node = node.get(name) if hasattr(node, "get") else None
+    if node is None or not hasattr(node, "get") or leaf not in node:
+        raise ValueError(f"{who}: the config has no field {field!r}")
+    old = node[leaf]
+    try:
+        if isinstance(old, bool):
+            if str(value).lower() not in ("true", "false"):
+                raise ValueError("not true or false")
+            value = str(value).lower() == "true"
+        elif isinstance(old, (int, float)):
+            value = type(old)(float(value) if isinstance(old, float) else int(value))
+        elif isinstance(old, str):
+            value = str(value)
+        elif old is None:  # a placeholder (e.g. micro_batch_size): a number if it reads as one
+            value = _literal(str(value))
+        node[leaf] = value
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{who}: {field}={value!r} does not fit the field ({old!r}): {e}") from e
+
+
 def run_dir(root: str, arm: Arm, seed: int) -> str:
-    """Where one run of the arm lives: <root>/<model>_<arm>/seed<k>/."""
-    return os.path.join(root, f"{arm.model}_{arm.name}", f"seed{seed}")
+    """Where one run of the arm lives: <root>/<model>_<arm>/seed<k>/, or a sweep variant's
+    <root>/<model>_<arm>/<field>=<value>/seed<k>/."""
+    parts = [f"{arm.model}_{arm.name}"] + ([arm.variant] if arm.overrides else [])
+    return os.path.join(root, *parts, f"seed{seed}")
+
+
+def _literal(text: str):
+    """ "8" -> 8, "1e-4" -> 1e-4, anything else stays text."""
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text

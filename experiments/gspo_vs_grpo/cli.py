@@ -13,7 +13,8 @@ import sys
 import time
 from collections.abc import Sequence
 
-from experiments.gspo_vs_grpo.arms import ARMS, Arm, Budget
+from experiments.gspo_vs_grpo import sweep
+from experiments.gspo_vs_grpo.arms import ARMS, DEV_PROBLEMS, Arm, Budget
 from experiments.gspo_vs_grpo.noise_length import (
     LENGTHS,
     cached_rows,
@@ -30,6 +31,7 @@ from experiments.gspo_vs_grpo.run import (
 )
 
 log = logging.getLogger("experiments")
+RESULTS = "docs/results.md"
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -43,6 +45,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if not arms:
         raise ValueError(f"--arms={args.arms!r} names none of {[a.key for a in ARMS]}")
     seeds = list(range(max(len(budget.seeds_of(a)) for a in arms)))
+    if budget.dev:  # its own data split, so its own warm starts and runs
+        args.workdir = os.path.join(args.workdir, "dev")
+    if args.results is None:
+        settings = sweep.parse_vary(args.vary) if args.vary else None
+        args.results = sweep.default_results(settings, budget.dev) if settings else RESULTS
     os.makedirs(args.workdir, exist_ok=True)
     import jax
 
@@ -52,6 +59,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     command = "python -m experiments.gspo_vs_grpo " + " ".join(
         a for a in (sys.argv[1:] if argv is None else argv) if a != "--report_only"
     )
+    if args.vary:
+        return _sweep(args, arms, seeds, budget, command)
     if args.report_only:
         return _report_only(args, arms, seeds, budget, command)
     if args.noise_floor_only:
@@ -77,7 +86,26 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--quick", action="store_true", help="tiny smoke test (no result)")
     p.add_argument("--workdir", default="/tmp/gspo_vs_grpo", help="runs go here")
-    p.add_argument("--results", default="docs/results.md", help="the markdown written")
+    p.add_argument(
+        "--results",
+        default=None,
+        help=f"the markdown written (default {RESULTS}; a sweep's: docs/sweeps/<field>.md)",
+    )
+    p.add_argument(
+        "--vary",
+        action="append",
+        default=[],
+        metavar="FIELD=V1,V2,...",
+        help="sweep a config field over values for the --arms (e.g. num_mini_batches=1,2,4,8;"
+        " repeat to vary several fields together, zipped): runs and a sweep report instead of"
+        " the results (no noise floor); with --report_only, only the report",
+    )
+    p.add_argument(
+        "--dev",
+        action="store_true",
+        help=f"train on train[{DEV_PROBLEMS}:] and evaluate on train[:{DEV_PROBLEMS}] (a dev "
+        "split for choosing hyperparameters: the test split is never read), in <workdir>/dev",
+    )
     p.add_argument("--arms", default="", help="comma-separated subset, e.g. dense/gspo")
     p.add_argument(
         "--no_noise_floor",
@@ -117,6 +145,7 @@ def _budget(args) -> Budget:
             eval_every=0,
             eval_prompts=args.eval_prompts or 8,
             quick=True,
+            dev=args.dev,
             independent_warm_starts=args.independent_warm_starts,
             moe_seeds=args.moe_seeds,
         )
@@ -127,6 +156,7 @@ def _budget(args) -> Budget:
         prompts=args.prompts or 8,
         eval_every=args.eval_every or max(1, steps // 2),
         eval_prompts=args.eval_prompts or 200,
+        dev=args.dev,
         independent_warm_starts=args.independent_warm_starts,
         moe_seeds=args.moe_seeds,
     )
@@ -174,6 +204,49 @@ def _run(args, arms: list[Arm], seeds: list[int], budget: Budget, command: str) 
         json.dump(summary, f, indent=2, default=float)
     log.info("wrote %s in %.1f min", args.results, wall / 60)
     return summary
+
+
+def _sweep(args, arms: list[Arm], seeds: list[int], budget: Budget, command: str) -> dict:
+    """--vary: every arm under every setting for every seed (warm starts shared with the
+    workdir's other runs), then the sweep's report; --report_only: the report alone."""
+    settings = sweep.parse_vary(args.vary)
+    if budget.dev and budget.eval_prompts > DEV_PROBLEMS:
+        raise ValueError(f"--eval_prompts={budget.eval_prompts}: the dev split has {DEV_PROBLEMS}")
+    rows = sweep.variants(arms, settings, budget, args.workdir)  # fails before any run
+    commit = _commit()
+    t0 = time.perf_counter()
+    timings = {}
+    if not args.report_only:
+        for seed in seeds:
+            for row in rows:
+                for arm in row:
+                    if seed not in budget.seeds_of(arm) or f"{arm.key}/seed{seed}" in timings:
+                        continue
+                    own = seed if budget.independent_warm_starts else None
+                    warm = warm_start(arm.model, budget, args.workdir, own)
+                    timings[f"{arm.key}/seed{seed}"] = run_arm(
+                        arm, seed, budget, args.workdir, warm
+                    )
+    wall = _sweep_wall(read_ledger(args.workdir), rows, seeds, budget, time.perf_counter() - t0)
+    cells = sweep.write_sweep(
+        args.results, args.workdir, rows, settings, budget, command.strip(), f"{wall} {commit}."
+    )
+    log.info("wrote %s", args.results)
+    return {"runs": timings, "cells": len(cells), "results": args.results}
+
+
+def _sweep_wall(ledger: dict, rows, seeds, budget: Budget, invocation_s: float) -> str:
+    """The sweep's wall-time line from the workdir's ledger."""
+    keys = {f"run/{a.key}/seed{s}" for row in rows for a in row for s in budget.seeds_of(a)}
+    runs = [ledger[k] for k in keys if k in ledger]
+    warm = sum(v for k, v in ledger.items() if k.startswith("warm_start/"))
+    return (
+        f"Wall time: the sweep's {len(keys)} runs took {sum(runs) / 60:.1f} min ({len(runs)} "
+        f"timed; a run with a setting equal to its arm's own config is shared with the "
+        f"workdir's other sweeps), the warm starts {warm / 60:.1f} min; this invocation "
+        f"{invocation_s / 60:.1f} min, on {os.cpu_count()} CPU cores (load average "
+        f"{os.getloadavg()[2]:.1f}). Code at commit"
+    )
 
 
 def _report_only(args, arms: list[Arm], seeds: list[int], budget: Budget, command: str) -> dict:

@@ -132,7 +132,8 @@ def build_dataset(
       config_name: builder config; None for the dataset's default.
       data_dir: where the array_record files live (``<data_dir>/<tfds name>/<config>/<version>``).
       manual_dir: GSM8K's local files; only read when the dataset is not yet prepared.
-      splits: splits to return.
+      splits: splits to return; TFDS slices of them too (``"train[:500]"``,
+        ``"train[500:]"``: a dev split and the rest of train).
       prepare: if False, a dataset that is not yet prepared is an error instead of being built.
 
     Returns:
@@ -166,10 +167,19 @@ def build_dataset(
     elif prepare and spec.manual_files and manual_dir is not None:
         _check_manual_record(name, builder.data_path, manual_dir, spec.manual_files)
     sources = builder.as_data_source()
-    missing = [s for s in splits if s not in sources]
+    missing = [s for s in splits if s.split("[", 1)[0] not in sources]
     if missing:
         raise ValueError(f"Dataset {name!r} has no split(s) {missing}; it has {sorted(sources)}.")
-    return {split: sources[split] for split in splits}
+    return {split: sources.get(split) or _slice(builder, name, split) for split in splits}
+
+
+def _slice(builder, name: str, split: str):
+    """A TFDS split slice such as ``train[:500]`` or ``train[500:]`` (a dev split carved
+    out of train: the two slices are disjoint)."""
+    try:
+        return builder.as_data_source(split=split)
+    except (ValueError, AssertionError, KeyError) as e:
+        raise ValueError(f"Dataset {name!r}: split {split!r} is not a valid slice: {e}") from e
 
 
 def _manual_digests(manual_dir, files: Sequence[str]) -> dict[str, str]:

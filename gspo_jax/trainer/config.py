@@ -625,10 +625,19 @@ def _check_data(config) -> None:
             "configs; set it to ''"
         )
     _choice("data.overlong", d.overlong, OVERLONG_POLICIES)
+    base = d.train_split.split("[", 1)[0]
     if d.train_split == d.eval_split:
         _warn(
             f"config.data.train_split and eval_split are both {d.train_split!r}: the "
             "held-out accuracy is measured on training prompts"
+        )
+    elif d.eval_split.split("[", 1)[0] == base and (
+        "[" not in d.train_split or "[" not in d.eval_split
+    ):  # a slice of the whole split it trains on (slices of one split: the user's ranges)
+        _warn(
+            f"config.data.eval_split={d.eval_split!r} and train_split={d.train_split!r} "
+            "overlap: the held-out accuracy is measured on training prompts "
+            f"(a dev split: train_split='{base}[N:]', eval_split='{base}[:N]')"
         )
     if spec.check_manual_dir is not None:
         if not d.manual_dir:
