@@ -122,6 +122,26 @@ def test_main_names_the_config_file_and_the_argument_it_does_not_take(tmp_path):
     assert not workdir.exists()
 
 
+@pytest.mark.parametrize(
+    "train, held_out, warns",
+    [
+        ("train[500:]", "train[:500]", False),
+        ("train", "train[:500]", True),
+        ("train", "test", False),
+    ],
+)
+def test_a_held_out_split_inside_the_training_split_warns(train, held_out, warns):
+    """A dev split carved out of train is fine; one cut from the very split RL trains on
+    would score training prompts as held out."""
+    c = default.get_config()
+    c.data.train_split, c.data.eval_split = train, held_out
+    if warns:
+        with pytest.warns(ConfigWarning, match=r"overlap: the held-out accuracy is measured"):
+            validate(c)
+    else:
+        _validate_quietly(c)
+
+
 def test_a_warm_up_longer_than_the_run_warns_naming_the_field():
     """It used to pass silently: the learning rate never reached its set value."""
     c = default.get_config()

@@ -75,6 +75,22 @@ def test_add2_splits_features_and_answers(add2):
     assert len({r["id"] for r in train + test}) == 10_000
 
 
+def test_a_dev_split_is_a_slice_of_train_disjoint_from_the_rest(add2, data_dir):
+    """'train[:500]' / 'train[500:]' (the experiment's --dev): the first 500 train records
+    and the other 9,000, in train's order; a slice that does not parse names itself."""
+    got = data.build_dataset(
+        "arithmetic", "add2", data_dir=data_dir, splits=("train[:500]", "train[500:]")
+    )
+    dev, rest = _records(got["train[:500]"]), _records(got["train[500:]"])
+    assert [r["id"] for r in dev + rest] == [r["id"] for r in _records(add2["train"])]
+    assert (len(dev), len(rest)) == (500, 9000)
+    assert not {r["question"] for r in dev} & {r["question"] for r in rest}
+    with pytest.raises(ValueError, match=r"split 'train\[x\]' is not a valid slice"):
+        data.build_dataset("arithmetic", "add2", data_dir=data_dir, splits=("train[x]",))
+    with pytest.raises(ValueError, match=r"no split\(s\) \['dev\[:5\]'\]"):
+        data.build_dataset("arithmetic", "add2", data_dir=data_dir, splits=("dev[:5]",))
+
+
 def test_build_is_deterministic_and_idempotent(add2, data_dir, tmp_path):
     again = data.build_dataset("arithmetic", "add2", data_dir=tmp_path)
     for split in ("train", "test"):

@@ -1,7 +1,9 @@
 """The experiment's own pieces (experiments.gspo_vs_grpo); the whole command runs
 in tests/test_notebooks.py (colabs/gspo_vs_grpo.ipynb, --quick)."""
 
+import dataclasses
 import json
+import pathlib
 
 import numpy as np
 import pytest
@@ -95,8 +97,10 @@ def test_verdicts_follow_the_intervals():
     assert "not contradicted (Δ = +0.000" in numbers
 
 
-def _fake_run(root, arm, seed, steps=4):
-    d = root / f"{arm.model}_{arm.name}" / f"seed{seed}"
+def _fake_run(root, arm, seed, steps=4, end=0.2):
+    from experiments.gspo_vs_grpo.arms import run_dir
+
+    d = pathlib.Path(run_dir(str(root), arm, seed))
     d.mkdir(parents=True)
     rows = [{"step": 0, "eval/accuracy": 0.1}]
     for step in range(1, steps + 1):
@@ -110,7 +114,7 @@ def _fake_run(root, arm, seed, steps=4):
                 "policy/ratio_noise_floor": 1e-7,
             }
         )
-    rows[-1]["eval/accuracy"] = 0.2
+    rows[-1]["eval/accuracy"] = end
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
@@ -265,3 +269,92 @@ def test_per_problem_scores_saved_by_the_loop_are_read_back_in_split_order(tmp_p
 def test_a_count_flag_below_1_is_refused_by_name(flag, tmp_path):
     with pytest.raises(ValueError, match=f"{flag} must be at least 1"):
         gspo_vs_grpo.main([flag, f"--workdir={tmp_path}", "--report_only"])
+
+
+# ------------------------------------------------------------------------------- sweeps
+
+
+def test_vary_flags_zip_value_by_value_and_bad_ones_are_named():
+    from experiments.gspo_vs_grpo import sweep
+
+    got = sweep.parse_vary(["clip_low=1e-4,3e-4", "clip_high=2e-4, 4e-4"])
+    assert got == [
+        (("clip_low", "1e-4"), ("clip_high", "2e-4")),
+        (("clip_low", "3e-4"), ("clip_high", "4e-4")),
+    ]
+    for bad, match in [
+        (["num_mini_batches"], "expected FIELD=V1,V2"),
+        (["num_mini_batches=1,,2"], "expected FIELD=V1,V2"),
+        (["a=1,2", "b=1"], r"as many values \(a: 2, b: 1\)"),
+        (["a=1", "a=2"], "names 'a' twice"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            sweep.parse_vary(bad)
+
+
+def test_a_variant_sets_its_fields_and_the_arms_own_setting_is_the_arm(tmp_path):
+    """Values are cast to the field's type; a setting that changes nothing keeps the arm's
+    own key and run directory (shared by every sweep of the workdir)."""
+    from experiments.gspo_vs_grpo import sweep
+    from experiments.gspo_vs_grpo.arms import run_dir
+
+    arm = next(a for a in gspo_vs_grpo.ARMS if a.key == "dense/gspo")
+    budget = gspo_vs_grpo.Budget(steps=4, seeds=1, prompts=4, eval_every=2, eval_prompts=8)
+    settings = sweep.parse_vary(["num_mini_batches=2,4", "optim.learning_rate=3e-4,1e-4"])
+    (two,), (same,) = sweep.variants([arm], settings, budget, str(tmp_path))
+    assert two.key == "dense/gspo@num_mini_batches=2,optim.learning_rate=3e-4"
+    assert (
+        run_dir("/w", two, 1) == "/w/dense_gspo/num_mini_batches=2,optim.learning_rate=3e-4/seed1"
+    )
+    c = gspo_vs_grpo.arm_config(two, 0, budget, str(tmp_path))
+    assert (c.num_mini_batches, c.optim.learning_rate) == (2, 3e-4)
+    assert isinstance(c.num_mini_batches, int)
+    assert same == arm and run_dir("/w", same, 1) == "/w/dense_gspo/seed1"
+    for bad, match in [
+        (
+            ["no_such.field=1"],
+            "dense/gspo@no_such.field=1: the config has no field 'no_such.field'",
+        ),
+        (["num_mini_batches=two"], r"num_mini_batches='two' does not fit the field \(4\)"),
+        (["log.plot=maybe"], "not true or false"),
+        (["num_mini_batches=3"], "num_mini_batches"),  # validated: 64 rows do not split in 3
+    ]:
+        with pytest.raises(Exception, match=match):
+            sweep.variants([arm], sweep.parse_vary(bad), budget, str(tmp_path))
+
+
+def test_dev_budget_trains_and_evaluates_on_disjoint_slices_of_train(tmp_path):
+    arm = gspo_vs_grpo.ARMS[-1]
+    budget = gspo_vs_grpo.Budget(steps=4, seeds=1, prompts=4, eval_every=2, eval_prompts=8)
+    c = gspo_vs_grpo.arm_config(arm, 0, budget, str(tmp_path))
+    assert (c.data.train_split, c.data.eval_split) == ("train", "test")
+    dev = dataclasses.replace(budget, dev=True)
+    c = gspo_vs_grpo.arm_config(arm, 0, dev, str(tmp_path))
+    assert (c.data.train_split, c.data.eval_split) == ("train[500:]", "train[:500]")
+
+
+def test_sweep_report_from_runs(tmp_path):
+    """Per setting and arm the final accuracy with its interval over seeds, GSPO − GRPO at
+    each setting, and the best setting per arm (a description on the test split)."""
+    from experiments.gspo_vs_grpo import sweep
+
+    arms = [a for a in gspo_vs_grpo.ARMS if a.model == "dense"]
+    budget = gspo_vs_grpo.Budget(steps=4, seeds=3, prompts=4, eval_every=2, eval_prompts=8)
+    settings = sweep.parse_vary(["num_mini_batches=2,4"])
+    rows = sweep.variants(arms, settings, budget, str(tmp_path))
+    ends = {("gspo", 2): 0.5, ("grpo", 2): 0.3, ("gspo", 4): 0.2, ("grpo", 4): 0.25}
+    for setting, row in zip(settings, rows):
+        for arm in row:
+            for seed in range(3):
+                end = ends[(arm.name, int(setting[0][1]))] + 0.01 * seed
+                _fake_run(tmp_path, arm, seed, end=end)
+    path = tmp_path / "docs" / "sweep.md"
+    cells = sweep.write_sweep(str(path), str(tmp_path), rows, settings, budget, "cmd", "Wall.")
+    text = path.read_text()
+    assert len(cells) == 4 and (tmp_path / "docs" / "sweep.png").exists()
+    assert "| num_mini_batches = 2 | GSPO (dense) | 3 | 0.510 [0.500, 0.520] |" in text
+    assert "| num_mini_batches = 2 | dense/gspo − dense/grpo | +0.200 | [+0.200, +0.200] |" in text
+    assert "| num_mini_batches = 4 | dense/gspo − dense/grpo | -0.050 |" in text
+    assert "| GSPO (dense) | num_mini_batches = 2 | 0.510 [0.500, 0.520] | num_mini" in text
+    assert "| GRPO (dense) | num_mini_batches = 2 | 0.310" in text
+    assert "a description, not a choice" in text
