@@ -104,6 +104,30 @@ def test_every_config_refuses_an_argument_it_does_not_take(path):
         module.get_config("bogus_key=1")
 
 
+@pytest.mark.parametrize("scale, digits, width", [("gpu", "pad8_25", 256), ("cpu", "pad4_12", 128)])
+def test_the_scratchpad_config_at_each_scale(scale, digits, width):
+    """Its response_length holds the longest worked solution of its task plus the end token
+    (the warm start's overlong policy would refuse a longer one), for either algorithm."""
+    from configs import scratchpad
+    from gspo_jax import data
+
+    for algo in ("gspo", "grpo"):
+        c = scratchpad.get_config(f"algo={algo},scale={scale}")
+        _validate_quietly(c)
+        assert (c.data.name, c.data.config_name, c.model.hidden_size) == (
+            "scratchpad",
+            digits,
+            width,
+        )
+        assert c.importance_sampling == ("seq" if algo == "gspo" else "token")
+    config = next(x for x in data.SCRATCHPAD_CONFIGS if x.name == digits)
+    n = config.max_digits
+    longest = data.worked_solution(int("9" * n), int("9" * n))
+    assert len(longest) + 1 <= c.response_length  # char-level tokens + <|im_end|>
+    with pytest.raises(ValueError, match="scale='tpu' is not one of"):
+        scratchpad.get_config("scale=tpu")
+
+
 def test_main_names_the_config_file_and_the_argument_it_does_not_take(tmp_path):
     workdir = tmp_path / "run"
     proc = subprocess.run(

@@ -609,3 +609,67 @@ def test_noisy_teacher_corrupts_only_carrying_additions_at_its_rate():
     assert data.NoisyTeacher(src, 0.6, seed=3)[123] == teacher[123]  # deterministic
     with pytest.raises(ValueError, match="error_rate"):
         data.NoisyTeacher(src, 1.5)
+
+
+# ------------------------------------------------------------------ scratchpad task
+
+TINY_PAD = data.ScratchpadConfig(
+    name="tiny_pad", min_digits=3, max_digits=9, num_train=60, num_test=20, seed=5
+)
+
+
+def test_worked_solution_adds_column_by_column_and_its_sum_is_exact():
+    """Each line is x+y[+1]=total of one column from the units; the answer after ####
+    is a + b (with every carry dropped: the carry-free sum the default task's teacher gives)."""
+    assert data.worked_solution(4781, 2959) == "1+9=10\n8+5+1=14\n7+9+1=17\n4+2+1=7\n#### 7740"
+    assert data.worked_solution(95, 7) == "5+7=12\n9+0+1=10\n#### 102"
+    assert data.worked_solution(0, 0) == "0+0=0\n#### 0"
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        a, b = (int(x) for x in rng.integers(0, 10 ** int(rng.integers(1, 19)), 2))
+        lines = data.worked_solution(a, b).split("\n")
+        assert lines[-1] == f"#### {a + b}"
+        assert len(lines) == max(len(str(a)), len(str(b))) + 1
+        for line in lines[:-1]:
+            terms, total = line.split("=")
+            assert sum(int(t) for t in terms.split("+")) == int(total)
+        careless = data.worked_solution(a, b, drop_carries=True)
+        assert careless.endswith(f"#### {data.drop_carry_sum(a, b)}")
+        assert all(line.count("+") == 1 for line in careless.split("\n")[:-1])
+
+
+def test_scratchpad_builder_splits_and_records(data_dir):
+    """Distinct questions, disjoint splits, both operands of d digits in [3, 9], the
+    reference (`final_answer`) the sum and the supervised target its worked solution."""
+    got = data.build_dataset("scratchpad", TINY_PAD, data_dir=data_dir)
+    train, test = _records(got["train"]), _records(got["test"])
+    assert (len(train), len(test)) == (60, 20)
+    assert not {r["question"] for r in train} & {r["question"] for r in test}
+    for r in train + test:
+        a, op, b = QUESTION_RE.match(r["question"]).groups()
+        assert op == "+" and len(a) == len(b) and 3 <= len(a) <= 9
+        assert r["final_answer"] == str(int(a) + int(b))
+        assert r["answer"] == data.worked_solution(int(a), int(b))
+    spec = data.get_spec("scratchpad")
+    assert (spec.reference_key, spec.answer_key, spec.target_template) == (
+        "final_answer",
+        "answer",
+        "{answer}",
+    )
+
+
+def test_the_teacher_drops_the_carries_of_a_worked_solution(data_dir):
+    """At error rate 1 every carrying problem's solution is the careless one, whose stated
+    answer the exact verifier scores 0; the reference is untouched."""
+    from gspo_jax.rewards.arith import arith_exact_reward
+
+    source = data.build_dataset("scratchpad", TINY_PAD, data_dir=data_dir)["train"]
+    teacher = data.NoisyTeacher(source, 1.0, seed=0)
+    for i in range(len(source)):
+        r, t = data.decode_record(source[i]), teacher[i]
+        a, _, b = QUESTION_RE.match(r["question"]).groups()
+        careless = data.worked_solution(int(a), int(b), drop_carries=True)
+        assert t["answer"] == (careless if data.needs_carry(int(a), int(b)) else r["answer"])
+        assert t["final_answer"] == r["final_answer"]
+        want = 1.0 if t["answer"] == r["answer"] else 0.0
+        assert arith_exact_reward("", t["answer"], t["final_answer"]) == want

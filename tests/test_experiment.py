@@ -358,3 +358,32 @@ def test_sweep_report_from_runs(tmp_path):
     assert "| GSPO (dense) | num_mini_batches = 2 | 0.510 [0.500, 0.520] | num_mini" in text
     assert "| GRPO (dense) | num_mini_batches = 2 | 0.310" in text
     assert "a description, not a choice" in text
+
+
+def test_task_and_scale_flags_set_every_arms_task_and_the_budget(tmp_path):
+    """--scale=gpu: the same command sized for a GPU (explicit flags still win);
+    --task=scratchpad: configs/scratchpad.py's task and model under every arm."""
+    from experiments.gspo_vs_grpo import cli
+
+    def budget(*flags):
+        return cli._budget(cli._parser().parse_args(list(flags)))
+
+    cpu, gpu = budget(), budget("--scale=gpu", "--seeds=4")
+    assert (cpu.steps, cpu.seeds, cpu.independent_warm_starts) == (50, 3, False)
+    assert (gpu.steps, gpu.seeds, gpu.prompts, gpu.eval_prompts) == (200, 4, 16, 500)
+    assert gpu.independent_warm_starts and gpu.eval_every == 20
+    pad = budget("--task=scratchpad", "--scale=gpu")
+    for arm in gspo_vs_grpo.ARMS:
+        c = gspo_vs_grpo.arm_config(arm, 3, pad, str(tmp_path))
+        assert (c.data.name, c.data.config_name, c.response_length) == (
+            "scratchpad",
+            "pad8_25",
+            256,
+        )
+        assert c.warm_start.target_accuracy == 0.3 and c.seed == 3
+        assert c.num_steps == 200 and c.rollout_batch_size == 16
+        assert (c.model.arch == "qwen3_moe") == (arm.model == "moe")
+    c = gspo_vs_grpo.arm_config(gspo_vs_grpo.ARMS[-1], 0, budget("--task=scratchpad"), "/r")
+    assert (c.data.config_name, c.model.hidden_size) == ("pad4_12", 128)
+    with pytest.raises(SystemExit):
+        budget("--task=countdown")

@@ -71,6 +71,10 @@ class Budget:
     dev: bool = False
     independent_warm_starts: bool = False  # seed k's runs start from a warm start of seed k
     moe_seeds: int | None = None  # seeds of the MoE arms (None: `seeds`)
+    # "add2": configs/default.py's task (16-token answers); "scratchpad": configs/scratchpad.py
+    # at `scale` ("cpu": 4-12 digits, 0.8M parameters; "gpu": 8-25 digits, 2.9M), every arm.
+    task: str = "add2"
+    scale: str = "cpu"
 
     def seeds_of(self, arm: Arm) -> list[int]:
         """The seeds the arm runs: 0 .. n-1 (the MoE arms may run fewer)."""
@@ -84,10 +88,15 @@ def arm_config(arm: Arm, seed: int, budget: Budget, root: str, warm: str | None 
     c = arm.config_fn()
     c.data.data_dir = os.path.join(root, "data")
     c.seed = seed
-    # Its own 1200 steps, not the default run's warm start trained to a target accuracy:
-    # with --independent_warm_starts the warm start is a factor the seeds vary (and these
-    # are the warm starts docs/results.md was made from).
-    c.warm_start.target_accuracy = None
+    if budget.task == "scratchpad":  # trained to its target accuracy (configs/scratchpad.py)
+        from configs import scratchpad
+
+        scratchpad.use_scratchpad(c, budget.scale)
+    else:
+        # Its own 1200 steps, not the default run's warm start trained to a target accuracy:
+        # with --independent_warm_starts the warm start is a factor the seeds vary (and these
+        # are the warm starts docs/results.md was made from).
+        c.warm_start.target_accuracy = None
     c.num_steps = budget.steps
     c.rollout_batch_size = budget.prompts
     c.eval.every_steps = budget.eval_every
@@ -105,7 +114,9 @@ def arm_config(arm: Arm, seed: int, budget: Budget, root: str, warm: str | None 
     if budget.quick:
         c.num_return_sequences_in_group = 4
         c.warm_start.steps, c.warm_start.batch_size = 3, 16
-        c.response_length = 12
+        c.warm_start.target_accuracy = None
+        if budget.task == "add2":  # the scratchpad's solutions need their length
+            c.response_length = 12
     if warm is not None:
         c.model.hf_path = warm  # its config.json, weights and tokenizer
         c.warm_start.steps = 0

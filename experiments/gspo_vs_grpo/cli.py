@@ -45,11 +45,18 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if not arms:
         raise ValueError(f"--arms={args.arms!r} names none of {[a.key for a in ARMS]}")
     seeds = list(range(max(len(budget.seeds_of(a)) for a in arms)))
+    if budget.task != "add2":  # its own data, model, warm starts and runs
+        args.workdir = os.path.join(args.workdir, f"{budget.task}_{budget.scale}")
     if budget.dev:  # its own data split, so its own warm starts and runs
         args.workdir = os.path.join(args.workdir, "dev")
     if args.results is None:
         settings = sweep.parse_vary(args.vary) if args.vary else None
-        args.results = sweep.default_results(settings, budget.dev) if settings else RESULTS
+        task = "" if budget.task == "add2" else f"_{budget.task}"
+        args.results = (
+            sweep.default_results(settings, budget.dev, task)
+            if settings
+            else RESULTS.replace(".md", f"{task}.md")
+        )
     os.makedirs(args.workdir, exist_ok=True)
     import jax
 
@@ -106,6 +113,23 @@ def _parser() -> argparse.ArgumentParser:
         help=f"train on train[{DEV_PROBLEMS}:] and evaluate on train[:{DEV_PROBLEMS}] (a dev "
         "split for choosing hyperparameters: the test split is never read), in <workdir>/dev",
     )
+    p.add_argument(
+        "--task",
+        default="add2",
+        choices=("add2", "scratchpad"),
+        help="add2: configs/default.py's task (16-token answers); scratchpad: "
+        "configs/scratchpad.py (long worked additions, a larger model) for every arm, in "
+        "<workdir>/scratchpad_<scale>, results by default in docs/results_scratchpad.md",
+    )
+    p.add_argument(
+        "--scale",
+        default="cpu",
+        choices=("cpu", "gpu"),
+        help="cpu: the defaults below; gpu: the same command sized for one GPU (10 seeds "
+        "with independent warm starts, 200 steps of 16 prompts, 500 held-out problems every "
+        "20 steps; the scratchpad task at 8-25 digits and 2.9M parameters): run it under "
+        "jax[cuda], explicit flags still win",
+    )
     p.add_argument("--arms", default="", help="comma-separated subset, e.g. dense/gspo")
     p.add_argument(
         "--no_noise_floor",
@@ -146,19 +170,24 @@ def _budget(args) -> Budget:
             eval_prompts=args.eval_prompts or 8,
             quick=True,
             dev=args.dev,
+            task=args.task,
+            scale=args.scale,
             independent_warm_starts=args.independent_warm_starts,
             moe_seeds=args.moe_seeds,
         )
-    steps = args.steps or 50
+    gpu = args.scale == "gpu"
+    steps = args.steps or (200 if gpu else 50)
     return Budget(
         steps=steps,
-        seeds=args.seeds or 3,
-        prompts=args.prompts or 8,
-        eval_every=args.eval_every or max(1, steps // 2),
-        eval_prompts=args.eval_prompts or 200,
+        seeds=args.seeds or (10 if gpu else 3),
+        prompts=args.prompts or (16 if gpu else 8),
+        eval_every=args.eval_every or (20 if gpu else max(1, steps // 2)),
+        eval_prompts=args.eval_prompts or (500 if gpu else 200),
         dev=args.dev,
-        independent_warm_starts=args.independent_warm_starts,
+        independent_warm_starts=args.independent_warm_starts or gpu,
         moe_seeds=args.moe_seeds,
+        task=args.task,
+        scale=args.scale,
     )
 
 

@@ -87,8 +87,10 @@ def write_results(
     stats = {a.key: arm_stats(root, a, ran[a.key]) for a in arms}
     problems = {a.key: final_problems(root, a, ran[a.key]) for a in arms}
     by_model = {a.model: ran[a.key] for a in arms}  # the arms of a model run the same seeds
+    stem = os.path.splitext(os.path.basename(path))[0]  # docs/results.md: gspo_vs_grpo_<m>
+    prefix = "gspo_vs_grpo" + ("" if stem == "results" else f"_{stem}")
     pngs = [
-        plot(root, arms, by_model[m], m, os.path.join(here, "results", f"gspo_vs_grpo_{m}.png"))
+        plot(root, arms, by_model[m], m, os.path.join(here, "results", f"{prefix}_{m}.png"))
         for m in ("moe", "dense")
         if m in by_model
     ]
@@ -157,10 +159,45 @@ def _budget(c, by_model: dict, budget: Budget) -> dict:
         "prompts": prompts,
         "group": group,
         "responses": budget.steps * prompts * group,
-        "warm_start_steps": c.warm_start.steps,
+        "warm_start_steps": (
+            f"{c.warm_start.steps} supervised steps"
+            if not c.warm_start.target_accuracy
+            else f"supervised steps until {c.warm_start.target_accuracy:.0%} greedy accuracy on "
+            f"{c.warm_start.check_prompts} train problems (checked every "
+            f"{c.warm_start.check_every} steps, at most {c.warm_start.max_steps})"
+        ),
+        **TASKS[budget.task](budget),
         "eval_prompts": budget.eval_prompts,
         "eval_every": budget.eval_every or budget.steps,
     }
+
+
+def _add2(budget: Budget) -> dict:
+    return {
+        "task_line": "configs/default.py (2-digit addition, warm start imitating a teacher who "
+        "drops carries, then RL against the exact verifier).",
+        "budget_note": " The default run (configs/default.py) uses 250 RL steps of 16 prompts on"
+        " all 500 test problems; this smaller budget is what fits the whole experiment (warm "
+        "starts included) into the time we had on a shared 2-core machine, so the curves show "
+        "early training and small differences are within noise.",
+    }
+
+
+def _scratchpad(budget: Budget) -> dict:
+    from configs import scratchpad
+
+    digits, width, response = scratchpad.SCALES[budget.scale]
+    return {
+        "task_line": f"configs/scratchpad.py at scale={budget.scale} (scratchpad/{digits}: "
+        "long additions worked column by column, responses up to "
+        f"{response} tokens; a d_model {width} model; warm start imitating a teacher who drops "
+        "every carry on 60 % of the problems that need one, then RL against the exact "
+        "verifier).",
+        "budget_note": "",
+    }
+
+
+TASKS = {"add2": _add2, "scratchpad": _scratchpad}
 
 
 def _table_row(arm: Arm, s: dict, seeds: Sequence[int]) -> str:

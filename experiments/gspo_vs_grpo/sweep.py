@@ -27,6 +27,7 @@ import numpy as np
 from experiments.gspo_vs_grpo import stats as stats_lib
 from experiments.gspo_vs_grpo.analysis import arm_stats, final_accuracy_difference, final_problems
 from experiments.gspo_vs_grpo.arms import DEV_PROBLEMS, Arm, Budget, arm_config
+from experiments.gspo_vs_grpo.report import TASKS
 
 Setting = tuple[tuple[str, str], ...]  # ((field, value), ...): one position of the sweep
 
@@ -80,10 +81,10 @@ def label(setting: Setting) -> str:
     return ", ".join(f"{f} = {v}" for f, v in setting)
 
 
-def default_results(settings: Sequence[Setting], dev: bool) -> str:
-    """docs/sweeps/<field>[+<field>][_dev].md."""
+def default_results(settings: Sequence[Setting], dev: bool, task: str = "") -> str:
+    """docs/sweeps/<field>[+<field>][_<task>][_dev].md."""
     name = "+".join(f for f, _ in settings[0]).replace(".", "_")
-    return os.path.join("docs", "sweeps", f"{name}{'_dev' if dev else ''}.md")
+    return os.path.join("docs", "sweeps", f"{name}{task}{'_dev' if dev else ''}.md")
 
 
 # -------------------------------------------------------------------------------- report
@@ -136,6 +137,7 @@ def markdown(cells: list[dict], settings, budget: Budget, command: str, wall: st
         "```",
         "",
         f"- {wall}",
+        f"- Task: {TASKS[budget.task](budget)['task_line']}",
         f"- Budget: {budget.steps} RL steps per run, {budget.prompts} prompts x G responses "
         f"per rollout, held-out greedy accuracy on {budget.eval_prompts} problems of {split} "
         + (f"every {budget.eval_every} steps" if budget.eval_every else "at the start and end")

@@ -38,6 +38,12 @@ from gspo_jax.data.pipeline import (
     render_prompt,
     resolve_shard,
 )
+from gspo_jax.data.scratchpad import (
+    SCRATCHPAD_CONFIGS,
+    ScratchpadConfig,
+    SyntheticScratchpad,
+    worked_solution,
+)
 from gspo_jax.data.teacher import NoisyTeacher, drop_carry_sum, needs_carry
 from gspo_jax.data.tokenizer import (
     CHAT_TEMPLATE,
@@ -62,6 +68,7 @@ __all__ = [
     "IM_START",
     "OVERLONG_POLICIES",
     "PAD_TOKEN",
+    "SCRATCHPAD_CONFIGS",
     "SPECIAL_TOKENS",
     "UNK_TOKEN",
     "ArithmeticConfig",
@@ -70,7 +77,9 @@ __all__ = [
     "Gsm8kLocal",
     "NoisyTeacher",
     "PreparedData",
+    "ScratchpadConfig",
     "SyntheticArithmetic",
+    "SyntheticScratchpad",
     "build_dataset",
     "build_messages",
     "check_gsm8k_manual_dir",
@@ -93,4 +102,5 @@ __all__ = [
     "render_prompt",
     "resolve_shard",
     "stop_token_ids",
+    "worked_solution",
 ]

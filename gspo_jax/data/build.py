@@ -29,6 +29,7 @@ import tensorflow_datasets as tfds
 
 from gspo_jax.data.arithmetic import ArithmeticConfig, SyntheticArithmetic
 from gspo_jax.data.gsm8k import GSM8K_SPLIT_FILES, Gsm8kLocal, check_gsm8k_manual_dir
+from gspo_jax.data.scratchpad import SyntheticScratchpad
 from gspo_jax.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,16 @@ register_dataset(
         reference_key="answer",
         answer_key="answer",
         target_template="#### {answer}",
+        check_manual_dir=None,
+    ),
+)
+register_dataset(
+    "scratchpad",
+    DatasetSpec(
+        builder=SyntheticScratchpad,
+        reference_key="final_answer",
+        answer_key="answer",  # the worked solution, ending in "#### <sum>"
+        target_template="{answer}",
         check_manual_dir=None,
     ),
 )

@@ -11,7 +11,9 @@ demonstrations change: RL prompts, references and the test split are the true ta
 `NoisyTeacher(source, error_rate, seed)` wraps a random-access source (a TFDS data source or
 any sequence of records): same length, same records, except that the `answer` of a
 deterministic `error_rate` fraction of carrying additions (chosen by a hash of the record
-index and `seed`) is replaced by the carry-dropped sum. Other questions pass through.
+index and `seed`) is replaced by the carry-dropped sum (on the scratchpad task, whose answer
+is a worked solution, by the solution written with every carry dropped). Other questions
+pass through.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gspo_jax.data.pipeline import decode_record
+from gspo_jax.data.scratchpad import worked_solution
 
 _ADDITION = re.compile(r"What is (\d+) \+ (\d+)\?")
 
@@ -63,7 +66,12 @@ class NoisyTeacher(Sequence):
         if match and self._errs(index):
             a, b = int(match[1]), int(match[2])
             if needs_carry(a, b):
-                record["answer"] = str(drop_carry_sum(a, b))
+                worked = "####" in str(record.get("answer", ""))  # the scratchpad task
+                record["answer"] = (
+                    worked_solution(a, b, drop_carries=True)
+                    if worked
+                    else str(drop_carry_sum(a, b))
+                )
         return record
 
     def __getitem__(self, index: int) -> dict[str, Any]:
