@@ -387,3 +387,21 @@ def test_task_and_scale_flags_set_every_arms_task_and_the_budget(tmp_path):
     assert (c.data.config_name, c.model.hidden_size) == ("pad4_12", 128)
     with pytest.raises(SystemExit):
         budget("--task=countdown")
+
+
+def test_a_finished_run_of_another_budget_is_refused_not_reused(tmp_path):
+    """Runs are cached by directory: a finished run made with other settings (here 4 steps,
+    now 5) would be reported as this budget's; the same settings are reused."""
+    from experiments.gspo_vs_grpo.arms import run_dir
+
+    arm = gspo_vs_grpo.ARMS[-1]
+    budget = gspo_vs_grpo.Budget(steps=4, seeds=1, prompts=4, eval_every=2, eval_prompts=8)
+    d = pathlib.Path(run_dir(str(tmp_path), arm, 0))
+    d.mkdir(parents=True)
+    c = gspo_vs_grpo.arm_config(arm, 0, budget, str(tmp_path), "/warm")
+    (d / "config.json").write_text(c.to_json_best_effort())
+    (d / "summary.json").write_text("{}")
+    assert gspo_vs_grpo.run_arm(arm, 0, budget, str(tmp_path), "/warm") == {"seconds": None}
+    longer = dataclasses.replace(budget, steps=5)
+    with pytest.raises(ValueError, match=r"finished run of other settings \(num_steps: 4 -> 5\)"):
+        gspo_vs_grpo.run_arm(arm, 0, longer, str(tmp_path), "/warm")

@@ -6,6 +6,22 @@ the synthetic task, with the command that regenerates docs/results.md.
   python -m experiments.gspo_vs_grpo --quick         # minutes: a smoke test
   python -m experiments.gspo_vs_grpo --arms=dense/gspo,dense/grpo --seeds=10 \
       --independent_warm_starts --steps=100 --eval_every=10 --eval_prompts=500
+  python -m experiments.gspo_vs_grpo --task=scratchpad          # long responses (CPU scale)
+  python -m experiments.gspo_vs_grpo --task=scratchpad --scale=gpu   # under jax[cuda]
+  python -m experiments.gspo_vs_grpo --arms=dense/gspo,dense/grpo --dev \
+      --vary num_mini_batches=1,2,4,8                  # a sweep (sweep.py), on a dev split
+
+Tasks (--task): add2 is configs/default.py's (2-digit sums, 16-token answers, a 0.1M model);
+scratchpad is configs/scratchpad.py's (long sums worked column by column: 34-125 response
+tokens and a 0.8M model at --scale=cpu, 62-243 tokens and 2.9M at --scale=gpu), in
+<workdir>/scratchpad_<scale>/, results in docs/results_scratchpad.md. --scale=gpu also sizes
+the budget for one GPU (10 seeds with independent warm starts, 200 steps of 16 prompts).
+
+Sweeps (--vary FIELD=V1,V2,..., repeatable and zipped): every chosen arm under every value,
+with the same seeds and warm starts, and a report of its own (docs/sweeps/<field>.md):
+the off-policy dose-response (num_mini_batches), learning rates per arm and GSPO's ε on a
+dev split (--dev: train[500:] for training, train[:500] held out, the test split unread),
+π_old from the sampler against recomputed (old_logprobs_source).
 
 Arms (each from scratch, one run per seed, equal rollout budgets: every arm samples
 num_steps x rollout_batch_size x G responses and splits each rollout into 4 mini-batches):
@@ -51,7 +67,8 @@ Modules, by concern:
   analysis.py  metrics.jsonl read back, arm_stats over seeds, verdicts per paper claim
   stats.py     mean / sample std, paired bootstrap intervals and p-values, verdict wording
   report.py    plot, write_results: results_template.md (+ noise_floor_template.md) filled
-  cli.py       main: the flags, the budget, a run or --report_only
+  sweep.py     --vary: variant arms, their runs' report (table, GSPO − GRPO, best value, plot)
+  cli.py       main: the flags, the budget, a run, a sweep or --report_only
 """
 
 from experiments.gspo_vs_grpo.analysis import arm_stats, pm, verdicts

@@ -132,13 +132,25 @@ def upcycle(
 def run_arm(arm: Arm, seed: int, budget: Budget, root: str, warm: str) -> dict:
     """One training run from the warm start (skipped if its workdir holds a finished run)."""
     from gspo_jax.trainer import loop as train
+    from gspo_jax.trainer import workdir as workdir_lib
 
     workdir = run_dir(root, arm, seed)
+    config = arm_config(arm, seed, budget, root, warm)
     if os.path.exists(os.path.join(workdir, "summary.json")):
+        diffs, _ = workdir_lib.config_differences(config, workdir)
+        # Any field, even one free on resume (num_steps): another budget's run would be
+        # reported as this one's. A field the code added or removed since is no setting.
+        other = {k: v for k, v in diffs.items() if "<absent>" not in v}
+        if other:
+            listing = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in other.items())
+            raise ValueError(
+                f"{workdir} holds a finished run of other settings ({listing}): use another "
+                "--workdir for this budget, or delete that run"
+            )
         log.info("%s seed %d: already done (%s)", arm.key, seed, workdir)
         return {"seconds": None}
     t0 = time.perf_counter()
-    train.run(arm_config(arm, seed, budget, root, warm), workdir)
+    train.run(config, workdir)
     seconds = time.perf_counter() - t0
     record_seconds(root, f"run/{arm.key}/seed{seed}", seconds)
     log.info("%s seed %d: %.0f s", arm.key, seed, seconds)

@@ -259,22 +259,15 @@ def record_config(config, workdir: str, *, resuming: bool, allow_change: bool) -
     an unchanged one). Raises WorkdirError listing the differences that change the run,
     unless `allow_change`.
     """
-    new = _flatten(json.loads(config.to_json_best_effort()))
     path = os.path.join(workdir, CONFIG_FILE)
     if not resuming or not os.path.exists(path):
         if resuming:
             log.warning("%s is missing: the resumed run's config cannot be checked", path)
         _write_lead(path, config.to_json_best_effort(indent=2) + "\n")
         return {}
-    recorded = _recorded(workdir)
-    diffs = {
-        k: (recorded.get(k, "<absent>"), new.get(k, "<absent>"))
-        for k in sorted(set(recorded) | set(new))
-        if _norm(k, recorded.get(k)) != _norm(k, new.get(k))
-    }
+    diffs, changing = config_differences(config, workdir)
     if not diffs:
         return {}
-    changing = {k: v for k, v in diffs.items() if not _is_free(k, v, recorded, new)}
     if changing and not allow_change:
         listing = "; ".join(f"{k}: {old!r} -> {now!r}" for k, (old, now) in changing.items())
         raise WorkdirError(
@@ -300,6 +293,20 @@ def record_config(config, workdir: str, *, resuming: bool, allow_change: bool) -
             previous = f.read()
     _write_lead(changes, previous + json.dumps(row) + "\n")
     return diffs
+
+
+def config_differences(config, workdir: str) -> tuple[dict, dict]:
+    """({field: (recorded, new)} of every difference between `config` and the run recorded
+    in `workdir`, the subset of them that change the run (not free on resume))."""
+    new = _flatten(json.loads(config.to_json_best_effort()))
+    recorded = _recorded(workdir)
+    diffs = {
+        k: (recorded.get(k, "<absent>"), new.get(k, "<absent>"))
+        for k in sorted(set(recorded) | set(new))
+        if _norm(k, recorded.get(k)) != _norm(k, new.get(k))
+    }
+    changing = {k: v for k, v in diffs.items() if not _is_free(k, v, recorded, new)}
+    return diffs, changing
 
 
 def _recorded(workdir: str) -> dict:
