@@ -4,15 +4,16 @@ token-level ratio noise of GRPO accumulates over a long response; GSPO's sequenc
 averages it). The default task's 0.1M-parameter model and 16-token answers cannot show it.
 
 Task (gspo_jax/data/scratchpad.py): a + b with both operands of d digits, worked column by
-column ("1+9=10", "8+5+1=14", ..., "#### 7740"). A supervised warm start imitates a teacher
+column, each line restating the digits left ("4781+2959: 1+9=10", "478+295: 8+5+1=14",
+..., "#### 7740"). A supervised warm start imitates a teacher
 who drops every carry on 60 % of the problems that need one (as the default run's does);
 RL against the exact verifier (`arith_exact`, the number after "####") has to unlearn it,
 one early slip deciding the whole answer.
 
 Two scales (`scale=`), the same everything else:
-  gpu  scratchpad/pad8_25: d in [8, 25], responses 62-243 tokens (mean 146); Qwen3-style
+  gpu  scratchpad/pad4_10: d in [4, 10], responses 66-245 tokens (mean 146); Qwen3-style
        4 layers, d_model 256, 4 heads of 64 (2 KV), MLP 768: 2.9M parameters
-  cpu  scratchpad/pad4_12: d in [4, 12], responses 34-125 tokens (mean 74); d_model 128,
+  cpu  scratchpad/pad2_6: d in [2, 6], responses 32-125 tokens (mean 75); d_model 128,
        heads of 32, MLP 384: 0.8M parameters (what two CPU cores train in minutes)
 
   python -m gspo_jax.main --config=configs/scratchpad.py --workdir=/tmp/pad
@@ -24,7 +25,7 @@ from configs import common, grpo_paper, gspo_paper
 
 ALGOS = {"gspo": gspo_paper, "grpo": grpo_paper}
 # scale -> (task config, model width, response_length)
-SCALES = {"gpu": ("pad8_25", 256, 256), "cpu": ("pad4_12", 128, 128)}
+SCALES = {"gpu": ("pad4_10", 256, 256), "cpu": ("pad2_6", 128, 128)}
 
 
 def get_config(arg: str | None = None):
@@ -46,8 +47,8 @@ def use_scratchpad(c, scale: str = "gpu"):
     digits, width, response = SCALES[scale]
     c.data.name = "scratchpad"
     c.data.config_name = digits
-    # The templated question is at most 81 tokens; a solution at most 10·d + 4 tokens plus
-    # the end token (255 at 25 digits, 125 at 12).
+    # The templated question is at most 81 tokens; a solution at most d² + 14·d + 4 tokens
+    # plus the end token (245 at 10 digits, 125 at 6).
     c.prompt_length = 88
     c.response_length = response
     c.sampling.prompt_buckets = (64, 88)

@@ -104,7 +104,7 @@ def test_every_config_refuses_an_argument_it_does_not_take(path):
         module.get_config("bogus_key=1")
 
 
-@pytest.mark.parametrize("scale, digits, width", [("gpu", "pad8_25", 256), ("cpu", "pad4_12", 128)])
+@pytest.mark.parametrize("scale, digits, width", [("gpu", "pad4_10", 256), ("cpu", "pad2_6", 128)])
 def test_the_scratchpad_config_at_each_scale(scale, digits, width):
     """Its response_length holds the longest worked solution of its task plus the end token
     (the warm start's overlong policy would refuse a longer one), for either algorithm."""

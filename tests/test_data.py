@@ -621,21 +621,27 @@ TINY_PAD = data.ScratchpadConfig(
 def test_worked_solution_adds_column_by_column_and_its_sum_is_exact():
     """Each line is x+y[+1]=total of one column from the units; the answer after ####
     is a + b (with every carry dropped: the carry-free sum the default task's teacher gives)."""
-    assert data.worked_solution(4781, 2959) == "1+9=10\n8+5+1=14\n7+9+1=17\n4+2+1=7\n#### 7740"
-    assert data.worked_solution(95, 7) == "5+7=12\n9+0+1=10\n#### 102"
-    assert data.worked_solution(0, 0) == "0+0=0\n#### 0"
+    assert data.worked_solution(4781, 2959) == (
+        "4781+2959: 1+9=10\n478+295: 8+5+1=14\n47+29: 7+9+1=17\n4+2: 4+2+1=7\n#### 7740"
+    )
+    assert data.worked_solution(95, 7) == "95+07: 5+7=12\n9+0: 9+0+1=10\n#### 102"
+    assert data.worked_solution(0, 0) == "0+0: 0+0=0\n#### 0"
     rng = np.random.default_rng(0)
     for _ in range(500):
         a, b = (int(x) for x in rng.integers(0, 10 ** int(rng.integers(1, 19)), 2))
         lines = data.worked_solution(a, b).split("\n")
         assert lines[-1] == f"#### {a + b}"
         assert len(lines) == max(len(str(a)), len(str(b))) + 1
-        for line in lines[:-1]:
-            terms, total = line.split("=")
+        n = len(lines) - 1
+        for k, line in enumerate(lines[:-1]):
+            left, column = line.split(": ")
+            assert left == f"{str(a).zfill(n)[: n - k]}+{str(b).zfill(n)[: n - k]}"
+            terms, total = column.split("=")
             assert sum(int(t) for t in terms.split("+")) == int(total)
+        assert len(data.worked_solution(a, b)) <= n * n + 14 * n + 4
         careless = data.worked_solution(a, b, drop_carries=True)
         assert careless.endswith(f"#### {data.drop_carry_sum(a, b)}")
-        assert all(line.count("+") == 1 for line in careless.split("\n")[:-1])
+        assert all(line.split(": ")[1].count("+") == 1 for line in careless.split("\n")[:-1])
 
 
 def test_scratchpad_builder_splits_and_records(data_dir):

@@ -377,14 +377,14 @@ def test_task_and_scale_flags_set_every_arms_task_and_the_budget(tmp_path):
         c = gspo_vs_grpo.arm_config(arm, 3, pad, str(tmp_path))
         assert (c.data.name, c.data.config_name, c.response_length) == (
             "scratchpad",
-            "pad8_25",
+            "pad4_10",
             256,
         )
         assert c.warm_start.target_accuracy == 0.3 and c.seed == 3
         assert c.num_steps == 200 and c.rollout_batch_size == 16
         assert (c.model.arch == "qwen3_moe") == (arm.model == "moe")
     c = gspo_vs_grpo.arm_config(gspo_vs_grpo.ARMS[-1], 0, budget("--task=scratchpad"), "/r")
-    assert (c.data.config_name, c.model.hidden_size) == ("pad4_12", 128)
+    assert (c.data.config_name, c.model.hidden_size) == ("pad2_6", 128)
     with pytest.raises(SystemExit):
         budget("--task=countdown")
 

@@ -12,8 +12,8 @@ the synthetic task, with the command that regenerates docs/results.md.
       --vary num_mini_batches=1,2,4,8                  # a sweep (sweep.py), on a dev split
 
 Tasks (--task): add2 is configs/default.py's (2-digit sums, 16-token answers, a 0.1M model);
-scratchpad is configs/scratchpad.py's (long sums worked column by column: 34-125 response
-tokens and a 0.8M model at --scale=cpu, 62-243 tokens and 2.9M at --scale=gpu), in
+scratchpad is configs/scratchpad.py's (long sums worked column by column: 32-125 response
+tokens and a 0.8M model at --scale=cpu, 66-245 tokens and 2.9M at --scale=gpu), in
 <workdir>/scratchpad_<scale>/, results in docs/results_scratchpad.md. --scale=gpu also sizes
 the budget for one GPU (10 seeds with independent warm starts, 200 steps of 16 prompts).
 

@@ -72,7 +72,7 @@ class Budget:
     independent_warm_starts: bool = False  # seed k's runs start from a warm start of seed k
     moe_seeds: int | None = None  # seeds of the MoE arms (None: `seeds`)
     # "add2": configs/default.py's task (16-token answers); "scratchpad": configs/scratchpad.py
-    # at `scale` ("cpu": 4-12 digits, 0.8M parameters; "gpu": 8-25 digits, 2.9M), every arm.
+    # at `scale` ("cpu": 2-6 digits, 0.8M parameters; "gpu": 4-10 digits, 2.9M), every arm.
     task: str = "add2"
     scale: str = "cpu"
 

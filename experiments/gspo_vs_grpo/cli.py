@@ -127,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
         choices=("cpu", "gpu"),
         help="cpu: the defaults below; gpu: the same command sized for one GPU (10 seeds "
         "with independent warm starts, 200 steps of 16 prompts, 500 held-out problems every "
-        "20 steps; the scratchpad task at 8-25 digits and 2.9M parameters): run it under "
+        "20 steps; the scratchpad task at 4-10 digits and 2.9M parameters): run it under "
         "jax[cuda], explicit flags still win",
     )
     p.add_argument("--arms", default="", help="comma-separated subset, e.g. dense/gspo")

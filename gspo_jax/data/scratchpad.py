@@ -3,28 +3,31 @@ length, where GSPO's argument (token-level noise accumulating over a long respon
 
 A question adds two numbers of d digits each, d drawn uniformly from [min_digits, max_digits]
 (leading digit non-zero). The worked solution, which the warm start imitates and the RL
-policy writes before its answer, goes column by column from the units, one line per
-column with the carry-in written as a third term, then the sum after "####". For
-"What is 4781 + 2959?":
+policy writes before its answer, goes column by column from the units. Each line restates
+the digits still to add, then adds their last column with the carry-in as a third term;
+the sum follows "####". For "What is 4781 + 2959?":
 
-    1+9=10
-    8+5+1=14
-    7+9+1=17
-    4+2+1=7
+    4781+2959: 1+9=10
+    478+295: 8+5+1=14
+    47+29: 7+9+1=17
+    4+2: 4+2+1=7
     #### 7740
 
-A column with a carry-out of 1 is followed by a column whose line has the "+1" term; the
-last line's carry (if any) is the sum's leading digit. With the char-level tokenizer a
-solution is at most 10·d + 4 tokens (every column carrying): d in [8, 25] gives 61 to 242
-tokens in the generated data (mean 145), at most 254, before the end token; d in [4, 12],
-33 to 124 (mean 73).
+Restating the operands keeps every step local: a line copies the previous one less a
+digit, and the digits to add sit just before "+" and ":". A small model learns this. A
+format that fetches the i-th digit from the end of the question instead was not learned:
+a 0.8M model after 1,200 supervised steps got the first two columns right and then
+drifted, with 0.5 % exact answers. A line has at most 2·k + 12 tokens (newline included) when k digits are left, so a
+solution has at most d² + 14·d + 4 tokens (every column carrying): d in [4, 10] gives 65 to
+244 tokens in the generated data (mean 145), d in [2, 6] 31 to 124 (mean 74), before the
+end token.
 
 Records: ``id``, ``question``, ``answer`` (the worked solution; the supervised target), and
 ``final_answer`` (the sum, the reference the verifier compares with: `arith_exact` reads the
 number after the solution's last "####"). Configs:
 
-    pad8_25   d in [8, 25]: 20,000 train / 500 test (the scratchpad experiment's task)
-    pad4_12   d in [4, 12]: shorter, for a quick look (20,000 / 500)
+    pad4_10   d in [4, 10]: 20,000 train / 500 test (--scale=gpu)
+    pad2_6    d in [2, 6]: 20,000 train / 500 test (--scale=cpu)
 
 The imperfect teacher (`NoisyTeacher`) writes an erring record's solution with every carry
 dropped (``worked_solution(a, b, drop_carries=True)``), so one slip early in a long response
@@ -46,8 +49,8 @@ class ScratchpadConfig(tfds.core.BuilderConfig):
     num_train, num_test: examples per split (distinct questions, test first).
     seed: seed of the generator; the whole dataset is a function of the config."""
 
-    min_digits: int = 8
-    max_digits: int = 25
+    min_digits: int = 4
+    max_digits: int = 10
     num_train: int = 20_000
     num_test: int = 500
     seed: int = 0
@@ -55,16 +58,16 @@ class ScratchpadConfig(tfds.core.BuilderConfig):
 
 SCRATCHPAD_CONFIGS = (
     ScratchpadConfig(
-        name="pad8_25",
-        description="a + b, both of d digits, d uniform in [8, 25]; worked column by column.",
-        min_digits=8,
-        max_digits=25,
+        name="pad4_10",
+        description="a + b, both of d digits, d uniform in [4, 10]; worked column by column.",
+        min_digits=4,
+        max_digits=10,
     ),
     ScratchpadConfig(
-        name="pad4_12",
-        description="a + b, both of d digits, d uniform in [4, 12]; worked column by column.",
-        min_digits=4,
-        max_digits=12,
+        name="pad2_6",
+        description="a + b, both of d digits, d uniform in [2, 6]; worked column by column.",
+        min_digits=2,
+        max_digits=6,
     ),
 )
 
@@ -72,13 +75,15 @@ SCRATCHPAD_CONFIGS = (
 def worked_solution(a: int, b: int, *, drop_carries: bool = False) -> str:
     """The column-by-column solution of a + b (module docstring); with drop_carries, the
     careless student's: no "+1" term ever, each sum digit (x + y) mod 10."""
-    xs, ys = str(a)[::-1], str(b)[::-1]
+    n = max(len(str(a)), len(str(b)))
+    xs, ys = str(a).zfill(n), str(b).zfill(n)
     lines, digits, carry = [], [], 0
-    for i in range(max(len(xs), len(ys))):
-        x = int(xs[i]) if i < len(xs) else 0
-        y = int(ys[i]) if i < len(ys) else 0
+    for i in range(n):
+        x, y = int(xs[n - 1 - i]), int(ys[n - 1 - i])
         total = x + y + carry
-        lines.append(f"{x}+{y}" + ("+1" if carry else "") + f"={total}")
+        lines.append(
+            f"{xs[: n - i]}+{ys[: n - i]}: {x}+{y}" + ("+1" if carry else "") + f"={total}"
+        )
         digits.append(total % 10)
         carry = 0 if drop_carries else total // 10
     if carry:
@@ -121,7 +126,7 @@ class SyntheticScratchpad(tfds.core.GeneratorBasedBuilder):
     VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES: ClassVar[dict[str, str]] = {"1.0.0": "Initial release."}
     BUILDER_CONFIGS: ClassVar[list[ScratchpadConfig]] = list(SCRATCHPAD_CONFIGS)
-    DEFAULT_CONFIG_NAME = "pad8_25"
+    DEFAULT_CONFIG_NAME = "pad4_10"
 
     def _log_download_bytes(self) -> None:  # nothing is downloaded (see arithmetic.py)
         pass
