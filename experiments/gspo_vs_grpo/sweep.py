@@ -92,18 +92,25 @@ def default_results(settings: Sequence[Setting], dev: bool, task: str = "") -> s
 
 def summarize(root: str, rows, settings: Sequence[Setting], budget: Budget) -> list[dict]:
     """One dict per (setting, arm): its `arm_stats`, the interval of its final accuracy over
-    seeds, and (for GSPO) the paired difference to GRPO under the same setting."""
+    seeds, its paired difference to the same arm under the first setting (the effect of
+    the factor: "vs_first"), and (for GSPO) to GRPO under the same setting ("vs")."""
     out = []
+    first = {}  # arm name -> (stats, problems) under the first setting
     for setting, row in zip(settings, rows):
         stats, problems = {}, {}
         for arm in row:
             seeds = budget.seeds_of(arm)
             stats[_name(arm)] = arm_stats(root, arm, seeds)
             problems[_name(arm)] = final_problems(root, arm, seeds)
+            first.setdefault(_name(arm), (stats[_name(arm)], problems[_name(arm)]))
         for arm in row:
             s = stats[_name(arm)]
             cell = {"setting": setting, "arm": arm, "stats": s}
             cell["final_ci"] = stats_lib.one_sample(s["eval_end"][2])
+            if setting is not settings[0]:
+                base_stats, base_problems = first[_name(arm)]
+                both = {"a": s, "b": base_stats}, {"a": problems[_name(arm)], "b": base_problems}
+                cell["vs_first"] = final_accuracy_difference(*both, "a", "b")
             other = f"{arm.model}/" + ("grpo_rr" if arm.model == "moe" else "grpo")
             if arm.name == "gspo" and other in stats:
                 iv = final_accuracy_difference(stats, problems, _name(arm), other)
@@ -155,18 +162,19 @@ def markdown(cells: list[dict], settings, budget: Budget, command: str, wall: st
         ),
         "",
         (
-            "| setting | arm | n | final acc. (95 % CI) | best acc. | reward (mean over run) "
-            "| clipped tokens, binding | out of range | binding, updates >= 1 | clipped "
-            "sequences |"
+            "| setting | arm | n | final acc. (95 % CI) | Δ vs the first setting (paired 95 % "
+            "CI) | best acc. | reward (mean over run) | clipped tokens, binding | out of range "
+            "| binding, updates >= 1 | clipped sequences |"
         ),
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in cells:
         s, iv = c["stats"], c["final_ci"]
         ci = f"[{iv.low:.3f}, {iv.high:.3f}]" if iv.n_seeds > 1 else "(one seed)"
         lines.append(
             f"| {label(c['setting'])} | {c['arm'].label} | {len(s['eval_end'][2])} | "
-            f"{iv.estimate:.3f} {ci} | {_pm(s, 'eval_best')} | {_pm(s, 'reward_mean')} | "
+            f"{iv.estimate:.3f} {ci} | {_delta(c.get('vs_first'))} | {_pm(s, 'eval_best')} | "
+            f"{_pm(s, 'reward_mean')} | "
             f"{_pm(s, 'clipfrac_tok', '{:.2e}')} | {_pm(s, 'clipfrac_range', '{:.2e}')} | "
             f"{_pm(s, 'clipfrac_after0', '{:.2e}')} | {_pm(s, 'clipfrac_seq', '{:.2e}')} |"
         )
@@ -208,6 +216,14 @@ def markdown(cells: list[dict], settings, budget: Budget, command: str, wall: st
         lines.append(f"| {key} | {label(best['setting'])} | {iv.estimate:.3f} {ci} | {nxt} |")
     lines += ["", f"![{os.path.basename(png)}]({png})", ""]
     return "\n".join(lines)
+
+
+def _delta(iv) -> str:
+    if iv is None:
+        return "-"
+    if iv.n_seeds < 2:
+        return f"{iv.estimate:+.3f}"
+    return f"{iv.estimate:+.3f} [{iv.low:+.3f}, {iv.high:+.3f}]"
 
 
 def _pm(s: dict, key: str, fmt: str = "{:.3f}") -> str:
