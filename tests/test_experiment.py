@@ -352,8 +352,14 @@ def test_sweep_report_from_runs(tmp_path):
     cells = sweep.write_sweep(str(path), str(tmp_path), rows, settings, budget, "cmd", "Wall.")
     text = path.read_text()
     assert len(cells) == 4 and (tmp_path / "docs" / "sweep.png").exists()
-    assert "| num_mini_batches = 2 | GSPO (dense) | 3 | 0.510 [0.500, 0.520] | - |" in text
-    assert "| num_mini_batches = 4 | GSPO (dense) | 3 | 0.210 [0.200, 0.220] | -0.300 [-0.300" in text
+    assert (
+        "| num_mini_batches = 2 | GSPO (dense) | 3 | 0.100 ± 0.000 | 0.510 [0.500, 0.520] | - |"
+        in text
+    )
+    assert (
+        "| num_mini_batches = 4 | GSPO (dense) | 3 | 0.100 ± 0.000 | 0.210 [0.200, 0.220] | -0.300 [-0.300"
+        in text
+    )
     assert "| num_mini_batches = 2 | dense/gspo − dense/grpo | +0.200 | [+0.200, +0.200] |" in text
     assert "| num_mini_batches = 4 | dense/gspo − dense/grpo | -0.050 |" in text
     assert "| GSPO (dense) | num_mini_batches = 2 | 0.510 [0.500, 0.520] | num_mini" in text

@@ -256,9 +256,25 @@ def _sweep(args, arms: list[Arm], seeds: list[int], budget: Budget, command: str
                     timings[f"{arm.key}/seed{seed}"] = run_arm(
                         arm, seed, budget, args.workdir, warm
                     )
-    wall = _sweep_wall(read_ledger(args.workdir), rows, seeds, budget, time.perf_counter() - t0)
+    # What ran: its commit and time, kept for --report_only (which runs no code worth naming).
+    record = os.path.join(args.workdir, f"sweep_{os.path.basename(args.results)}.json")
+    if args.report_only and os.path.exists(record):
+        with open(record) as f:
+            ran = json.load(f)
+    else:
+        ran = {"commit": commit, "invocation_s": time.perf_counter() - t0}
+        with open(record, "w") as f:
+            json.dump(ran, f)
+    ledger = read_ledger(args.workdir)
+    wall = _sweep_wall(ledger, rows, seeds, budget, ran["invocation_s"])
     cells = sweep.write_sweep(
-        args.results, args.workdir, rows, settings, budget, command.strip(), f"{wall} {commit}."
+        args.results,
+        args.workdir,
+        rows,
+        settings,
+        budget,
+        command.strip(),
+        f"{wall} {ran['commit']}.",
     )
     log.info("wrote %s", args.results)
     return {"runs": timings, "cells": len(cells), "results": args.results}

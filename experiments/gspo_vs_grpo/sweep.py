@@ -162,18 +162,18 @@ def markdown(cells: list[dict], settings, budget: Budget, command: str, wall: st
         ),
         "",
         (
-            "| setting | arm | n | final acc. (95 % CI) | Δ vs the first setting (paired 95 % "
-            "CI) | best acc. | reward (mean over run) | clipped tokens, binding | out of range "
-            "| binding, updates >= 1 | clipped sequences |"
+            "| setting | arm | n | start acc. | final acc. (95 % CI) | Δ vs the first setting "
+            "(paired 95 % CI) | best acc. | reward (mean over run) | clipped tokens, binding | "
+            "out of range | binding, updates >= 1 | clipped sequences |"
         ),
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in cells:
         s, iv = c["stats"], c["final_ci"]
         ci = f"[{iv.low:.3f}, {iv.high:.3f}]" if iv.n_seeds > 1 else "(one seed)"
         lines.append(
             f"| {label(c['setting'])} | {c['arm'].label} | {len(s['eval_end'][2])} | "
-            f"{iv.estimate:.3f} {ci} | {_delta(c.get('vs_first'))} | {_pm(s, 'eval_best')} | "
+            f"{_pm(s, 'eval_start')} | {iv.estimate:.3f} {ci} | {_delta(c.get('vs_first'))} | {_pm(s, 'eval_best')} | "
             f"{_pm(s, 'reward_mean')} | "
             f"{_pm(s, 'clipfrac_tok', '{:.2e}')} | {_pm(s, 'clipfrac_range', '{:.2e}')} | "
             f"{_pm(s, 'clipfrac_after0', '{:.2e}')} | {_pm(s, 'clipfrac_seq', '{:.2e}')} |"
@@ -213,7 +213,11 @@ def markdown(cells: list[dict], settings, budget: Budget, command: str, wall: st
             else "-"
         )
         ci = f"[{iv.low:.3f}, {iv.high:.3f}]" if iv.n_seeds > 1 else "(one seed)"
-        lines.append(f"| {key} | {label(best['setting'])} | {iv.estimate:.3f} {ci} | {nxt} |")
+        edge = best["setting"] in (settings[0], settings[-1]) and len(settings) > 2
+        where = " (an end of the sweep: the best may lie beyond it)" if edge else ""
+        lines.append(
+            f"| {key} | {label(best['setting'])}{where} | {iv.estimate:.3f} {ci} | {nxt} |"
+        )
     lines += ["", f"![{os.path.basename(png)}]({png})", ""]
     return "\n".join(lines)
 
