@@ -1,5 +1,6 @@
 """--vary: one factor swept over values for the chosen arms, every value run with the same
-seeds and warm starts, and its report. What the issue of evidence asks for, one command each:
+seeds and warm starts, and its report. The sweeps a reviewer of the comparison asks for, one
+command each:
 
   off-policy dose-response   --vary num_mini_batches=1,2,4,8   (updates per rollout)
   learning rate per arm      --vary optim.learning_rate=3e-5,1e-4,3e-4 --dev
@@ -37,14 +38,14 @@ def parse_vary(specs: Sequence[str]) -> list[Setting]:
     fields, columns = [], []
     for spec in specs:
         field, sep, values = spec.partition("=")
-        items = [v.strip() for v in values.split(",")]
-        if not sep or not field.strip() or not all(items):
+        field, items = field.strip(), [v.strip() for v in values.split(",")]
+        if not sep or not field or not all(items):
             raise ValueError(
                 f"--vary={spec!r}: expected FIELD=V1,V2,... (e.g. num_mini_batches=1,2,4)"
             )
         if field in fields:
             raise ValueError(f"--vary names {field!r} twice")
-        fields.append(field.strip())
+        fields.append(field)
         columns.append(items)
     if len({len(c) for c in columns}) != 1:
         sizes = ", ".join(f"{f}: {len(c)}" for f, c in zip(fields, columns))
