@@ -181,7 +181,7 @@ def build_dataset(
     missing = [s for s in splits if s.split("[", 1)[0] not in sources]
     if missing:
         raise ValueError(f"Dataset {name!r} has no split(s) {missing}; it has {sorted(sources)}.")
-    return {split: sources.get(split) or _slice(builder, name, split) for split in splits}
+    return {s: sources[s] if s in sources else _slice(builder, name, s) for s in splits}
 
 
 def _slice(builder, name: str, split: str):

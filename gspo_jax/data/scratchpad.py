@@ -14,13 +14,15 @@ the sum follows "####". For "What is 4781 + 2959?":
     #### 7740
 
 Restating the operands keeps every step local: a line copies the previous one less a
-digit, and the digits to add sit just before "+" and ":". A small model learns this. A
-format that fetches the i-th digit from the end of the question instead was not learned:
-a 0.8M model after 1,200 supervised steps got the first two columns right and then
-drifted, with 0.5 % exact answers. A line has at most 2·k + 12 tokens (newline included) when k digits are left, so a
-solution has at most d² + 14·d + 4 tokens (every column carrying): d in [4, 10] gives 65 to
-244 tokens in the generated data (mean 145), d in [2, 6] 31 to 124 (mean 74), before the
-end token.
+digit, and the digits to add sit just before "+" and ":". A small model learns this (0.8M
+parameters: 36 % exact after 500 supervised steps). A format that fetches the i-th digit
+from the end of the question instead was not learned: the same model after 1,200 steps
+got the first two columns right and then drifted, with 0.5 % exact answers.
+
+Length: a line has at most 2·k + 12 tokens (newline included) when k digits are left, so
+a solution has at most d² + 14·d + 4 tokens (every column carrying). d in [4, 10] gives 65
+to 244 tokens in the generated data (mean 145), d in [2, 6] 31 to 124 (mean 74), before
+the end token.
 
 Records: ``id``, ``question``, ``answer`` (the worked solution; the supervised target), and
 ``final_answer`` (the sum, the reference the verifier compares with: `arith_exact` reads the

@@ -633,7 +633,7 @@ def _check_data(config) -> None:
         )
     elif d.eval_split.split("[", 1)[0] == base and (
         "[" not in d.train_split or "[" not in d.eval_split
-    ):  # a slice of the whole split it trains on (slices of one split: the user's ranges)
+    ):  # a slice of the very split it trains on (two slices of one split: the user's ranges)
         _warn(
             f"config.data.eval_split={d.eval_split!r} and train_split={d.train_split!r} "
             "overlap: the held-out accuracy is measured on training prompts "
