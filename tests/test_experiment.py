@@ -412,3 +412,24 @@ def test_a_finished_run_of_another_budget_is_refused_not_reused(tmp_path):
     longer = dataclasses.replace(budget, steps=5)
     with pytest.raises(ValueError, match=r"finished run of other settings \(num_steps: 4 -> 5\)"):
         gspo_vs_grpo.run_arm(arm, 0, longer, str(tmp_path), "/warm")
+
+
+def test_a_sweep_reports_through_the_command_line(tmp_path):
+    """`--vary ... --report_only` from finished runs: the report at --results, its plot, and
+    the record of what ran kept beside the runs for the next --report_only."""
+    from experiments.gspo_vs_grpo import sweep
+
+    arms = [a for a in gspo_vs_grpo.ARMS if a.model == "dense"]
+    budget = gspo_vs_grpo.Budget(steps=4, seeds=2, prompts=4, eval_every=2, eval_prompts=8)
+    settings = sweep.parse_vary(["num_mini_batches=2,4"])
+    for row in sweep.variants(arms, settings, budget, str(tmp_path)):
+        for arm in row:
+            for seed in range(2):
+                _fake_run(tmp_path, arm, seed)
+    out = tmp_path / "r" / "mb.md"
+    flags = ["--arms=dense/gspo,dense/grpo", "--seeds=2", "--steps=4", "--prompts=4"]
+    flags += [f"--workdir={tmp_path}", f"--results={out}", "--vary=num_mini_batches=2,4"]
+    got = gspo_vs_grpo.main([*flags, "--report_only"])
+    assert got["cells"] == 4 and (tmp_path / "r" / "mb.png").exists()
+    assert "| num_mini_batches = 4 | GRPO (dense) | 2 |" in out.read_text()
+    assert json.loads((tmp_path / "sweep_mb.md.json").read_text())["invocation_s"] >= 0
