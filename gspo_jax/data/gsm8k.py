@@ -21,6 +21,7 @@ from typing import ClassVar
 
 import tensorflow_datasets as tfds
 
+from gspo_jax.data.local_builder import LocalBuilder
 from gspo_jax.rewards.answers import parse_number
 
 GSM8K_SPLIT_FILES = {"train": "train.jsonl", "test": "test.jsonl"}
@@ -96,34 +97,17 @@ def read_gsm8k_jsonl(path: str | os.PathLike, split: str) -> list[dict[str, str]
     return records
 
 
-class Gsm8kLocal(tfds.core.GeneratorBasedBuilder):
+class Gsm8kLocal(LocalBuilder, tfds.core.GeneratorBasedBuilder):
     """GSM8K from local files; registered in TFDS as ``gsm8k_local``."""
 
     VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES: ClassVar[dict[str, str]] = {"1.0.0": "Initial release."}
     MANUAL_DOWNLOAD_INSTRUCTIONS = _LAYOUT
 
-    # TFDS would print "Downloading and preparing dataset ..." and "... downloaded and
-    # prepared", though nothing is downloaded: build_dataset logs its own line instead.
-    def _log_download_bytes(self) -> None:
-        pass
-
-    def _log_download_done(self) -> None:
-        pass
-
     def _info(self) -> tfds.core.DatasetInfo:
-        return tfds.core.DatasetInfo(
-            builder=self,
-            description=__doc__,
-            features=tfds.features.FeaturesDict(
-                {
-                    "id": tfds.features.Text(),
-                    "question": tfds.features.Text(),
-                    "answer": tfds.features.Text(),
-                    "final_answer": tfds.features.Text(),
-                }
-            ),
-            supervised_keys=None,
+        return self._text_info(
+            __doc__,
+            ("id", "question", "answer", "final_answer"),
             homepage="https://github.com/openai/grade-school-math",
         )
 

@@ -43,6 +43,8 @@ from typing import ClassVar
 import numpy as np
 import tensorflow_datasets as tfds
 
+from gspo_jax.data.local_builder import LocalBuilder
+
 
 @dataclasses.dataclass(eq=False)
 class ScratchpadConfig(tfds.core.BuilderConfig):
@@ -122,7 +124,7 @@ def generate_problems(config: ScratchpadConfig) -> list[dict[str, str]]:
     return problems
 
 
-class SyntheticScratchpad(tfds.core.GeneratorBasedBuilder):
+class SyntheticScratchpad(LocalBuilder, tfds.core.GeneratorBasedBuilder):
     """Long additions with worked solutions; registered in TFDS as ``synthetic_scratchpad``."""
 
     VERSION = tfds.core.Version("1.0.0")
@@ -130,37 +132,11 @@ class SyntheticScratchpad(tfds.core.GeneratorBasedBuilder):
     BUILDER_CONFIGS: ClassVar[list[ScratchpadConfig]] = list(SCRATCHPAD_CONFIGS)
     DEFAULT_CONFIG_NAME = "pad4_10"
 
-    def _log_download_bytes(self) -> None:  # nothing is downloaded (see arithmetic.py)
-        pass
-
-    def _log_download_done(self) -> None:
-        pass
-
     def _info(self) -> tfds.core.DatasetInfo:
-        return tfds.core.DatasetInfo(
-            builder=self,
-            description=__doc__,
-            features=tfds.features.FeaturesDict(
-                {
-                    "id": tfds.features.Text(),
-                    "question": tfds.features.Text(),
-                    "answer": tfds.features.Text(),
-                    "final_answer": tfds.features.Text(),
-                }
-            ),
-            supervised_keys=None,
-        )
+        return self._text_info(__doc__, ("id", "question", "answer", "final_answer"))
 
     def _split_generators(self, dl_manager):
         del dl_manager  # Generated locally; nothing to download.
-        problems = generate_problems(self.builder_config)
-        num_test = self.builder_config.num_test
-        return {
-            "train": self._generate_examples("train", problems[num_test:]),
-            "test": self._generate_examples("test", problems[:num_test]),
-        }
-
-    def _generate_examples(self, split: str, problems: list[dict[str, str]]):
-        for i, problem in enumerate(problems):
-            example_id = f"{split}-{i:05d}"
-            yield example_id, {"id": example_id, **problem}
+        return self._test_first(
+            generate_problems(self.builder_config), self.builder_config.num_test
+        )
