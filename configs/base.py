@@ -208,10 +208,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # they carry no reward signal (0: never stop)
 
     # ------------------------------------------------------------------------------------
-    # Supervised warm start on the task itself (only for models trained from scratch).
+    # Supervised warm start on the task itself: of a model trained from scratch, or with
+    # on_checkpoint of model.hf_path's weights (e.g. an upcycled MoE's experts specialising).
     # ------------------------------------------------------------------------------------
     c.warm_start = ml_collections.ConfigDict()
     c.warm_start.steps = 0  # SFT steps before RL (0: off)
+    c.warm_start.on_checkpoint = False  # also train model.hf_path's weights (else: scratch only)
     c.warm_start.batch_size = 64
     c.warm_start.learning_rate = 1e-3
     c.warm_start.teacher_error_rate = 0.0  # fraction of carrying additions the warm-start

@@ -267,3 +267,35 @@ def test_the_loops_warm_start_checks_the_train_split(pieces):
     _, result = train.warm_start(trainer, params)
     assert [s for s, _ in result.checks] == [2, 4] and result.reached is False
     assert all(0.0 <= a <= 1.0 for _, a in result.checks)
+
+
+def test_the_warm_start_trains_a_loaded_checkpoint(pieces, tmp_path):
+    """warm_start.steps > 0 with model.hf_path: the loaded weights, then supervised steps
+    (how the experiment's upcycled MoE specialises its experts before RL); the origin names
+    both, and the weights moved from the checkpoint's."""
+    from gspo_jax import models
+
+    params = models.init_params(pieces.model_config, jax.random.PRNGKey(3))
+    hf = str(tmp_path / "hf")
+    checkpoint.export_hf(pieces.model_config, pieces.tokenizer, params, hf)
+    trainer = types.SimpleNamespace(
+        **{
+            k: getattr(pieces, k)
+            for k in ("model_config", "sft_source", "tokenizer", "mesh", "prompt", "data_spec")
+        },
+        warm_start=dataclasses.replace(pieces.warm_start, steps=2, target_accuracy=None),
+        evaluator=pieces.evaluator,
+        schedule=dataclasses.replace(pieces.schedule, hf_path=hf),
+        state_shardings=pieces.state_shardings,
+        workdir=str(tmp_path / "run"),
+        is_lead=False,
+    )
+    trained, origin = train._base_params(trainer, resume=False)
+    assert origin == f"Hugging Face checkpoint {hf} + 2 supervised warm-start steps"
+    moved = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))), trained, params)
+    assert max(jax.tree.leaves(moved)) > 0
+    trainer.warm_start = dataclasses.replace(trainer.warm_start, steps=0)
+    loaded, origin = train._base_params(trainer, resume=False)
+    assert origin == f"Hugging Face checkpoint {hf}"
+    same = jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), loaded, params)
+    assert all(jax.tree.leaves(same))

@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 
 from experiments.gspo_vs_grpo import sweep
-from experiments.gspo_vs_grpo.arms import ARMS, DEV_PROBLEMS, Arm, Budget
+from experiments.gspo_vs_grpo.arms import ARMS, DEV_PROBLEMS, MOE_TESTBEDS, Arm, Budget
 from experiments.gspo_vs_grpo.noise_length import (
     LENGTHS,
     cached_rows,
@@ -86,6 +86,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--eval_prompts", type=int, default=None, help="held-out (default 200)")
     p.add_argument("--eval_every", type=int, default=None, help="default: steps // 2")
     p.add_argument("--moe_seeds", type=int, default=None, help="MoE arms (default --seeds)")
+    p.add_argument(
+        "--moe_testbed",
+        default="specialised",
+        choices=sorted(MOE_TESTBEDS),
+        help=f"the MoE arms' model: specialised: {MOE_TESTBEDS['specialised'].describe()}; "
+        f"copied: {MOE_TESTBEDS['copied'].describe()}",
+    )
     p.add_argument(
         "--independent_warm_starts",
         action="store_true",
@@ -174,6 +181,7 @@ def _budget(args) -> Budget:
             scale=args.scale,
             independent_warm_starts=args.independent_warm_starts,
             moe_seeds=args.moe_seeds,
+            moe_testbed=args.moe_testbed,
         )
     gpu = args.scale == "gpu"
     steps = args.steps or (200 if gpu else 50)
@@ -188,6 +196,7 @@ def _budget(args) -> Budget:
         moe_seeds=args.moe_seeds,
         task=args.task,
         scale=args.scale,
+        moe_testbed=args.moe_testbed,
     )
 
 

@@ -5,6 +5,7 @@ only computes and formats what fills their $placeholders."""
 
 from __future__ import annotations
 
+import json
 import os
 import string
 from collections.abc import Sequence
@@ -12,9 +13,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from experiments.gspo_vs_grpo.analysis import arm_stats, final_problems, over_seeds, pm, verdicts
-from experiments.gspo_vs_grpo.arms import EPS_GSPO, UPCYCLE_NOISE, Arm, Budget, arm_config
+from experiments.gspo_vs_grpo.arms import EPS_GSPO, Arm, Budget, arm_config
 from experiments.gspo_vs_grpo.noise_length import render as render_by_length
-from experiments.gspo_vs_grpo.run import read_ledger
+from experiments.gspo_vs_grpo.run import SPECIALISATION, read_ledger
 
 PLOTS = (
     ("training reward", "reward/mean", True),
@@ -98,7 +99,7 @@ def write_results(
         "command": command,
         **_wall_time(read_ledger(root), wall_s, commit),
         **_budget(arm_config(arms[0], seeds[0], budget, root), by_model, budget),
-        "upcycle_noise": UPCYCLE_NOISE,
+        "moe_line": _moe_line(root, budget, by_model.get("moe")),
         "verdict_rows": "\n".join(
             f"| {claim} | **{verdict}** | {numbers} |"
             for claim, verdict, numbers in verdicts(stats, noise, problems)
@@ -113,6 +114,47 @@ def write_results(
     with open(path, "w") as f:
         f.write(text.rstrip("\n") + "\n")  # one final newline, with or without a noise floor
     return stats
+
+
+def _moe_line(root: str, budget: Budget, seeds) -> str:
+    """The Task line's MoE sentence ("" without MoE arms): how the test bed was made and,
+    specialised, its measures before and after (mean and range over the seeds)."""
+    if not seeds:
+        return ""
+    bed = budget.moe
+    found = []
+    for seed in seeds if bed.specialise_steps else ():
+        own = seed if budget.independent_warm_starts else None
+        kind = "warm_start_moe_specialised" + ("" if own is None else f"_seed{own}")
+        path = os.path.join(root, kind, SPECIALISATION)
+        if os.path.exists(path):
+            with open(path) as f:
+                found.append(json.load(f))
+    line = (
+        " MoE: configs/moe_tiny.py's algorithms on each seed's dense warm start upcycled to "
+        f"{bed.describe(found[0]['steps'] if found else None)} (`upcycle`, `specialise` in "
+        f"the experiment; --moe_testbed={bed.name}): moe_tiny.py's own from-scratch warm start "
+        "solved 0.5% of 200 held-out problems, too rare a reward for RL at this budget."
+    )
+    if not found:
+        return line
+    names = {
+        "expert_spread": "expert spread",
+        "load_entropy": "load entropy",
+        "max_load": "max load",
+    }
+    parts = []
+    for key, name in names.items():
+        b = [m["before"][key] for m in found]
+        a = [m["after"][key] for m in found]
+        parts.append(
+            f"{name} {np.mean(b):.3g} → {np.mean(a):.3g} (range {min(a):.3g}-{max(a):.3g})"
+        )
+    return line + (
+        f" Specialisation, before → after the supervised steps, mean over {len(found)} warm "
+        "start(s) on 256 demonstrations (experiments/gspo_vs_grpo/specialisation.py defines "
+        f"them): {'; '.join(parts)}."
+    )
 
 
 def _template(name: str) -> string.Template:

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from experiments.gspo_vs_grpo.arms import ARMS, UPCYCLE_NOISE, Arm, Budget, arm_config, run_dir
+from experiments.gspo_vs_grpo.arms import ARMS, Arm, Budget, arm_config, run_dir
 
 log = logging.getLogger("experiments")
 
@@ -30,24 +30,33 @@ PI_OLD_SOURCES = ("recompute", "whole_batch", "sampler")
 def warm_start(model: str, budget: Budget, root: str, seed: int | None = None) -> str:
     """The model's warm start, made once and exported in Hugging Face format; returns its
     directory. Dense: configs/default.py's supervised warm start. MoE: the dense warm start
-    upcycled to 8 experts (`upcycle`): configs/moe_tiny.py's own from-scratch warm start
-    (1200 steps) solved too few held-out problems for RL to act on within this budget (the
-    results' Task line says how few); the upcycled one starts where the dense model does.
+    upcycled as `budget.moe` says (`upcycle`, then its supervised specialisation steps:
+    `specialise`): configs/moe_tiny.py's own from-scratch warm start (1200 steps) solved
+    too few held-out problems for RL to act on within this budget (docs/results.md's Task
+    line says how few); the upcycled one starts near where the dense model does.
     seed None: the one warm start every seed shares (trained with seed 0, in
     <root>/warm_start_<model>); seed k: seed k's own (--independent_warm_starts), trained
     with seed k (initial weights, teacher noise, data order; the MoE's upcycling noise and
-    router drawn with seed k), in <root>/warm_start_<model>_seed<k>."""
+    router drawn with seed k), in <root>/warm_start_<model>_seed<k> (the specialised MoE:
+    warm_start_moe_specialised_seed<k>)."""
     from gspo_jax.trainer import checkpoint, setup
     from gspo_jax.trainer import loop as train
 
-    name = f"warm_start_{model}" + ("" if seed is None else f"_seed{seed}")
+    bed = budget.moe
+    kind = "moe_specialised" if model == "moe" and bed.specialise_steps else model
+    name = f"warm_start_{kind}" + ("" if seed is None else f"_seed{seed}")
     workdir = os.path.join(root, name)
     hf = os.path.join(workdir, "hf")
-    phase = f"warm_start/{model}" + ("" if seed is None else f"/seed{seed}")
+    phase = f"warm_start/{kind}" + ("" if seed is None else f"/seed{seed}")
     if model == "moe" and not os.path.exists(os.path.join(hf, "config.json")):
         t0 = time.perf_counter()
         dense = warm_start("dense", budget, root, seed)
-        upcycle(dense, hf, noise=UPCYCLE_NOISE, seed=seed or 0)
+        up = os.path.join(workdir, "upcycled") if bed.specialise_steps else hf
+        upcycle(
+            dense, up, num_experts=bed.num_experts, top_k=bed.top_k, noise=bed.noise, seed=seed or 0
+        )
+        if bed.specialise_steps:
+            specialise(up, hf, budget, root, seed or 0)
         record_seconds(root, phase, time.perf_counter() - t0)
     if not os.path.exists(os.path.join(hf, "config.json")):
         t0 = time.perf_counter()
@@ -62,6 +71,47 @@ def warm_start(model: str, budget: Budget, root: str, seed: int | None = None) -
         record_seconds(root, phase, seconds)
         log.info("%s: %.0f s", phase, seconds)
     return hf
+
+
+SPECIALISATION = "specialisation.json"  # beside the specialised MoE's hf/: its measures
+
+
+def specialise(upcycled: str, hf: str, budget: Budget, root: str, seed: int) -> dict:
+    """The upcycled MoE (`upcycled`, a Hugging Face directory) trained by
+    `budget.moe.specialise_steps` supervised steps on the warm start's demonstrations
+    (router and experts), exported to `hf`; the experts' specialisation
+    (`specialisation.measure`) before and after, on 256 demonstrations, is written to
+    <hf>/../specialisation.json and returned."""
+    from experiments.gspo_vs_grpo import specialisation
+    from gspo_jax import models
+    from gspo_jax.trainer import checkpoint, setup
+    from gspo_jax.trainer import loop as train
+    from gspo_jax.trainer import warm_start as warm_start_lib
+
+    arm = next(a for a in ARMS if a.model == "moe")
+    config = arm_config(arm, seed, budget, root, warm=upcycled)
+    config.warm_start.steps = budget.moe.specialise_steps if not budget.quick else 3
+    config.warm_start.on_checkpoint = True
+    config.warm_start.target_accuracy = None
+    workdir = os.path.dirname(hf)
+    run = setup.setup(config, os.path.join(workdir, "specialise"))
+    try:
+        it = warm_start_lib._demonstrations(  # the same demonstrations, a fixed seed
+            run.sft_source, run.tokenizer, run.warm_start, run.prompt, run.data_spec
+        )
+        batches = [next(it) for _ in range(max(1, 256 // run.warm_start.batch_size))]
+        _, before = models.load_pretrained(upcycled, dtype=run.schedule.param_dtype)
+        measures = {"before": specialisation.measure(run.model_config, before, batches)}
+        params = train.init_or_restore(run).train.params
+        measures["after"] = specialisation.measure(run.model_config, params, batches)
+        measures["steps"] = int(config.warm_start.steps)
+        checkpoint.export_hf(run.model_config, run.tokenizer, params, hf)
+    finally:
+        run.close()
+    with open(os.path.join(workdir, SPECIALISATION), "w") as f:
+        json.dump(measures, f, indent=1)
+    log.info("specialised MoE (seed %d): %s", seed, measures)
+    return measures
 
 
 def upcycle(

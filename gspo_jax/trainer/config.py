@@ -385,8 +385,14 @@ def _warn_options_without_switch(config, reward_norm) -> None:
         (
             "warm_start.steps",
             config.warm_start.steps > 0,
-            "a scratch model (model.hf_path unset)",
-            not config.model.hf_path,
+            "a scratch model (model.hf_path unset) or warm_start.on_checkpoint",
+            not config.model.hf_path or config.warm_start.on_checkpoint,
+        ),
+        (
+            "warm_start.on_checkpoint",
+            config.warm_start.on_checkpoint,
+            "model.hf_path",
+            bool(config.model.hf_path),
         ),
         *_eval_lora_wandb_pairs(config),
     ]
@@ -509,6 +515,7 @@ def _ranges(config) -> None:
         _number(config, "optim.max_grad_norm", low=0.0, low_open=True)
 
     _int(config, "warm_start.steps", minimum=0)
+    _bool(config, "warm_start.on_checkpoint")
     _positive_int(config, "warm_start.batch_size")
     _number(config, "warm_start.learning_rate", low=0.0, low_open=True)
     _number(config, "warm_start.teacher_error_rate", low=0.0, high=1.0)

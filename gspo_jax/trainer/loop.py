@@ -373,12 +373,23 @@ def init_or_restore(trainer: Trainer) -> RunState:
 
 def _base_params(trainer: Trainer, *, resume: bool) -> tuple[dict, str]:
     """(the starting weights, where they came from): hf_path, else the seed's scratch
-    initialisation (+ its warm start). With LoRA these are the frozen base, of
-    `lora.base_config`; a LoRA warm start is saved once (`lora_base/`) and read back on
-    resume (`resume`)."""
+    initialisation; either one then trained by the supervised warm start when
+    warm_start.steps > 0 (from a checkpoint: e.g. an upcycled MoE whose experts and router
+    must specialise before RL). With LoRA these are the frozen base, of `lora.base_config`;
+    a LoRA warm start is saved once (`lora_base/`) and read back on resume (`resume`)."""
     schedule = trainer.schedule
     cfg = lora.base_config(trainer.model_config)
     shardings = _base_shardings(trainer)
+    warm = trainer.warm_start.steps > 0
+    lora_warm = warm and trainer.model_config.lora_rank
+    base_dir = os.path.join(trainer.workdir, LORA_BASE_DIR)
+    if schedule.hf_path:
+        origin = f"Hugging Face checkpoint {schedule.hf_path}"
+    else:
+        origin = "scratch initialisation"
+    if lora_warm and resume:
+        params = checkpoint.restore_params(base_dir, models.abstract_params(cfg), shardings)
+        return params, origin + f" + warm start ({base_dir})"
     if schedule.hf_path:
         # Tensor by tensor, straight into its sharding: never whole on one device.
         _, params = models.load_pretrained(
@@ -386,16 +397,10 @@ def _base_params(trainer: Trainer, *, resume: bool) -> tuple[dict, str]:
         )
         # NaN weights would give NaN losses and skip every update, without another word.
         checkpoint.require_finite(params, f"the Hugging Face checkpoint {schedule.hf_path}")
-        return params, f"Hugging Face checkpoint {schedule.hf_path}"
-    origin = "scratch initialisation"
-    lora_warm = trainer.warm_start.steps > 0 and trainer.model_config.lora_rank
-    base_dir = os.path.join(trainer.workdir, LORA_BASE_DIR)
-    if lora_warm and resume:
-        params = checkpoint.restore_params(base_dir, models.abstract_params(cfg), shardings)
-        return params, origin + f" + warm start ({base_dir})"
-    init = jax.jit(models.init_params, static_argnums=0, out_shardings=shardings)
-    params = init(cfg, jax.random.PRNGKey(schedule.seed))
-    if trainer.warm_start.steps > 0:
+    else:
+        init = jax.jit(models.init_params, static_argnums=0, out_shardings=shardings)
+        params = init(cfg, jax.random.PRNGKey(schedule.seed))
+    if warm:
         params, result = warm_start(trainer, params)
         origin += f" + {result.describe()}"
         if lora_warm:
@@ -410,7 +415,7 @@ def _base_shardings(trainer: Trainer):
 
 
 def warm_start(trainer: Trainer, params):
-    """The supervised warm start of a scratch model (`trainer.warm_start`): (params,
+    """The supervised warm start (`trainer.warm_start`) of a scratch or loaded model: (params,
     warm_start.WarmStartResult). With LoRA it trains the whole base model (it makes the
     "pretrained" base the adapters adapt). Trained to a target accuracy, its checks are
     the held-out evaluator's greedy accuracy on the first `check_prompts` problems of the

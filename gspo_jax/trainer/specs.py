@@ -12,7 +12,7 @@ updates per step and per run, the token-level KL switch, ...) is computed here, 
     StepConfig      the train step's static configuration (train_step/step.py)
     OptimSpec       the optax chain (train_step/optim.py)
     PromptSpec      how prompts are templated and padded (data.prepare_prompts)
-    WarmStartSpec   the supervised warm start of a scratch model (warm_start.py)
+    WarmStartSpec   the supervised warm start of a scratch or loaded model (warm_start.py)
     EvalSpec        held-out evaluation
     LoopSpec        the loop's schedule: steps, evaluation / checkpoint cadence, outputs
 
@@ -244,7 +244,8 @@ class PromptSpec:
 
 @dataclasses.dataclass(frozen=True)
 class WarmStartSpec:
-    """The supervised warm start of a scratch model (warm_start.py); steps = 0: none."""
+    """The supervised warm start (warm_start.py) of the scratch model, or of model.hf_path's
+    weights with warm_start.on_checkpoint; steps = 0: none."""
 
     steps: int
     batch_size: int
@@ -423,7 +424,7 @@ def _prompt_spec(c, reference_key: str) -> PromptSpec:
 def _warm_start_spec(c) -> WarmStartSpec:
     w = c.warm_start
     return WarmStartSpec(
-        steps=int(w.steps) if not c.model.hf_path else 0,
+        steps=int(w.steps) if not c.model.hf_path or w.on_checkpoint else 0,
         batch_size=w.batch_size,
         learning_rate=float(w.learning_rate),
         teacher_error_rate=float(w.teacher_error_rate),
