@@ -315,6 +315,19 @@ def kl_penalty(
 # Rollout correction: the sampler / trainer mismatch, as a weight kept apart from the ratio.
 # ---------------------------------------------------------------------------------------------
 
+# Response-length buckets of the by_length/* metrics: [1, 4), [4, 8), ..., [256, inf).
+LENGTH_EDGES = (1, 4, 8, 16, 32, 64, 128, 256)
+
+
+def length_buckets() -> tuple[tuple[str, int, int | None], ...]:
+    """(name, lo, hi) of each response-length bucket: lengths lo <= n < hi (hi None: no
+    upper end); names "1-3", ..., "256+"."""
+    ends = (*LENGTH_EDGES[1:], None)
+    return tuple(
+        (f"{lo}-{hi - 1}" if hi else f"{lo}+", lo, hi) for lo, hi in zip(LENGTH_EDGES, ends)
+    )
+
+
 ROLLOUT_CORRECTIONS = ("none", "tis", "mask")
 ROLLOUT_CORRECTION_LEVELS = ("token", "seq")
 
@@ -486,7 +499,12 @@ def policy_loss(
       old − logp, k1 of KL(π_old ‖ π_θ)), approx_kl_k3 (masked mean of r_t − 1 − log r_t with
       the token ratio), pg_loss (= loss), num_valid_tokens and num_valid_seqs (local counts,
       for weighting metrics across micro-batches). With a rollout correction, also the
-      correction/* metrics of `rollout_correction_weights`.
+      correction/* metrics of `rollout_correction_weights`. by_length/log_s_sq_<b> and
+      by_length/seqs_<b>: per response-length bucket b (`length_buckets`), the sum over its
+      valid sequences of (log s_i)², log s_i = the mean over the sequence's valid tokens of
+      logp − old (GSPO's log sequence ratio, whatever the objective), and their count:
+      sqrt(sum / count) is log s_i's spread at that length (paper: token noise averages
+      out over long responses).
     """
     ratio = RATIOS.get(importance_sampling)
     _check_policy_args(logprobs, old_logprobs, advantages, mask, clip_low, clip_high)
@@ -633,6 +651,11 @@ def policy_metric_reductions(
         "approx_kl_k3": TOKEN_MEAN,
         "num_valid_tokens": SUM,
         "num_valid_seqs": SUM,
+        **{
+            f"by_length/{kind}_{name}": Reduction("sum", updates="sum")
+            for name, _, _ in length_buckets()
+            for kind in ("log_s_sq", "seqs")
+        },
     }
 
 
@@ -683,4 +706,10 @@ def _policy_metrics(ratio: Ratio, loss, logp_BT, old_BT, mask_BT, ratio_BT, flag
         "num_valid_tokens": n_tok,
         "num_valid_seqs": n_seq,
     }
+    n_B = jnp.sum(valid_BT, axis=-1)
+    log_s_B = jnp.sum(token_log_ratio_BT, axis=-1) / jnp.maximum(n_B, 1)
+    for name, lo, hi in length_buckets():
+        in_B = valid_B & (n_B >= lo) & ((n_B < hi) if hi else True)
+        metrics[f"by_length/log_s_sq_{name}"] = jnp.sum(jnp.where(in_B, log_s_B**2, 0.0))
+        metrics[f"by_length/seqs_{name}"] = jnp.sum(in_B.astype(jnp.float32))
     return {k: sg(jnp.asarray(v, jnp.float32)) for k, v in metrics.items()}

@@ -433,3 +433,47 @@ def test_a_sweep_reports_through_the_command_line(tmp_path):
     assert got["cells"] == 4 and (tmp_path / "r" / "mb.png").exists()
     assert "| num_mini_batches = 4 | GRPO (dense) | 2 |" in out.read_text()
     assert json.loads((tmp_path / "sweep_mb.md.json").read_text())["invocation_s"] >= 0
+
+
+def test_specialisation_measures_by_hand():
+    """expert_spread: experts c·u with c = 1 and 3 sit at distance |u| from their mean 2u:
+    0.5 each. The load: all tokens on one expert of 4 is entropy 0, max load 4; three
+    valid tokens on three experts is log 3 / log 4 and 4/3 (the masked token not counted)."""
+    from experiments.gspo_vs_grpo import specialisation
+
+    u = np.arange(1.0, 7.0).reshape(1, 1, 2, 3)  # [M, 1, D, F]
+    experts = np.concatenate([u, 3 * u], axis=1)  # [M, E=2, D, F]
+    params = {
+        "layers": {
+            "moe": {
+                "gate_proj": experts,
+                "up_proj": experts,
+                "down_proj": np.swapaxes(experts, -1, -2),
+            }
+        }
+    }
+    assert specialisation.expert_spread(params) == pytest.approx(0.5)
+    copies = {"layers": {"moe": {k: np.concatenate([u, u], 1) for k in params["layers"]["moe"]}}}
+    assert specialisation.expert_spread(copies) == 0.0
+
+    one = specialisation.routing_measures(np.zeros((1, 1, 4, 1), int), np.ones((1, 4)), 4)
+    assert one == {"load_entropy": 0.0, "max_load": 4.0}
+    routing = np.arange(4).reshape(1, 1, 4, 1)
+    three = specialisation.routing_measures(routing, np.array([[1, 1, 1, 0]]), 4)
+    assert three["load_entropy"] == pytest.approx(np.log(3) / np.log(4))
+    assert three["max_load"] == pytest.approx(4 / 3)
+
+
+def test_moe_testbeds_and_their_flag(tmp_path):
+    """--moe_testbed picks how the MoE arms' model is made; the specialised bed is the
+    issue's (>= 16 experts, top-k >= 4, trained), the copied one docs/results_moe.md's."""
+    from experiments.gspo_vs_grpo import cli
+
+    bed = gspo_vs_grpo.MOE_TESTBEDS["specialised"]
+    assert bed.num_experts >= 16 and bed.top_k >= 4 and bed.specialise_steps > 0
+    args = cli._parser().parse_args(["--moe_testbed=copied", f"--workdir={tmp_path}"])
+    assert cli._budget(args).moe == gspo_vs_grpo.MOE_TESTBEDS["copied"]
+    assert "experts stay copies" in gspo_vs_grpo.MOE_TESTBEDS["copied"].describe()
+    assert "then 3 supervised steps" in bed.describe(3)
+    with pytest.raises(SystemExit):
+        cli._parser().parse_args(["--moe_testbed=random"])

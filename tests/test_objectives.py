@@ -543,3 +543,41 @@ def test_jit_with_static_mode_strings_matches_eager():
         assert float(loss) == pytest.approx(e_loss, rel=1e-6)
         np.testing.assert_allclose(np.asarray(grad), e_grad, rtol=1e-5, atol=1e-8)
         assert {k: float(v) for k, v in m.items()} == pytest.approx(e_m, rel=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["seq", "token"])
+def test_log_s_spread_by_length_matches_numpy(mode):
+    """by_length/*: per response-length bucket, the count of valid sequences and the sum
+    of (log s_i)², log s_i the mean token log-ratio over the sequence's valid tokens (a plain
+    loop here), whatever the objective; an all-masked row counts nowhere."""
+    rng = np.random.default_rng(0)
+    lengths = [1, 3, 4, 7, 8, 12, 0]
+    B, T = len(lengths), 12
+    logp = rng.normal(size=(B, T)).astype(np.float32)
+    old = (logp + 0.1 * rng.normal(size=(B, T))).astype(np.float32)
+    mask = np.zeros((B, T), np.float32)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1.0
+    _, m = obj.policy_loss(
+        jnp.asarray(logp),
+        jnp.asarray(old),
+        jnp.asarray(rng.normal(size=B).astype(np.float32)),
+        jnp.asarray(mask),
+        importance_sampling=mode,
+        clip_low=0.2,
+        clip_high=0.27,
+    )
+    want_sq, want_n = {}, {}
+    for i, n in enumerate(lengths):
+        if n == 0:
+            continue
+        log_s = float(np.mean(logp[i, :n].astype(np.float64) - old[i, :n]))
+        name = next(b for b, lo, hi in obj.length_buckets() if lo <= n and (hi is None or n < hi))
+        want_sq[name] = want_sq.get(name, 0.0) + log_s**2
+        want_n[name] = want_n.get(name, 0) + 1
+    assert want_n == {"1-3": 2, "4-7": 2, "8-15": 2}
+    for name, _, _ in obj.length_buckets():
+        assert float(m[f"by_length/seqs_{name}"]) == want_n.get(name, 0)
+        np.testing.assert_allclose(
+            float(m[f"by_length/log_s_sq_{name}"]), want_sq.get(name, 0.0), rtol=1e-5, atol=1e-9
+        )

@@ -40,8 +40,11 @@ warm start, trained with seed k (initial weights, teacher noise, data order; the
 upcycled from it with seed k's noise and router), made once and cached in
 <workdir>/warm_start_<model>_seed<k>/ as the shared one is in <workdir>/warm_start_<model>/;
 a difference between arms then holds across base models, not for one. Dense:
-configs/default.py's supervised warm start. MoE: that dense model upcycled to configs/moe_tiny.py's 8 experts, top-2 (each
-expert a noisy copy of the dense MLP, see `upcycle`), with the arm's moe_impl and replay. A
+configs/default.py's supervised warm start. MoE (--moe_testbed): "specialised" (the
+default) upcycles that dense model to 16 experts, top-4 (each expert a copy of the dense MLP
+with 10 % noise, see `upcycle`), then trains the MoE itself for 600 supervised steps so its
+experts and router specialise (`specialise`, measured by specialisation.py); "copied" is
+docs/results_moe.md's 8 experts, top-2, 1 % noise, untrained. The arms add their replay. A
 noise-floor measurement (learning rate 0, bf16 vs f32, π_old recomputed by the train step /
 taken from the sampler / from one whole-batch pass, the way π_old was computed before) is
 written alongside, and the same measurement against response length (16, 64, 256, 1024
@@ -61,7 +64,8 @@ docs/results.md) with its plots next to it in results/.
 Modules, by concern:
 
   arms.py      Arm, ARMS, Budget, arm_config: what each arm runs, set up for one seed
-  run.py       warm starts (upcycle), run_arm, noise_floor, the wall-time ledger
+  run.py       warm starts (upcycle, specialise), run_arm, noise_floor, the wall-time ledger
+  specialisation.py  how specialised an MoE's experts are (spread, load entropy, max load)
   noise_length.py  the noise floor against response length (--noise_floor_lengths): s_i's
                spread and clipping at lr 0 for L = 16 ... 1024, full-length responses
   analysis.py  metrics.jsonl read back, arm_stats over seeds, verdicts per paper claim
@@ -75,6 +79,7 @@ from experiments.gspo_vs_grpo.analysis import arm_stats, pm, verdicts
 from experiments.gspo_vs_grpo.arms import (
     ARMS,
     EPS_GSPO,
+    MOE_TESTBEDS,
     PAPER_EXPERT_CHANGE,
     UPCYCLE_NOISE,
     Arm,
@@ -83,11 +88,12 @@ from experiments.gspo_vs_grpo.arms import (
 )
 from experiments.gspo_vs_grpo.cli import main
 from experiments.gspo_vs_grpo.report import PLOTS, plot, write_results
-from experiments.gspo_vs_grpo.run import noise_floor, run_arm, upcycle, warm_start
+from experiments.gspo_vs_grpo.run import noise_floor, run_arm, specialise, upcycle, warm_start
 
 __all__ = [
     "ARMS",
     "EPS_GSPO",
+    "MOE_TESTBEDS",
     "PAPER_EXPERT_CHANGE",
     "PLOTS",
     "UPCYCLE_NOISE",
@@ -100,6 +106,7 @@ __all__ = [
     "plot",
     "pm",
     "run_arm",
+    "specialise",
     "upcycle",
     "verdicts",
     "warm_start",

@@ -298,3 +298,31 @@ def _sampler_pi_old_verdict(max_gap: float, noise: list[dict]) -> tuple[str, str
         "not testable at this scale" if max_gap < 1e-5 else "see numbers",
         numbers,
     )
+
+
+def log_s_by_length(root: str, arm: Arm, seeds: Sequence[int]) -> dict[str, tuple]:
+    """Per response-length bucket (`objectives.length_buckets`) in which every seed's run
+    trained on sequences: (the spread of log s_i over the run, sqrt(sum of (log s_i)² /
+    sequences), as mean ± sample std over seeds, and the mean sequences per run), from the
+    by_length/* metrics (summed over every update of every step); {} when the runs predate
+    them."""
+    from gspo_jax.objectives import length_buckets
+    from gspo_jax.trainer import writers
+
+    per_seed = []
+    for s in seeds:
+        rows = writers.read_metrics(os.path.join(run_dir(root, arm, s), "metrics.jsonl"))
+        sums = {}
+        for name, _, _ in length_buckets():
+            sq = sum(r.get(f"by_length/log_s_sq_{name}", 0.0) for r in rows)
+            n = sum(r.get(f"by_length/seqs_{name}", 0.0) for r in rows)
+            if n > 0:
+                sums[name] = (float(np.sqrt(sq / n)), n)
+        per_seed.append(sums)
+    out = {}
+    for name, _, _ in length_buckets():
+        if per_seed and all(name in p for p in per_seed):
+            rms = [p[name][0] for p in per_seed]
+            mean, sd = stats_lib.mean_sd(rms)
+            out[name] = (mean, sd, float(np.mean([p[name][1] for p in per_seed])))
+    return out

@@ -12,10 +12,18 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from experiments.gspo_vs_grpo.analysis import arm_stats, final_problems, over_seeds, pm, verdicts
+from experiments.gspo_vs_grpo.analysis import (
+    arm_stats,
+    final_problems,
+    log_s_by_length,
+    over_seeds,
+    pm,
+    verdicts,
+)
 from experiments.gspo_vs_grpo.arms import EPS_GSPO, Arm, Budget, arm_config
 from experiments.gspo_vs_grpo.noise_length import render as render_by_length
 from experiments.gspo_vs_grpo.run import SPECIALISATION, read_ledger
+from gspo_jax.objectives import length_buckets
 
 PLOTS = (
     ("training reward", "reward/mean", True),
@@ -109,11 +117,39 @@ def write_results(
             f"![{os.path.basename(png)}]({os.path.relpath(png, here)})" for png in pngs
         ),
         "noise_floor": noise_floor_markdown(noise, noise_by_length),
+        "by_length": by_length_markdown(root, arms, ran),
     }
     text = _template("results_template.md").substitute(fields)
     with open(path, "w") as f:
         f.write(text.rstrip("\n") + "\n")  # one final newline, with or without a noise floor
     return stats
+
+
+def by_length_markdown(root: str, arms: Sequence[Arm], ran: dict) -> str:
+    """The "log s_i against length, during training" section ("" when no run logged the
+    by_length/* metrics): per arm and response-length bucket, log s_i's spread over the run
+    (mean ± sd over seeds) and the sequences per run it rests on."""
+    rows = {a.key: log_s_by_length(root, a, ran[a.key]) for a in arms if ran[a.key]}
+    names = [n for n, _, _ in length_buckets() if any(n in r for r in rows.values())]
+    if not names:
+        return ""
+    head = "| arm | " + " | ".join(f"{n} tokens" for n in names) + " |"
+    lines = [head, "|---|" + "---|" * len(names)]
+    for arm in arms:
+        r = rows.get(arm.key, {})
+        cells = [f"{r[n][0]:.2e} ± {r[n][1]:.1e} ({r[n][2]:.0f})" if n in r else "—" for n in names]
+        lines.append(f"| {arm.label} | " + " | ".join(cells) + " |")
+    return (
+        "## log s_i against response length, during training\n\n"
+        "The spread of GSPO's log sequence ratio log s_i = mean_t(log π_θ − log π_old) over "
+        "each run's sequences, by response length: sqrt(mean of (log s_i)²) over every "
+        "update of every step (update 0 included: with π_old recomputed its log s_i is 0, "
+        "which scales every bucket alike), mean ± sd over seeds, and in brackets the "
+        "sequences per run in the bucket (`by_length/*`, gspo_jax/objectives.py). Every "
+        "objective has a log s_i, so GRPO's rows show the same quantity under GRPO's "
+        "updates. Were the per-token changes independent and equally spread, the spread "
+        "would fall as 1/sqrt(length).\n\n" + "\n".join(lines) + "\n"
+    )
 
 
 def _moe_line(root: str, budget: Budget, seeds) -> str:
