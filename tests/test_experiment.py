@@ -54,7 +54,11 @@ def test_verdicts_follow_the_intervals():
     on every seed -> contradicted."""
     n = 6
     seedwise = np.linspace(0.0, 0.02, n)
-    base = {"reward_mean": 0.1 + seedwise, "gap_mean": np.zeros(n)}
+    base = {
+        "reward_mean": 0.1 + seedwise,
+        "gap_mean": np.zeros(n),
+        "eval_start": 0.3 + 0 * seedwise,
+    }
     stats = {
         "dense/gspo": _stats(clipfrac_tok=0.2 + seedwise, eval_end=0.4 + seedwise, **base),
         "dense/grpo": _stats(clipfrac_tok=0.004 + 0 * seedwise, eval_end=0.3 + seedwise, **base),
@@ -70,7 +74,7 @@ def test_verdicts_follow_the_intervals():
             eval_end=0.35 + seedwise,
             expert_change_1=0.1 + seedwise,
             expert_change_3=0.2 + seedwise,
-            **base,
+            **{**base, "eval_start": np.array([0.5, 0.5, 0.3, 0.3, 0.3, 0.3])},  # 0, 1 collapse
         ),
     }
     same = (np.random.default_rng(0).random((n, 30)) < 0.3).astype(float)
@@ -92,17 +96,18 @@ def test_verdicts_follow_the_intervals():
     assert "6 seeds × 30 problems" in numbers
     assert find("§5.2 (moe): GSPO clips")[0] == "contradicted (ratio = 5x, 95 % CI [5x, 5x])"
     assert find("§5.3: ~10%")[0].startswith("consistent with the claim (GRPO = 11.00%")
-    verdict, numbers = find("§5.3: GRPO on an MoE")
+    verdict, numbers = find("§5.3: GRPO on an MoE")  # and its collapses (> 0.10 below start)
     assert verdict == "contradicted (Δ = -0.050, 95 % CI [-0.050, -0.050])"
     assert "not contradicted (Δ = +0.000" in numbers
+    assert "below the run's start): GRPO 2/6, GRPO + RR 0/6, GSPO 0/6" in numbers
 
 
-def _fake_run(root, arm, seed, steps=4, end=0.2):
+def _fake_run(root, arm, seed, steps=4, end=0.2, start=0.1, **logged):
     from experiments.gspo_vs_grpo.arms import run_dir
 
     d = pathlib.Path(run_dir(str(root), arm, seed))
     d.mkdir(parents=True)
-    rows = [{"step": 0, "eval/accuracy": 0.1}]
+    rows = [{"step": 0, "eval/accuracy": start}]
     for step in range(1, steps + 1):
         rows.append(
             {
@@ -112,6 +117,7 @@ def _fake_run(root, arm, seed, steps=4, end=0.2):
                 "policy/clipfrac_seq": 0.02,
                 "sampler/logprob_gap_mean": 1e-6,
                 "policy/ratio_noise_floor": 1e-7,
+                **logged,
             }
         )
     rows[-1]["eval/accuracy"] = end
@@ -477,3 +483,30 @@ def test_moe_testbeds_and_their_flag(tmp_path):
     assert "then 3 supervised steps" in bed.describe(3)
     with pytest.raises(SystemExit):
         cli._parser().parse_args(["--moe_testbed=random"])
+
+
+def test_a_moe_sweep_reports_expert_change_and_collapses(tmp_path):
+    """MoE cells: the expert change after 1 update with its interval over seeds, after 3,
+    and the runs whose final accuracy fell more than 0.10 below their start."""
+    from experiments.gspo_vs_grpo import sweep
+
+    arms = [a for a in gspo_vs_grpo.ARMS if a.key == "moe/grpo"]
+    budget = gspo_vs_grpo.Budget(steps=4, seeds=2, prompts=4, eval_every=2, eval_prompts=8)
+    settings = sweep.parse_vary(["optim.learning_rate=1e-4,1e-2"])
+    rows = sweep.variants(arms, settings, budget, str(tmp_path))
+    for setting, row in zip(settings, rows):
+        high = float(setting[0][1]) > 1e-3
+        for seed in range(2):
+            change = {"updates/expert_change/1": 0.1 if high else 0.002 + 0.002 * seed}
+            change["updates/expert_change/3"] = 3 * change["updates/expert_change/1"]
+            end = 0.05 if high and seed == 0 else 0.2  # 0.25 below its start: a collapse
+            _fake_run(tmp_path, row[0], seed, end=end, start=0.3 if high else 0.1, **change)
+    path = tmp_path / "sweep.md"
+    sweep.write_sweep(str(path), str(tmp_path), rows, settings, budget, "cmd", "Wall.")
+    text = path.read_text()
+    assert (
+        "| optim.learning_rate = 1e-4 | GRPO (MoE) | 2 | 0.30% [0.20%, 0.40%] | 0.90% ± 0.42% | 0/2 |"
+        in text
+    )
+    assert "| optim.learning_rate = 1e-2 | GRPO (MoE) | 2 | 10.00% [10.00%, 10.00%] |" in text
+    assert "| 10.00% [10.00%, 10.00%] | 30.00% ± 0.00% | 1/2 |" in text

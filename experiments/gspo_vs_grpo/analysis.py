@@ -257,6 +257,18 @@ def _expert_change_verdict(moe: dict) -> tuple[str, str, str]:
     )
 
 
+COLLAPSE_DROP = (
+    0.10  # a run "collapses" when its final held-out accuracy is this far below its start
+)
+
+
+def collapses(stat_start, stat_end) -> tuple[int, int]:
+    """(runs that collapsed, runs): final held-out accuracy more than COLLAPSE_DROP below
+    the run's own start (arm_stats' per-seed eval_start / eval_end)."""
+    drops = np.asarray(stat_start[2]) - np.asarray(stat_end[2])
+    return int(np.sum(drops > COLLAPSE_DROP)), len(drops)
+
+
 def _routing_replay_verdict(stats, problems) -> tuple[str, str, str]:
     """§5.3: GRPO + RR ends more accurate than GRPO (primary); GSPO without replay is not
     behind GRPO + RR (secondary, contradicted only when its CI lies below 0)."""
@@ -273,7 +285,16 @@ def _routing_replay_verdict(stats, problems) -> tuple[str, str, str]:
             f"{pm(stats['moe/grpo']['eval_end'])}, GRPO + RR {pm(stats['moe/grpo_rr']['eval_end'])}"
             f", GSPO {pm(stats['moe/gspo']['eval_end'])}. Secondary, GSPO without replay not "
             f"behind GRPO + RR: {second} (Δ = {gspo.estimate:+.3f}, 95 % CI [{gspo.low:+.3f}, "
-            f"{gspo.high:+.3f}], p = {gspo.p:.3g})"
+            f"{gspo.high:+.3f}], p = {gspo.p:.3g}). Collapses (final held-out accuracy more "
+            f"than {COLLAPSE_DROP:.2f} below the run's start): "
+            + ", ".join(
+                "{} {}/{}".format(name, *collapses(stats[k]["eval_start"], stats[k]["eval_end"]))
+                for name, k in (
+                    ("GRPO", "moe/grpo"),
+                    ("GRPO + RR", "moe/grpo_rr"),
+                    ("GSPO", "moe/gspo"),
+                )
+            )
         ),
     )
 

@@ -26,7 +26,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from experiments.gspo_vs_grpo import stats as stats_lib
-from experiments.gspo_vs_grpo.analysis import arm_stats, final_accuracy_difference, final_problems
+from experiments.gspo_vs_grpo.analysis import (
+    COLLAPSE_DROP,
+    arm_stats,
+    collapses,
+    final_accuracy_difference,
+    final_problems,
+)
 from experiments.gspo_vs_grpo.arms import DEV_PROBLEMS, Arm, Budget, arm_config
 from experiments.gspo_vs_grpo.report import TASKS
 
@@ -179,6 +185,7 @@ def markdown(cells: list[dict], settings, budget: Budget, command: str, wall: st
             f"{_pm(s, 'clipfrac_tok', '{:.2e}')} | {_pm(s, 'clipfrac_range', '{:.2e}')} | "
             f"{_pm(s, 'clipfrac_after0', '{:.2e}')} | {_pm(s, 'clipfrac_seq', '{:.2e}')} |"
         )
+    lines += _expert_change_lines(cells, label)
     pairs = [c for c in cells if "vs" in c]
     if pairs:
         lines += [
@@ -221,6 +228,38 @@ def markdown(cells: list[dict], settings, budget: Budget, command: str, wall: st
         )
     lines += ["", f"![{os.path.basename(png)}]({png})", ""]
     return "\n".join(lines)
+
+
+def _expert_change_lines(cells, label) -> list[str]:
+    """The MoE cells' §5.3 measures ([] without MoE cells): expert change after 1 and 3
+    updates with its 95 % bootstrap interval over seeds, and the runs that collapsed."""
+    moe = [c for c in cells if "expert_change_1" in c["stats"]]
+    if not moe:
+        return []
+    lines = [
+        "",
+        "## MoE: experts changed per update (paper §5.3: ~10 %), and collapses",
+        "",
+        (
+            "Expert change: the fraction of activated (token, layer, top-k) experts the router "
+            "picks differently after 1 (3) updates, averaged over the run "
+            "(updates/expert_change); 95 % bootstrap interval over seeds. Collapse: final "
+            f"held-out accuracy more than {COLLAPSE_DROP:.2f} below the run's start."
+        ),
+        "",
+        "| setting | arm | n | after 1 update (95 % CI) | after 3 updates | collapses |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in moe:
+        s = c["stats"]
+        iv = stats_lib.one_sample(s["expert_change_1"][2])
+        ci = f"[{iv.low:.2%}, {iv.high:.2%}]" if iv.n_seeds > 1 else "(one seed)"
+        down, n = collapses(s["eval_start"], s["eval_end"])
+        lines.append(
+            f"| {label(c['setting'])} | {c['arm'].label} | {n} | {iv.estimate:.2%} {ci} | "
+            f"{_pm(s, 'expert_change_3', '{:.2%}')} | {down}/{n} |"
+        )
+    return lines
 
 
 def _delta(iv) -> str:
