@@ -510,3 +510,50 @@ def test_a_moe_sweep_reports_expert_change_and_collapses(tmp_path):
     )
     assert "| optim.learning_rate = 1e-2 | GRPO (MoE) | 2 | 10.00% [10.00%, 10.00%] |" in text
     assert "| 10.00% [10.00%, 10.00%] | 30.00% ± 0.00% | 1/2 |" in text
+
+
+def test_specialise_trains_the_upcycled_moe_and_measures_it(tmp_path, monkeypatch):
+    """The specialised bed's second half on the default task's warm-start fixture:
+    supervised steps of the upcycled MoE (3 under --quick) move its weights, the export
+    keeps 16 experts top-4, and the measures before and after are written beside it."""
+    from experiments.gspo_vs_grpo import run
+
+    bed = gspo_vs_grpo.MOE_TESTBEDS["specialised"]
+    up = gspo_vs_grpo.upcycle(
+        "tests/fixtures/models/default_warm_start",
+        str(tmp_path / "up"),
+        num_experts=bed.num_experts,
+        top_k=bed.top_k,
+        noise=bed.noise,
+    )
+    budget = gspo_vs_grpo.Budget(
+        steps=1, seeds=1, prompts=8, eval_every=0, eval_prompts=8, quick=True
+    )
+    config_of = run.arm_config
+
+    def over_8_devices(*args, **kwargs):  # the tests' 8 CPU devices: 8-row micro-batches
+        c = config_of(*args, **kwargs)
+        c.micro_batch_size = 8
+        return c
+
+    monkeypatch.setattr(run, "arm_config", over_8_devices)
+    hf = str(tmp_path / "warm_start_moe_specialised" / "hf")
+    measures = run.specialise(up, hf, budget, str(tmp_path), seed=0)
+    assert measures["steps"] == 3
+    with open(tmp_path / "warm_start_moe_specialised" / run.SPECIALISATION) as f:
+        assert json.load(f) == measures
+    for when in ("before", "after"):
+        m = measures[when]
+        assert 0.0 < m["load_entropy"] <= 1.0 and 1.0 <= m["max_load"] <= bed.num_experts
+    assert measures["before"]["expert_spread"] == pytest.approx(bed.noise, rel=0.2)
+    assert measures["after"]["expert_spread"] != measures["before"]["expert_spread"]
+    cfg, params = models.load_pretrained(hf)
+    assert (cfg.num_experts, cfg.num_experts_per_tok) == (bed.num_experts, bed.top_k)
+    _, before = models.load_pretrained(up)
+    moved = np.max(
+        np.abs(
+            params["layers"]["moe"]["router"]["kernel"]
+            - before["layers"]["moe"]["router"]["kernel"]
+        )
+    )
+    assert moved > 0
