@@ -644,3 +644,28 @@ def test_eval_save_per_problem_must_be_a_bool():
         c.eval.save_per_problem = "yes"
     with pytest.raises(ConfigError, match=r"eval.save_per_problem='yes' must be True or False"):
         validate(c)
+
+
+def test_a_warm_start_of_a_checkpoint_needs_on_checkpoint():
+    """warm_start.steps with model.hf_path is ignored (and said) unless
+    warm_start.on_checkpoint; on_checkpoint without a checkpoint says it does nothing. With
+    both set the spec keeps the steps, and without on_checkpoint it has none."""
+    from gspo_jax.trainer import specs
+
+    c = base.get_config()
+    c.model.hf_path = "tests/fixtures/models/qwen3"
+    c.warm_start.steps = 5
+    with pytest.warns(
+        ConfigWarning, match=r"config.warm_start.steps=5 has no effect.*on_checkpoint"
+    ):
+        validate(c)
+    assert specs._warm_start_spec(c).steps == 0
+    c.warm_start.on_checkpoint = True
+    _validate_quietly(c)
+    assert specs._warm_start_spec(c).steps == 5
+    c = base.get_config()
+    c.warm_start.on_checkpoint = True
+    with pytest.warns(
+        ConfigWarning, match=r"config.warm_start.on_checkpoint=True has no effect.*model.hf_path"
+    ):
+        validate(c)
