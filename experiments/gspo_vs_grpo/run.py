@@ -96,7 +96,7 @@ def specialise(upcycled: str, hf: str, budget: Budget, root: str, seed: int) -> 
     workdir = os.path.dirname(hf)
     run = setup.setup(config, os.path.join(workdir, "specialise"))
     try:
-        it = warm_start_lib._demonstrations(  # the same demonstrations, a fixed seed
+        it = warm_start_lib.demonstrations(  # the warm start's own, from a fixed seed
             run.sft_source, run.tokenizer, run.warm_start, run.prompt, run.data_spec
         )
         batches = [next(it) for _ in range(max(1, 256 // run.warm_start.batch_size))]

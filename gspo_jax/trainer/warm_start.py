@@ -149,7 +149,7 @@ def warm_start(
         raise ValueError("warm_start: target_accuracy needs a `check` (params -> accuracy)")
     steps = int(spec.steps) if target is None else max(int(spec.max_steps), int(spec.steps))
     opt_state, step_fn = _sft_state(model_config, params, spec, mesh, param_shardings)
-    it = _demonstrations(source, tokenizer, spec, prompt, data_spec)
+    it = demonstrations(source, tokenizer, spec, prompt, data_spec)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -219,7 +219,7 @@ def _sft_state(model_config, params, spec: WarmStartSpec, mesh, param_shardings)
     return opt_state, step_fn
 
 
-def _demonstrations(source, tokenizer, spec: WarmStartSpec, prompt: PromptSpec, data_spec):
+def demonstrations(source, tokenizer, spec: WarmStartSpec, prompt: PromptSpec, data_spec):
     """The SFT batches of `source` (through the imperfect teacher when
     `spec.teacher_error_rate` > 0), this process's share of each."""
     if spec.teacher_error_rate:
