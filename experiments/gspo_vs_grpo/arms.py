@@ -31,14 +31,14 @@ class MoETestBed:
         """In words; `steps`: the specialisation steps that ran (default: the bed's)."""
         steps = self.specialise_steps if steps is None else steps
         made = (
-            f"{self.num_experts} experts, top-{self.top_k} (every expert a copy of the dense "
-            f"MLP times 1 + {self.noise:g}·N(0, 1) per weight, a random router"
+            f"{self.num_experts} experts, top-{self.top_k}, every expert a copy of the dense "
+            f"MLP times 1 + {self.noise:g}·N(0, 1) per weight, and a random router"
         )
         if not steps:
-            return made + "; the experts stay copies)"
+            return made + "; the experts stay copies"
         return (
-            made + f"), then {steps} supervised steps of the MoE itself on the "
-            "warm start's demonstrations, router and experts trained, so the experts specialise"
+            made + f", then {steps} supervised steps of the MoE itself on the warm start's "
+            "demonstrations, router and experts trained, so that the experts specialise"
         )
 
 

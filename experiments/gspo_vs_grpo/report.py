@@ -168,9 +168,10 @@ def _moe_line(root: str, budget: Budget, seeds) -> str:
                 found.append(json.load(f))
     line = (
         " MoE: configs/moe_tiny.py's algorithms on each seed's dense warm start upcycled to "
-        f"{bed.describe(found[0]['steps'] if found else None)} (`upcycle`, `specialise` in "
-        f"the experiment; --moe_testbed={bed.name}): moe_tiny.py's own from-scratch warm start "
-        "solved 0.5% of 200 held-out problems, too rare a reward for RL at this budget."
+        f"{bed.describe(found[0]['steps'] if found else None)} (`upcycle`"
+        f"{', `specialise`' if bed.specialise_steps else ''} in the experiment; --moe_testbed="
+        f"{bed.name}). moe_tiny.py's own from-scratch warm start solved 0.5% of 200 held-out "
+        "problems, too rare a reward for RL at this budget."
     )
     if not found:
         return line
