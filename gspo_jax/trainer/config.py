@@ -456,6 +456,21 @@ DEFAULT_LORA_ALPHA = 16.0
 CONTINUOUS_ONLY_DEFAULTS = {"num_slots": None, "page_size": 16, "kv_budget_tokens": None}
 
 
+def _warm_start_ranges(config) -> None:
+    """warm_start.*: counts, rates and the target-accuracy stop."""
+    _int(config, "warm_start.steps", minimum=0)
+    _bool(config, "warm_start.on_checkpoint")
+    _positive_int(config, "warm_start.batch_size")
+    _number(config, "warm_start.learning_rate", low=0.0, low_open=True)
+    _number(config, "warm_start.teacher_error_rate", low=0.0, high=1.0)
+    if config.warm_start.target_accuracy not in (None, 0):  # None or 0: off
+        _number(config, "warm_start.target_accuracy", low=0.0, high=1.0, low_open=True)
+        _positive_int(config, "warm_start.check_every")
+        _positive_int(config, "warm_start.check_prompts")
+    if config.warm_start.max_steps is not None:
+        _int(config, "warm_start.max_steps", minimum=config.warm_start.steps)
+
+
 def _ranges(config) -> None:
     """Every number a run reads, checked finite and in range (NaN compares False)."""
     if not 0 <= _int(config, "seed", minimum=0) < 2**31:
@@ -514,17 +529,7 @@ def _ranges(config) -> None:
     if config.optim.max_grad_norm not in (None, 0):  # None or 0: no clipping
         _number(config, "optim.max_grad_norm", low=0.0, low_open=True)
 
-    _int(config, "warm_start.steps", minimum=0)
-    _bool(config, "warm_start.on_checkpoint")
-    _positive_int(config, "warm_start.batch_size")
-    _number(config, "warm_start.learning_rate", low=0.0, low_open=True)
-    _number(config, "warm_start.teacher_error_rate", low=0.0, high=1.0)
-    if config.warm_start.target_accuracy not in (None, 0):  # None or 0: off
-        _number(config, "warm_start.target_accuracy", low=0.0, high=1.0, low_open=True)
-        _positive_int(config, "warm_start.check_every")
-        _positive_int(config, "warm_start.check_prompts")
-    if config.warm_start.max_steps is not None:
-        _int(config, "warm_start.max_steps", minimum=config.warm_start.steps)
+    _warm_start_ranges(config)
 
     _int(config, "eval.every_steps", minimum=0)
     _positive_int(config, "eval.num_prompts")
