@@ -22,7 +22,7 @@ from experiments.gspo_vs_grpo.analysis import (
 )
 from experiments.gspo_vs_grpo.arms import EPS_GSPO, Arm, Budget, arm_config
 from experiments.gspo_vs_grpo.noise_length import render as render_by_length
-from experiments.gspo_vs_grpo.run import SPECIALISATION, read_ledger
+from experiments.gspo_vs_grpo.run import SPECIALISATION, read_ledger, warm_start_dir
 from gspo_jax.objectives import length_buckets
 
 PLOTS = (
@@ -161,8 +161,7 @@ def _moe_line(root: str, budget: Budget, seeds) -> str:
     found = []
     for seed in seeds if bed.specialise_steps else ():
         own = seed if budget.independent_warm_starts else None
-        kind = "warm_start_moe_specialised" + ("" if own is None else f"_seed{own}")
-        path = os.path.join(root, kind, SPECIALISATION)
+        path = os.path.join(warm_start_dir("moe", budget, root, own), SPECIALISATION)
         if os.path.exists(path):
             with open(path) as f:
                 found.append(json.load(f))

@@ -43,9 +43,8 @@ def warm_start(model: str, budget: Budget, root: str, seed: int | None = None) -
     from gspo_jax.trainer import loop as train
 
     bed = budget.moe
-    kind = "moe_specialised" if model == "moe" and bed.specialise_steps else model
-    name = f"warm_start_{kind}" + ("" if seed is None else f"_seed{seed}")
-    workdir = os.path.join(root, name)
+    kind = _warm_start_kind(model, budget)
+    workdir = warm_start_dir(model, budget, root, seed)
     hf = os.path.join(workdir, "hf")
     phase = f"warm_start/{kind}" + ("" if seed is None else f"/seed{seed}")
     if model == "moe" and not os.path.exists(os.path.join(hf, "config.json")):
@@ -71,6 +70,17 @@ def warm_start(model: str, budget: Budget, root: str, seed: int | None = None) -
         record_seconds(root, phase, seconds)
         log.info("%s: %.0f s", phase, seconds)
     return hf
+
+
+def _warm_start_kind(model: str, budget: Budget) -> str:
+    return "moe_specialised" if model == "moe" and budget.moe.specialise_steps else model
+
+
+def warm_start_dir(model: str, budget: Budget, root: str, seed: int | None = None) -> str:
+    """Where `warm_start` keeps the model's warm start (its hf/ and, specialised, its
+    measures): <root>/warm_start_<kind>[_seed<k>]."""
+    name = f"warm_start_{_warm_start_kind(model, budget)}"
+    return os.path.join(root, name + ("" if seed is None else f"_seed{seed}"))
 
 
 SPECIALISATION = "specialisation.json"  # beside the specialised MoE's hf/: its measures
