@@ -481,3 +481,26 @@ def test_orbax_future_reports_go_to_debug_by_their_traceback():
             "asyncio", logging.ERROR, "base_events.py", 1771, text, None, raised_in(filename)
         )
         assert ckpt._orbax_filter.filter(record) is shown, filename
+
+
+def test_the_cause_of_an_error_chain_that_loops_is_found_not_looped_on():
+    """Closing the manager after a save failed on a full disk raised an error whose
+    context led back to itself; `_cause` walked that chain forever, holding the GIL, and
+    the run hung instead of printing its one line (1 trial in 4 under load)."""
+    disk = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/ckpt/2/state")
+    wrapper = RuntimeError("the save failed")
+    wrapper.__context__ = disk
+    disk.__context__ = wrapper  # the cycle
+    assert checkpoint._cause(wrapper) == (
+        "OSError: [Errno 28] No space left on device: '/ckpt/2/state'"
+    )
+    # A cause beats a context, a suppressed context ends the chain, and a self-loop ends.
+    outer = ValueError("outer")
+    outer.__cause__, outer.__context__ = KeyError("k"), disk
+    assert checkpoint._cause(outer) == "KeyError: 'k'"
+    quiet = ValueError("quiet")
+    quiet.__context__, quiet.__suppress_context__ = disk, True
+    assert checkpoint._cause(quiet) == "ValueError: quiet"
+    alone = ValueError("alone")
+    alone.__context__ = alone
+    assert checkpoint._cause(alone) == "ValueError: alone"

@@ -256,11 +256,18 @@ def _failure_as_error(manager, what: str):
 
 
 def _cause(error: BaseException) -> str:
-    """The innermost error of a chain, on one line."""
-    while error.__cause__ is not None or (
-        error.__context__ is not None and not error.__suppress_context__
-    ):
-        error = error.__cause__ or error.__context__
+    """The innermost error of a chain, on one line. A chain can be a cycle (seen closing
+    the manager after a save failed on a full disk: an error whose context leads back to
+    itself): the walk stops before an error it has already seen."""
+    seen = {id(error)}
+    while True:
+        inner = error.__cause__
+        if inner is None and not error.__suppress_context__:
+            inner = error.__context__
+        if inner is None or id(inner) in seen:
+            break
+        seen.add(id(inner))
+        error = inner
     text = " ".join(str(error).split())
     code = _OS_ERROR_CODE.search(text)
     if code and not isinstance(error, OSError):
