@@ -20,5 +20,7 @@ export JAX_PLATFORMS=cpu
 ruff format --check .
 ruff check .
 # --dist loadfile: a file's tests run in one worker, so a module's shared fixtures (a whole
-# tiny run, compiled train steps) are built once, not once per worker.
-python -m pytest -n 2 --dist loadfile -q -p no:cacheprovider tests "$@"
+# tiny run, compiled train steps) are built once, not once per worker. --no-loadscope-reorder:
+# files go out in collection order, the longest first (tests/conftest.py: LONGEST_FIRST), so no
+# long file is left for last. --durations=15: the slowest tests, to keep the suite in budget.
+python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q -p no:cacheprovider --durations=15 tests "$@"
