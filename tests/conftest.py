@@ -21,7 +21,9 @@ import os
 import shutil
 import tempfile
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+from tiny_flags import CPU_TEST_FLAGS
+
+os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {CPU_TEST_FLAGS}")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

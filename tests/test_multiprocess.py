@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 import pytest
-from tiny_flags import TINY_MODEL, metrics_by_step
+from tiny_flags import CPU_TEST_FLAGS, TINY_MODEL, metrics_by_step
 
 TINY = [
     *TINY_MODEL,
@@ -69,7 +69,8 @@ def _command(workdir, data_dir, num_steps, *extra):
 
 
 def _env(num_devices: int) -> dict:
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={num_devices}")
+    devices = f"--xla_force_host_platform_device_count={num_devices}"
+    env = dict(os.environ, XLA_FLAGS=f"{devices} {CPU_TEST_FLAGS}")
     env["JAX_PLATFORMS"] = "cpu"
     return env
 
