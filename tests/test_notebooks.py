@@ -8,6 +8,7 @@ import os
 import pathlib
 
 import pytest
+from tiny_flags import CPU_TEST_FLAGS
 
 nbclient = pytest.importorskip("nbclient", reason="requirements-test.txt: nbclient")
 nbformat = pytest.importorskip("nbformat", reason="requirements-test.txt: nbformat")
@@ -19,7 +20,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 def test_notebook_executes(name, monkeypatch, tmp_path):
     monkeypatch.setenv("GSPO_JAX_NOTEBOOK_QUICK", "1")
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # the notebooks' fresh workdirs land here
-    monkeypatch.setenv("XLA_FLAGS", "")  # one CPU device, as in Colab
+    monkeypatch.setenv("XLA_FLAGS", CPU_TEST_FLAGS)  # one CPU device, as in Colab
     path = ROOT / "colabs" / name
     nb = nbformat.read(path, as_version=4)
     client = nbclient.NotebookClient(
