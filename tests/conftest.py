@@ -1,5 +1,6 @@
-"""Test set-up: 8 fake CPU devices so sharding tests run anywhere (costs nothing), and one
-XLA compilation cache shared by every process of this test run.
+"""Test set-up: 8 fake CPU devices so sharding tests run anywhere (costs nothing), CPU
+programs compiled at LLVM -O0 (tiny_flags.CPU_TEST_FLAGS), one XLA compilation cache shared
+by every process of this test run, and the longest test files first (LONGEST_FIRST).
 
 The cache: most of the suite's time is XLA compiling the same tiny programs again in other
 processes (the end-to-end tests run `python -m gspo_jax.main` and notebooks in subprocesses,
@@ -69,7 +70,8 @@ _share_compilation_cache()
 
 
 # The files that take longest, longest first (seconds of one worker, measured with
-# `--durations=0` in a full `-n 2 --dist loadfile` run on a 2-core VM, 2026-11-29). Run first
+# `--durations=0` in a full `-n 2 --dist loadfile` run on a 2-core VM, 2026-11-29, beside
+# another job: their order is what counts, not the sizes). Run first
 # (launch/test.sh passes --no-loadscope-reorder, so xdist hands files out in this order
 # rather than by how many tests they hold): one of these coming last left one worker
 # alone with it for minutes. Every other file keeps its place after them.
