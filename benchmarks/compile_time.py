@@ -32,8 +32,8 @@ import jax.numpy as jnp
 from configs import base
 from gspo_jax import models
 from gspo_jax import sharding as sharding_lib
+from gspo_jax.config import specs
 from gspo_jax.train_step import TrainState, make_train_step, optim
-from gspo_jax.trainer import specs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/ is not installed
 from tools import aot

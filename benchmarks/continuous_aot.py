@@ -32,7 +32,7 @@ import numpy as np
 from gspo_jax import models, sampling, sharding
 from gspo_jax.models import partition
 from gspo_jax.sampling import continuous
-from gspo_jax.sharding import hlo_stats
+from tools import hlo_stats
 
 GiB = 2**30
 

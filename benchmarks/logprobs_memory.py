@@ -31,7 +31,7 @@ import common
 import jax
 import jax.numpy as jnp
 
-from gspo_jax import logprobs as lp
+from gspo_jax.algorithm import logprobs as lp
 
 # Shape letters: B batch, T tokens, D model width, V vocabulary, N = B·T tokens.
 

@@ -23,9 +23,9 @@ import optax
 
 from configs import default
 from gspo_jax import models
+from gspo_jax.config import specs
 from gspo_jax.models import lora
 from gspo_jax.train_step import TrainState, make_train_step
-from gspo_jax.trainer import specs
 
 VOCAB = 100  # the char tokenizer's size (configs/default.py)
 

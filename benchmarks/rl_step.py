@@ -44,9 +44,10 @@ import optax
 
 from configs import base
 from gspo_jax import advantages, data, models, sampling, train_step
+from gspo_jax.config import specs
+from gspo_jax.config.specs import step_config
+from gspo_jax.rollout import stage as rollout
 from gspo_jax.train_step import TrainState, make_train_step, optim
-from gspo_jax.trainer import rollout, specs
-from gspo_jax.trainer.specs import step_config
 
 PRESETS = {
     "tiny": {

@@ -37,9 +37,9 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from configs import default
 from gspo_jax import models, sampling, sharding
+from gspo_jax.config.specs import step_config
 from gspo_jax.sampling import continuous
 from gspo_jax.train_step import make_logprobs_fn
-from gspo_jax.trainer.specs import step_config
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "models", "qwen3")
 N, P, G, T = 8, 16, 4, 24

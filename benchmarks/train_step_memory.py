@@ -39,7 +39,7 @@ import jax
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/ is not installed
 from configs import default
-from gspo_jax.trainer import specs
+from gspo_jax.config import specs
 from tools import aot
 
 aot.prepare_process()  # libtpu compiles only; jax's runtime stays on the CPU

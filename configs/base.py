@@ -9,7 +9,7 @@ Run any config with
   python -m gspo_jax.main --config=configs/<name>.py --workdir=/tmp/run --config.ppo_epochs=2
 
 The config is locked: a misspelt `--config.foo=` is an error, never a silently new field.
-`gspo_jax.trainer.config.validate(config)` checks it at start-up (modes, divisibility, paper ranges).
+`gspo_jax.config.validate.validate(config)` checks it at start-up (modes, divisibility, paper ranges).
 """
 
 import ml_collections
@@ -79,7 +79,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # exist (docs/architecture.md); larger chunks are faster, smaller use less memory
     c.invalid_reward = "mask"  # NaN / non-numeric / failed-verifier rewards: "mask" (excluded
     # from group statistics, advantage 0, counted) or "zero" (treated as reward 0, counted)
-    # DAPO (Yu et al. 2025) rollout options, all off by default (gspo_jax/trainer/filtering.py):
+    # DAPO (Yu et al. 2025) rollout options, all off by default (gspo_jax/rollout/filtering.py):
     c.dynamic_sampling = False  # drop groups whose rewards are all equal (zero std: zero
     # advantage, no gradient) and sample more prompts until rollout_batch_size groups are live
     c.dynamic_sampling_max_rounds = 3  # extra sampling rounds per RL step at most; a batch

@@ -135,7 +135,7 @@ def _validate_early(config) -> None:
     thing a run says. setup() validates again with the devices; its warnings show then."""
     import warnings
 
-    from gspo_jax.trainer import config as config_lib
+    from gspo_jax.config import validate as config_lib
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", config_lib.ConfigWarning)
@@ -211,7 +211,7 @@ def main(argv) -> None:
         status = 130
     except Exception as e:  # noqa: BLE001 - every error ends here, on one line
         status = _report(e)
-        checkpoint = sys.modules.get("gspo_jax.trainer.checkpoint")
+        checkpoint = sys.modules.get("gspo_jax.trainer.io.checkpoint")
         if checkpoint is not None and isinstance(e, checkpoint.CheckpointError):
             # Its write may be stuck in a filesystem that stopped answering, in a thread that
             # no exit can join (and a daemon thread stopped inside C++ at finalisation can
@@ -224,7 +224,7 @@ def main(argv) -> None:
 
 def _report(error: BaseException) -> int:
     """One line on stderr; the traceback behind --debug, or in WORKDIR/error.log."""
-    from gspo_jax.trainer.config import ConfigError
+    from gspo_jax.config.validate import ConfigError
 
     usage = isinstance(error, (ConfigError, app.UsageError))
     text = " ".join(str(error).split()) or type(error).__name__

@@ -21,8 +21,8 @@ from tiny_flags import fill_disk, small_tmpfs
 
 from gspo_jax import models
 from gspo_jax import sharding as sharding_lib
-from gspo_jax.trainer import checkpoint
 from gspo_jax.trainer import state as state_lib
+from gspo_jax.trainer.io import checkpoint
 
 TINY = models.ModelConfig(
     arch="qwen3",
@@ -126,7 +126,7 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(tiny, tmp_path, dam
         _write(os.path.join(directory, "2", "meta", "metadata"), "garbage{")
     elif damage == "garbage_metadata":
         _write(os.path.join(directory, "2", "state", "_METADATA"), "garbage{")
-    with caplog.at_level(logging.WARNING, logger="gspo_jax.trainer.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="gspo_jax.trainer.io.checkpoint"):
         restored = _restore(directory, abstract)
     noise = capfd.readouterr().err
     assert "Event loop is closed" not in noise and "Traceback" not in noise, noise[-2000:]
@@ -419,7 +419,7 @@ def test_an_export_leaves_no_file_of_another_model(tiny, tmp_path, caplog):
     for name in ("pytorch_model.bin", "vocab.json", "model-00001-of-00002.safetensors"):
         (path / name).write_bytes(b"another model")
     (path / "sub").mkdir()
-    with caplog.at_level(logging.WARNING, logger="gspo_jax.trainer.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="gspo_jax.trainer.io.checkpoint"):
         checkpoint.export_hf(TINY, tokenizer, state.train.params, str(path))
     logged = [r.getMessage() for r in caplog.records]
     assert sorted(os.listdir(path)) == sorted(os.listdir(fresh))
@@ -437,7 +437,7 @@ def test_orbax_task_reports_go_to_debug_and_others_stay():
     is held back like orbax's own ERROR records; any other task's report still shows."""
     import logging
 
-    from gspo_jax.trainer import checkpoint as ckpt
+    from gspo_jax.trainer.io import checkpoint as ckpt
 
     def record(name, text):
         return logging.LogRecord(name, logging.ERROR, "base_events.py", 1771, text, None, None)
@@ -461,7 +461,7 @@ def test_orbax_future_reports_go_to_debug_by_their_traceback():
     import logging
     import sys
 
-    from gspo_jax.trainer import checkpoint as ckpt
+    from gspo_jax.trainer.io import checkpoint as ckpt
 
     def raised_in(filename):
         code = compile(

@@ -10,8 +10,8 @@ from tiny_flags import main_command
 
 from configs import base, common, default, grpo_paper, gspo_paper
 from gspo_jax import sampling
-from gspo_jax.trainer.config import ConfigError, ConfigWarning, mesh_shape, validate
-from gspo_jax.trainer.specs import batch_sizes
+from gspo_jax.config.specs import batch_sizes
+from gspo_jax.config.validate import ConfigError, ConfigWarning, mesh_shape, validate
 
 ROLL_FIELDS = (
     "adv_estimator",
@@ -567,7 +567,7 @@ def test_a_tokenizer_larger_than_the_model_vocabulary_is_an_error(tmp_path):
     """Ids >= vocab_size have no embedding row: NaN log-probs, every update skipped, exit 0
     (before). Checked when the model config is read, before any data or weights."""
     from gspo_jax import data, models
-    from gspo_jax.trainer.config import check_model_against_tokenizer
+    from gspo_jax.config.validate import check_model_against_tokenizer
 
     cfg = models.ModelConfig.from_hf_config(models.read_hf_config("tests/fixtures/models/qwen3"))
     tokenizer = data.make_char_tokenizer(tmp_path / "tok")
@@ -590,7 +590,7 @@ def test_model_config_carries_every_numerics_field(hf, tmp_path):
     the model (scan_layers=False differs from ModelConfig's default),
     from scratch and from a checkpoint (the scratch path once dropped attention_impl)."""
     from gspo_jax import data
-    from gspo_jax.trainer import specs
+    from gspo_jax.config import specs
 
     c = default.get_config()
     if hf:
@@ -621,7 +621,7 @@ def test_real_models_scan_their_layers_whatever_the_tiny_default_says(tmp_path):
     import json
 
     from gspo_jax import data
-    from gspo_jax.trainer import specs
+    from gspo_jax.config import specs
     from tools import aot
 
     c = gspo_paper.get_config()  # the tiny default underneath, as the documented aot command
@@ -650,7 +650,7 @@ def test_a_warm_start_of_a_checkpoint_needs_on_checkpoint():
     """warm_start.steps with model.hf_path is ignored (and said) unless
     warm_start.on_checkpoint; on_checkpoint without a checkpoint says it does nothing. With
     both set the spec keeps the steps, and without on_checkpoint it has none."""
-    from gspo_jax.trainer import specs
+    from gspo_jax.config import specs
 
     c = base.get_config()
     c.model.hf_path = "tests/fixtures/models/qwen3"

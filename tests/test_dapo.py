@@ -1,4 +1,4 @@
-"""DAPO's rollout options (gspo_jax/trainer/filtering.py): the soft overlong penalty, the
+"""DAPO's rollout options (gspo_jax/rollout/filtering.py): the soft overlong penalty, the
 dead-group filter of dynamic sampling, the overlong filter, their validation, the dead-group
 warning, and the loop with them on (in-process and through `python -m gspo_jax.main`)."""
 
@@ -15,10 +15,11 @@ from tiny_flags import main_command, metrics_by_step
 
 from configs import default
 from gspo_jax import data
+from gspo_jax.config.validate import ConfigError, ConfigWarning, validate
 from gspo_jax.rewards import register_reward
-from gspo_jax.trainer import filtering, setup
+from gspo_jax.rollout import filtering
 from gspo_jax.trainer import loop as train
-from gspo_jax.trainer.config import ConfigError, ConfigWarning, validate
+from gspo_jax.trainer import setup
 
 # ------------------------------------------------------------------- the formulas, by hand
 

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from gspo_jax.rewards import build_reward, voting
-from gspo_jax.trainer import evaluation, rollout
+from gspo_jax.rollout import stage as rollout
+from gspo_jax.trainer import evaluation
 
 
 def _enumerated_pass_at_k(n: int, c: int, k: int) -> float:

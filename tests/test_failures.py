@@ -17,10 +17,10 @@ import pytest
 from test_train import TINY, _tiny_config
 from tiny_flags import fill_disk, main_command, metrics_by_step, small_tmpfs, steps_written
 
+from gspo_jax.config.validate import ConfigError
 from gspo_jax.rewards import build_reward
+from gspo_jax.rollout import stage as rollout
 from gspo_jax.trainer import loop as train
-from gspo_jax.trainer import rollout
-from gspo_jax.trainer.config import ConfigError
 
 # ----------------------------------------------------------------------------- signals
 

@@ -95,7 +95,7 @@ def test_a_bad_flag_is_one_line_naming_the_flag_and_value(tmp_path, flag, line):
 
 def test_a_number_without_a_range_says_finite_once():
     from configs import default
-    from gspo_jax.trainer.config import ConfigError, validate
+    from gspo_jax.config.validate import ConfigError, validate
 
     config = default.get_config()
     config.entropy_coef = float("inf")
@@ -233,7 +233,8 @@ def test_the_first_rl_step_says_it_is_compiling(monkeypatch, caplog):
     import dataclasses
     import types
 
-    from gspo_jax.trainer import checkpoint, loop
+    from gspo_jax.trainer import loop
+    from gspo_jax.trainer.io import checkpoint
 
     @dataclasses.dataclass(frozen=True)
     class State:

@@ -1,4 +1,4 @@
-"""gspo_jax.sharding.hlo_stats: collectives, their bytes and execution counts, from HLO text.
+"""tools.hlo_stats: collectives, their bytes and execution counts, from HLO text.
 
 Hand-written snippets pin each rule (bytes per kind, async pairs counted once, nested loops
 multiply, XLA:TPU's unannotated loops and cloned async fusions); a program compiled on the
@@ -12,7 +12,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from gspo_jax.sharding import hlo_stats
+from tools import hlo_stats
 
 # A scan (trip count 3, annotated) nested in a loop XLA:TPU left unannotated (`i < 4` from
 # 0): the body all-gathers async, reduce-scatters and all-reduces a tuple; a conditional

@@ -36,11 +36,11 @@ from jax.sharding import NamedSharding
 
 from configs import default
 from gspo_jax import models, sharding
+from gspo_jax.config import specs
 from gspo_jax.models import kv_cache, partition
-from gspo_jax.sharding import hlo_stats
 from gspo_jax.train_step import StepConfig, batch_shardings, make_logprobs_fn, make_train_step
-from gspo_jax.trainer import specs
 from gspo_jax.trainer import state as state_lib
+from tools import hlo_stats
 
 DENSE = models.ModelConfig(
     arch="qwen3",

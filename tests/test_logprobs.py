@@ -1,4 +1,4 @@
-"""Specification of gspo_jax.logprobs: chunked log-probs equal the full-softmax ones.
+"""Specification of gspo_jax.algorithm.logprobs: chunked log-probs equal the full-softmax ones.
 
 References: a float64 NumPy log-softmax (values), `token_logprobs_naive` under plain JAX
 autodiff (gradients; the chunked path uses a hand-written VJP), hand-computed sequence sums.
@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gspo_jax import logprobs as lp
+from gspo_jax.algorithm import logprobs as lp
 
 # Shape letters: B batch, T tokens, D model width, V vocabulary.
 

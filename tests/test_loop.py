@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 from test_train import _tiny_config
 
+from gspo_jax.rollout import stage as rollout
 from gspo_jax.train_step import batch_ndims
-from gspo_jax.trainer import checkpoint, rollout, setup
 from gspo_jax.trainer import loop as train
+from gspo_jax.trainer import setup
+from gspo_jax.trainer.io import checkpoint
 
 
 @pytest.fixture(scope="module")

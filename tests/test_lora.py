@@ -12,8 +12,8 @@ from safetensors.numpy import load_file
 
 from configs import default
 from gspo_jax import models
+from gspo_jax.config import validate as config_lib
 from gspo_jax.models import lora
-from gspo_jax.trainer import config as config_lib
 
 BASE = models.ModelConfig(
     arch="qwen3",

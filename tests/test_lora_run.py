@@ -14,8 +14,9 @@ from test_train import _tiny_config
 
 from gspo_jax import models
 from gspo_jax.models import lora
-from gspo_jax.trainer import checkpoint, setup
 from gspo_jax.trainer import loop as train
+from gspo_jax.trainer import setup
+from gspo_jax.trainer.io import checkpoint
 
 
 @pytest.fixture(scope="module")

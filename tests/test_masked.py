@@ -1,10 +1,10 @@
-"""gspo_jax.masked: hand-computed values, garbage at masked positions, empty selections."""
+"""gspo_jax.algorithm.masked: hand-computed values, garbage at masked positions, empty selections."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gspo_jax.masked import masked_mean, row_mean, safe_count
+from gspo_jax.algorithm.masked import masked_mean, row_mean, safe_count
 
 
 def test_masked_mean_ignores_garbage_and_empty_is_zero():

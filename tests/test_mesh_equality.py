@@ -37,9 +37,11 @@ import gspo_jax.rewards.testing  # noqa: F401  (registers test_checksum)
 from configs import default
 from gspo_jax import advantages as advantages_lib
 from gspo_jax import objectives, sharding
+from gspo_jax.config import specs
+from gspo_jax.rollout import stage as rollout
 from gspo_jax.train_step import make_train_step
 from gspo_jax.trainer import loop as train
-from gspo_jax.trainer import rollout, setup, specs
+from gspo_jax.trainer import setup
 
 DENSE, MOE = "tests/fixtures/models/qwen3", "tests/fixtures/models/qwen3_moe"
 TOL = 1e-5  # f32

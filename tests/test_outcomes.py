@@ -10,7 +10,7 @@ import pytest
 from test_train import _tiny_config
 
 from gspo_jax.trainer import loop as train
-from gspo_jax.trainer.workdir import WorkdirError
+from gspo_jax.trainer.io.workdir import WorkdirError
 
 
 def _quiet(config, num_steps):

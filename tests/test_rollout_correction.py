@@ -20,9 +20,9 @@ from tiny_flags import TINY_MODEL, main_command, metrics_by_step
 from configs import base as base_config
 from gspo_jax import models
 from gspo_jax import objectives as obj
+from gspo_jax.config.specs import step_config
+from gspo_jax.config.validate import ConfigError, ConfigWarning, validate
 from gspo_jax.train_step import TrainState, make_logprobs_fn, make_train_step
-from gspo_jax.trainer.config import ConfigError, ConfigWarning, validate
-from gspo_jax.trainer.specs import step_config
 
 IS_MODES = ("token", "seq", "seq_token")
 MODES = ("tis", "mask")

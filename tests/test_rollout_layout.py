@@ -21,7 +21,7 @@ import pytest
 from gspo_jax import models, sampling, sharding
 from gspo_jax.models import partition
 from gspo_jax.sampling import continuous, draw
-from gspo_jax.sharding import hlo_stats
+from tools import hlo_stats
 
 FIXTURES = Path(__file__).parent / "fixtures" / "models"
 BUCKET, T, G = 16, 12, 4

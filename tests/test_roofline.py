@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from gspo_jax.sharding.hlo_stats import Collective
 from tools import roofline
+from tools.hlo_stats import Collective
 
 V5E = roofline.CHIPS["v5e"]  # 197e12 FLOP/s, 819e9 B/s HBM, 400e9 B/s ICI, 10 us
 

@@ -238,7 +238,7 @@ def test_the_continuous_engine_is_the_default_of_sample_and_of_the_rl_loop():
     import inspect
 
     from configs import base
-    from gspo_jax.trainer import specs
+    from gspo_jax.config import specs
 
     assert inspect.signature(sampling.sample).parameters["engine"].default == "continuous"
     assert specs.sampler_spec(base.get_config()).engine == "continuous"

@@ -11,8 +11,8 @@ import pytest
 
 from configs import base as base_config
 from gspo_jax import models, train_step
+from gspo_jax.config.specs import step_config
 from gspo_jax.train_step import step as step_lib
-from gspo_jax.trainer.specs import step_config
 
 FIXTURE = "tests/fixtures/models/qwen2"  # q/k/v biases, tied embeddings
 N, G, P, T = 2, 4, 6, 5

@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 
 from configs import default
+from gspo_jax.config import specs
 from gspo_jax.train_step.step import response_logprobs
-from gspo_jax.trainer import specs
 from tools import aot
 
 

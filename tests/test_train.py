@@ -10,9 +10,10 @@ import pytest
 from tiny_flags import TINY_MODEL, apply_flags, main_command, metrics_by_step
 
 from configs import default
+from gspo_jax.config import specs
 from gspo_jax.rewards import build_reward
+from gspo_jax.rollout import stage as rollout
 from gspo_jax.trainer import loop as train
-from gspo_jax.trainer import rollout, specs
 
 # A tiny version of the default run: 2-layer d=32 model, 4 prompts x 4 samples.
 TINY = [

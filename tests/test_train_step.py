@@ -11,8 +11,8 @@ import pytest
 
 from configs import base as base_config
 from gspo_jax import models, sharding
+from gspo_jax.config.specs import step_config
 from gspo_jax.train_step import StepConfig, TrainState, make_logprobs_fn, make_train_step
-from gspo_jax.trainer.specs import step_config
 
 FIXTURE = "tests/fixtures/models/qwen3"
 N, G, P, T = 4, 4, 6, 8  # prompts, group, prompt tokens, response tokens

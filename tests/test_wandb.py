@@ -1,4 +1,4 @@
-"""Weights & Biases (trainer/wandb_writer.py) in offline mode, and the tiny end-to-end run
+"""Weights & Biases (trainer/io/wandb_writer.py) in offline mode, and the tiny end-to-end run
 with eval.num_samples=4 (pass@k / maj@k) that feeds it: no network, no login.
 
 The offline run file (run-<id>.wandb) is a LevelDB-format log of wandb's protobuf records;
@@ -17,7 +17,7 @@ import pytest
 from tiny_flags import TINY_MODEL, apply_flags
 
 from configs import default
-from gspo_jax.trainer import config as config_lib
+from gspo_jax.config import validate as config_lib
 
 wandb = pytest.importorskip("wandb")
 
@@ -106,7 +106,8 @@ def offline(tmp_path, monkeypatch):
 
 
 def test_tiny_run_logs_pass_at_k_maj_at_k_and_a_wandb_run(tmp_path, offline):
-    from gspo_jax.trainer import loop, setup, writers
+    from gspo_jax.trainer import loop, setup
+    from gspo_jax.trainer.io import writers
 
     # 4 prompts x 4 samples at the rollout's temperature: the sampled evaluation's sampler
     # call is the rollout's (same shapes and options), so it compiles once for both.
@@ -158,8 +159,8 @@ def test_tiny_run_logs_pass_at_k_maj_at_k_and_a_wandb_run(tmp_path, offline):
 
 
 def test_writer_resumes_the_workdirs_run_and_skips_rows_it_holds(tmp_path, offline):
-    from gspo_jax.trainer.specs import WandbSpec
-    from gspo_jax.trainer.wandb_writer import WandbWriter
+    from gspo_jax.config.specs import WandbSpec
+    from gspo_jax.trainer.io.wandb_writer import WandbWriter
 
     spec = WandbSpec(project="p", entity=None, mode="offline")
     (tmp_path / "w").mkdir()  # the workdir (setup makes it)
@@ -188,7 +189,7 @@ def test_writer_resumes_the_workdirs_run_and_skips_rows_it_holds(tmp_path, offli
 
 
 def test_bad_run_id_file_is_named(tmp_path):
-    from gspo_jax.trainer import wandb_writer
+    from gspo_jax.trainer.io import wandb_writer
 
     (tmp_path / "wandb_run_id").write_text("Not An Id!\n")
     with pytest.raises(ValueError, match="wandb_run_id holds 'Not An Id!'"):

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from configs import default
-from gspo_jax.trainer import workdir
-from gspo_jax.trainer.workdir import CHANGES_FILE, CONFIG_FILE, WorkdirError
+from gspo_jax.trainer.io import workdir
+from gspo_jax.trainer.io.workdir import CHANGES_FILE, CONFIG_FILE, WorkdirError
 
 
 def _record(config, path, **kwargs):
@@ -55,7 +55,7 @@ def test_free_fields_may_change_and_are_recorded(tmp_path, caplog):
     longer.checkpoint.every_steps = 7
     longer.log.progress_bar = False
     longer.mesh.data, longer.mesh.fsdp = 1, -1
-    with caplog.at_level(logging.WARNING, logger="gspo_jax.trainer.workdir"):
+    with caplog.at_level(logging.WARNING, logger="gspo_jax.trainer.io.workdir"):
         diffs = _record(longer, tmp_path)
     assert diffs["num_steps"] == (250, 500) and diffs["mesh.fsdp"] == (1, -1)
     assert any("num_steps: 250 -> 500 on resume (free)" in r.getMessage() for r in caplog.records)
@@ -97,7 +97,7 @@ def test_a_field_added_to_gspo_jax_since_the_run_started_does_not_strand_it(tmp_
     saved = json.loads((tmp_path / CONFIG_FILE).read_text())
     del saved["model"]["attention_impl"], saved["reward"]["max_failed_rollouts"]
     (tmp_path / CONFIG_FILE).write_text(json.dumps(saved))
-    with caplog.at_level(logging.WARNING, logger="gspo_jax.trainer.workdir"):
+    with caplog.at_level(logging.WARNING, logger="gspo_jax.trainer.io.workdir"):
         diffs = _record(c, tmp_path)
     assert diffs == {
         "model.attention_impl": ("<absent>", "auto"),
@@ -174,7 +174,7 @@ def test_a_lock_left_by_a_dead_process_is_taken_over_with_a_warning(tmp_path, ca
     pid = int(dead.stdout)
     record = {"pid": pid, "host": socket.gethostname(), "started": "2026-01-01T00:00:00+00:00"}
     (tmp_path / workdir.LOCK_FILE).write_text(json.dumps(record) + "\n")
-    with caplog.at_level(logging.WARNING, logger="gspo_jax.trainer.workdir"):
+    with caplog.at_level(logging.WARNING, logger="gspo_jax.trainer.io.workdir"):
         taken = workdir.lock(str(tmp_path))
     try:
         warned = " ".join(r.getMessage() for r in caplog.records)
@@ -201,6 +201,6 @@ def test_the_lock_is_released_when_setup_fails_after_taking_it(tmp_path, monkeyp
     with pytest.raises(RuntimeError, match="the tokenizer cannot be built"):
         setup.setup(_tiny_config(tmp_path / "data"), str(run))
     assert (run / workdir.LOCK_FILE).read_text() == ""
-    with caplog.at_level(logging.WARNING, logger="gspo_jax.trainer.workdir"):
+    with caplog.at_level(logging.WARNING, logger="gspo_jax.trainer.io.workdir"):
         workdir.lock(str(run)).release()
     assert "taking over" not in caplog.text

@@ -6,7 +6,7 @@ import math
 import os
 import struct
 
-from gspo_jax.trainer import writers
+from gspo_jax.trainer.io import writers
 
 
 def test_ema_is_bias_corrected():

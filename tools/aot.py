@@ -34,7 +34,7 @@ program larger than HBM; that error is reported the same way).
 Then a roofline ESTIMATE per function and per RL step (tools/roofline.py): compute time
 of the model FLOPs at the chip's peak, HBM time of XLA's 'bytes accessed' (corrected for
 loops it counts once), ICI time of every collective read from the optimised HLO
-(gspo_jax.sharding.hlo_stats: bytes x loop trip counts x ring factor), and a latency per
+(tools.hlo_stats: bytes x loop trip counts x ring factor), and a latency per
 collective execution; printed as seconds by phase (prefill, decode, π_old pass, updates),
 the train step's MFU and decode tokens/s/chip. Estimates, not measurements.
 `--hbm_top=N` also prints, per function, the N largest contributors to its HBM bytes
@@ -70,14 +70,14 @@ from ml_collections import config_flags
 from gspo_jax import advantages as advantages_lib
 from gspo_jax import models
 from gspo_jax import sharding as sharding_lib
+from gspo_jax.config import specs
+from gspo_jax.config import validate as config_lib
 from gspo_jax.models import lora
 from gspo_jax.models.attention import resolve_impl
+from gspo_jax.rollout import stage as rollout
 from gspo_jax.sampling import sampler
-from gspo_jax.sharding import hlo_stats
 from gspo_jax.train_step import TrainState, batch_ndims, make_logprobs_fn, make_train_step, optim
-from gspo_jax.trainer import config as config_lib
-from gspo_jax.trainer import rollout, specs
-from tools import roofline
+from tools import hlo_stats, roofline
 
 GiB = 2**30
 

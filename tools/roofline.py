@@ -5,7 +5,7 @@ model's FLOPs (analytic), the HBM bytes (hlo_stats.hbm_bytes: XLA's 'bytes acces
 with loop bodies x their trip counts, arrays XLA:TPU keeps in VMEM left out; `hbm_bytes`
 here is the fallback that scales XLA's
 own count), and every collective of the optimised HLO with its execution count
-(gspo_jax.sharding.hlo_stats). The model:
+(tools.hlo_stats). The model:
 
     compute  = model FLOPs / peak bf16 FLOP/s
     HBM      = HBM bytes / HBM bandwidth

@@ -15,7 +15,7 @@ from experiments.gspo_vs_grpo.arms import EPS_GSPO, Arm, run_dir
 
 def series(workdir: str, key: str) -> tuple[np.ndarray, np.ndarray]:
     """(steps, values) of one metric of a run (empty where the run never logged it)."""
-    from gspo_jax.trainer import writers
+    from gspo_jax.trainer.io import writers
 
     rows = writers.read_metrics(os.path.join(workdir, "metrics.jsonl"))
     pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
@@ -58,7 +58,7 @@ def final_problems(root: str, arm: Arm, seeds: Sequence[int]) -> np.ndarray | No
 def _after_update_0(workdir: str, key: str) -> np.ndarray:
     """Per RL step: the mean of updates/<key>/<u> over updates u >= 1 (update 0 is on-policy
     and clips nothing with a recomputed π_old); empty when per-update values were not logged."""
-    from gspo_jax.trainer import writers
+    from gspo_jax.trainer.io import writers
 
     prefix = f"updates/{key}/"
     out = []
@@ -328,7 +328,7 @@ def log_s_by_length(root: str, arm: Arm, seeds: Sequence[int]) -> dict[str, tupl
     by_length/* metrics (summed over every update of every step); {} when the runs predate
     them."""
     from gspo_jax.objectives import length_buckets
-    from gspo_jax.trainer import writers
+    from gspo_jax.trainer.io import writers
 
     per_seed = []
     for s in seeds:

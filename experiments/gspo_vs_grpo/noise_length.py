@@ -195,8 +195,9 @@ def train_pass_logprobs(step_config, params, batch: dict):
     """log π_train [B, T] of every response token as the train step's updates compute it:
     its π_old pass (`old_policy_pass`, the loss's own forward on the same strided
     micro-batches), merged back to the batch's row order."""
-    from gspo_jax.train_step import old_policy, response_logprobs, shared_group
-    from gspo_jax.train_step.split import num_micro, strided_merge, strided_split
+    from gspo_jax.algorithm import old_policy
+    from gspo_jax.sharding.split import num_micro, strided_merge, strided_split
+    from gspo_jax.train_step import response_logprobs, shared_group
 
     parts = step_config.num_mini_batches
     minis = {

@@ -42,7 +42,7 @@ def plot(root: str, arms: Sequence[Arm], seeds: Sequence[int], model: str, png: 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from gspo_jax.trainer.writers import _ema
+    from gspo_jax.trainer.io.writers import _ema
 
     fig, axes = plt.subplots(2, 3, figsize=(14, 7), squeeze=False)
     for ax, (title, key, smooth) in zip(axes.flat, PLOTS):

@@ -39,8 +39,9 @@ def warm_start(model: str, budget: Budget, root: str, seed: int | None = None) -
     with seed k (initial weights, teacher noise, data order; the MoE's upcycling noise and
     router drawn with seed k), in <root>/warm_start_<model>_seed<k> (the specialised MoE:
     warm_start_moe_specialised_seed<k>)."""
-    from gspo_jax.trainer import checkpoint, setup
     from gspo_jax.trainer import loop as train
+    from gspo_jax.trainer import setup
+    from gspo_jax.trainer.io import checkpoint
 
     bed = budget.moe
     kind = _warm_start_kind(model, budget)
@@ -94,9 +95,10 @@ def specialise(upcycled: str, hf: str, budget: Budget, root: str, seed: int) -> 
     <hf>/../specialisation.json and returned."""
     from experiments.gspo_vs_grpo import specialisation
     from gspo_jax import models
-    from gspo_jax.trainer import checkpoint, setup
     from gspo_jax.trainer import loop as train
+    from gspo_jax.trainer import setup
     from gspo_jax.trainer import warm_start as warm_start_lib
+    from gspo_jax.trainer.io import checkpoint
 
     arm = next(a for a in ARMS if a.model == "moe")
     config = arm_config(arm, seed, budget, root, warm=upcycled)
@@ -192,7 +194,7 @@ def upcycle(
 def run_arm(arm: Arm, seed: int, budget: Budget, root: str, warm: str) -> dict:
     """One training run from the warm start (skipped if its workdir holds a finished run)."""
     from gspo_jax.trainer import loop as train
-    from gspo_jax.trainer import workdir as workdir_lib
+    from gspo_jax.trainer.io import workdir as workdir_lib
 
     workdir = run_dir(root, arm, seed)
     config = arm_config(arm, seed, budget, root, warm)

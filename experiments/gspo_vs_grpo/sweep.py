@@ -63,7 +63,7 @@ def variants(arms: Sequence[Arm], settings: Sequence[Setting], budget: Budget, r
     """[setting][arm]: each arm under each setting, its config built and validated now (a bad
     field or value fails before any run). Overrides that leave the arm's config as it is
     are dropped, so the arm's own setting is the arm itself."""
-    from gspo_jax.trainer import config as config_lib
+    from gspo_jax.config import validate as config_lib
 
     out = []
     for setting in settings:

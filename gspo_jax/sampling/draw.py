@@ -19,7 +19,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from gspo_jax.logprobs import logprobs_from_logits
+from gspo_jax.algorithm.logprobs import logprobs_from_logits
 from gspo_jax.models import partition
 
 F32 = jnp.float32

@@ -14,7 +14,7 @@ rollout reads its own copy instead:
 
 `RolloutLayout(model_config, mesh, layout)(params)` is one jitted reshard with explicit
 out_shardings (what moves: `tools.aot`'s "rollout reshard" row). The RL loop calls it once per
-step before sampling (`trainer/rollout.py`, logged as time/rollout_reshard_s) and hands the
+step before sampling (`rollout/stage.py`, logged as time/rollout_reshard_s) and hands the
 copy to `sample(..., layout=...)`.
 """
 

@@ -2,7 +2,7 @@
 
 Every metric of a micro-batch (the policy loss's, `objectives.policy_metric_reductions`, and
 the step's own, `metric_reductions`) is declared with how it combines over micro-batches and
-over optimizer updates, and whether it is also reported per update (gspo_jax/reductions.py).
+over optimizer updates, and whether it is also reported per update (gspo_jax/algorithm/reductions.py).
 The step folds micro-batches into a mini-batch's metrics (`init_micro`, `combine_micro`,
 `finish_micro`) and updates into the step's (`step_metrics`) from those declarations alone.
 
@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from gspo_jax import objectives
-from gspo_jax.masked import row_mean
-from gspo_jax.reductions import MAX, PER_UPDATE, SUM, TOKEN_MEAN, Reduction, reduction_of
+from gspo_jax.algorithm import objectives
+from gspo_jax.algorithm.masked import row_mean
+from gspo_jax.algorithm.reductions import MAX, PER_UPDATE, SUM, TOKEN_MEAN, Reduction, reduction_of
 
 
 def metric_reductions(step_config) -> dict[str, Reduction]:
     """How every metric of the train step combines over micro-batches and updates
-    (gspo_jax.reductions): the policy loss's own (`objectives.policy_metric_reductions`) and
+    (gspo_jax.algorithm.reductions): the policy loss's own (`objectives.policy_metric_reductions`) and
     the step's."""
     declared = objectives.policy_metric_reductions(
         step_config.importance_sampling, step_config.rollout_correction_level

@@ -1,5 +1,5 @@
 """The optax chain of the train step: clip-by-global-norm, then AdamW on a schedule
-(`OptimSpec`, built from `config.optim` by trainer/specs.py).
+(`OptimSpec`, built from `config.optim` by config/specs.py).
 
 The schedule counts optimizer updates (one per mini-batch), not RL steps: with the paper's 4
 mini-batches per rollout and ppo_epochs=1, an RL step advances it by 4.

@@ -29,7 +29,7 @@ experts (token x MoE layer x top-k slot) that the current router chooses differe
 π_old's (with Routing Replay, paper §5.3: would choose).
 
 Metrics: each is declared with how it combines over micro-batches and updates
-(`metric_reductions`, gspo_jax/reductions.py); the step consumes the declarations
+(`metric_reductions`, gspo_jax/algorithm/reductions.py); the step consumes the declarations
 generically.
 
 Shapes: B responses, P prompt tokens (left padded), T response tokens, L = P + T,
@@ -61,13 +61,14 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from gspo_jax import logprobs as logprobs_lib
-from gspo_jax import models, objectives
+from gspo_jax import models
 from gspo_jax import sharding as sharding_lib
-from gspo_jax.masked import masked_mean
+from gspo_jax.algorithm import logprobs as logprobs_lib
+from gspo_jax.algorithm import objectives, old_policy
+from gspo_jax.algorithm.masked import masked_mean
 from gspo_jax.models import lora, partition
 from gspo_jax.models.attention import resolve_impl
-from gspo_jax.train_step import old_policy
+from gspo_jax.sharding.split import num_micro, strided_split
 from gspo_jax.train_step.metrics import (
     combine_micro,
     finish_micro,
@@ -77,7 +78,6 @@ from gspo_jax.train_step.metrics import (
     routing_changes,
     step_metrics,
 )
-from gspo_jax.train_step.split import num_micro, strided_split
 
 
 @flax.struct.dataclass

@@ -37,8 +37,8 @@ import jax
 import numpy as np
 
 from gspo_jax import sharding as sharding_lib
-from gspo_jax.trainer import rollout
-from gspo_jax.trainer.specs import EvalSpec
+from gspo_jax.config.specs import EvalSpec
+from gspo_jax.rollout import stage as rollout
 
 # fold_in data of the evaluation's sampling stream: RL step 2**32 - 1 is never reached, so
 # it never coincides with a rollout's key fold_in(PRNGKey(seed), step).

@@ -33,10 +33,12 @@ import numpy as np
 
 from gspo_jax import models
 from gspo_jax.models import lora
-from gspo_jax.trainer import checkpoint, filtering, preemption, writers
+from gspo_jax.rollout import filtering
+from gspo_jax.rollout.stage import Rollout
+from gspo_jax.trainer import preemption
 from gspo_jax.trainer import state as state_lib
 from gspo_jax.trainer import warm_start as warm_start_lib
-from gspo_jax.trainer.rollout import Rollout
+from gspo_jax.trainer.io import checkpoint, writers
 from gspo_jax.trainer.setup import Trainer, prepare_prompts, setup
 from gspo_jax.trainer.state import RunState
 

@@ -29,15 +29,16 @@ from jax.sharding import Mesh
 
 from gspo_jax import data, models, sampling
 from gspo_jax import sharding as sharding_lib
+from gspo_jax.config import specs
+from gspo_jax.config import validate as config_lib
 from gspo_jax.rewards import RewardPool, voting
+from gspo_jax.rollout.stage import Rollouts, Scorer, make_advantage_fn
 from gspo_jax.train_step import StepConfig, batch_shardings, make_logprobs_fn, make_train_step
 from gspo_jax.train_step.optim import make_optimizer
-from gspo_jax.trainer import checkpoint, specs, writers
-from gspo_jax.trainer import config as config_lib
 from gspo_jax.trainer import state as state_lib
-from gspo_jax.trainer import workdir as workdir_lib
 from gspo_jax.trainer.evaluation import Evaluator
-from gspo_jax.trainer.rollout import Rollouts, Scorer, make_advantage_fn
+from gspo_jax.trainer.io import checkpoint, writers
+from gspo_jax.trainer.io import workdir as workdir_lib
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +191,7 @@ def _writer(c, loop: specs.LoopSpec, workdir: str) -> writers.MetricsWriter:
     lead = jax.process_index() == 0
     mirrors = []
     if lead and loop.wandb is not None:
-        from gspo_jax.trainer.wandb_writer import WandbWriter  # wandb is imported there
+        from gspo_jax.trainer.io.wandb_writer import WandbWriter  # wandb is imported there
 
         mirrors.append(WandbWriter(loop.wandb, workdir, workdir_lib.flat_config(c)))
     return writers.MetricsWriter(

@@ -28,8 +28,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from gspo_jax import advantages
 from gspo_jax import sharding as sharding_lib
+from gspo_jax.algorithm import advantages
 from gspo_jax.models import lora
 from gspo_jax.train_step import TrainState
 

@@ -21,9 +21,9 @@ import jax.numpy as jnp
 import optax
 
 from gspo_jax import data, models
-from gspo_jax import logprobs as logprobs_lib
 from gspo_jax import sharding as sharding_lib
-from gspo_jax.trainer.specs import PromptSpec, WarmStartSpec
+from gspo_jax.algorithm import logprobs as logprobs_lib
+from gspo_jax.config.specs import PromptSpec, WarmStartSpec
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,15 @@ import os
 import sys
 import warnings
 
-from gspo_jax import advantages, models, objectives
+from gspo_jax import models
 from gspo_jax import sharding as sharding_lib
+from gspo_jax.algorithm import advantages, objectives, old_policy
+from gspo_jax.config.specs import (
+    batch_sizes,
+    lora_fields,
+    normalize_reward_norm,
+    scratch_model_config,
+)
 from gspo_jax.data.build import DATASETS
 from gspo_jax.data.pipeline import OVERLONG_POLICIES
 from gspo_jax.models.config import (
@@ -40,13 +47,7 @@ from gspo_jax.models.config import (
     MOE_IMPLS,
     REMAT_POLICIES,
 )
-from gspo_jax.train_step import old_policy, optim
-from gspo_jax.trainer.specs import (
-    batch_sizes,
-    lora_fields,
-    normalize_reward_norm,
-    scratch_model_config,
-)
+from gspo_jax.train_step import optim
 
 
 class ConfigError(ValueError):
@@ -256,7 +257,7 @@ def _check_devices(config, micro: int, num_devices: int, num_processes: int) -> 
 
 
 def _check_pi_old(config) -> None:
-    """The π_old source against the rollout's sampling (train_step/old_policy.py): greedy
+    """The π_old source against the rollout's sampling (algorithm/old_policy.py): greedy
     is an error, top-k / top-p a warning (BiasedPiOldWarning)."""
     s = config.sampling
     try:
@@ -546,7 +547,7 @@ def _ranges(config) -> None:
 
 
 def _check_dapo(config) -> None:
-    """DAPO's rollout options (trainer/filtering.py): dynamic sampling, overlong handling."""
+    """DAPO's rollout options (rollout/filtering.py): dynamic sampling, overlong handling."""
     dynamic = _bool(config, "dynamic_sampling")
     _bool(config, "overlong_filter")
     _int(config, "dynamic_sampling_max_rounds", minimum=0)
@@ -708,7 +709,7 @@ def _check_sampled_eval(config) -> None:
 
 
 def _check_wandb(config) -> None:
-    """log.wandb_*: the writer (trainer/wandb_writer.py) imports wandb only when a project
+    """log.wandb_*: the writer (trainer/io/wandb_writer.py) imports wandb only when a project
     is set, so that is when a missing wandb is named, before anything is loaded."""
     log = config.log
     for name in ("log.wandb_project", "log.wandb_entity"):

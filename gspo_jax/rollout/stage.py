@@ -11,7 +11,7 @@ order:
   logprobs_fn                    π_ref (with a KL term); π_old for the token-level KL reward
   advantage_fn                   jitted advantages (running reward statistics carried)
 
-π_old itself and π_old's MoE routing come from the train step (train_step/old_policy.py), so
+π_old itself and π_old's MoE routing come from the train step (algorithm/old_policy.py), so
 that its first update recomputes them exactly; the batch carries the sampler's log-probs.
 
 Invalid rewards (a verifier that raised or timed out, NaN, non-numeric) follow the
@@ -43,15 +43,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gspo_jax import advantages as advantages_lib
-from gspo_jax import objectives, sampling
+from gspo_jax import sampling
 from gspo_jax import sharding as sharding_lib
+from gspo_jax.algorithm import advantages as advantages_lib
+from gspo_jax.algorithm import objectives, old_policy
+from gspo_jax.config.specs import AdvantageSpec, RewardSpec, RolloutSpec
 from gspo_jax.models import lora
 from gspo_jax.rewards import build_reward, score_batch
 from gspo_jax.rewards.scoring import HARD_FAILURES, FailureLog, raise_all_failed
-from gspo_jax.train_step import old_policy
-from gspo_jax.trainer.filtering import group_rows, overlong_penalty, select_groups, zero_std_groups
-from gspo_jax.trainer.specs import AdvantageSpec, RewardSpec, RolloutSpec
+from gspo_jax.rollout.filtering import group_rows, overlong_penalty, select_groups, zero_std_groups
 
 
 def bucket_prompts(tokens_NP: np.ndarray, mask_NP: np.ndarray, buckets) -> tuple:

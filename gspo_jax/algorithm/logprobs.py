@@ -40,7 +40,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from gspo_jax.masked import row_mean
+from gspo_jax.algorithm.masked import row_mean
 
 __all__ = [
     "logprobs_from_logits",

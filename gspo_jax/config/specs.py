@@ -204,8 +204,8 @@ class AdvantageSpec:
 class RolloutSpec:
     """What the rollout hands the train step besides the samples: π_ref's log-probs (a KL
     term in the loss, `use_kl_loss`, or in the reward) and, for the token-level KL reward,
-    π_old's (`old_logprobs_source`, train_step/old_policy.py); DAPO's dynamic sampling and
-    overlong handling (trainer/filtering.py)."""
+    π_old's (`old_logprobs_source`, algorithm/old_policy.py); DAPO's dynamic sampling and
+    overlong handling (rollout/filtering.py)."""
 
     group_size: int
     response_length: int
@@ -281,7 +281,7 @@ class EvalSpec:
 
 @dataclasses.dataclass(frozen=True)
 class WandbSpec:
-    """`wandb.init`'s options (`log.wandb_*`, trainer/wandb_writer.py; the run is named
+    """`wandb.init`'s options (`log.wandb_*`, trainer/io/wandb_writer.py; the run is named
     after the workdir)."""
 
     project: str

@@ -36,13 +36,47 @@ X experts per token.
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 
-from gspo_jax.sampling import warn_if_biased_pi_old
-from gspo_jax.train_step.split import strided_merge, strided_split
+from gspo_jax.sharding.split import strided_merge, strided_split
 
 SOURCES = ("recompute", "sampler")
+
+
+class BiasedPiOldWarning(UserWarning):
+    """The sampler's log-probs are not the likelihood of the tokens' actual draw."""
+
+
+def warn_if_biased_pi_old(top_k=None, top_p=None, temperature: float = 1.0) -> bool:
+    """Warns (BiasedPiOldWarning) when sampler log-probs used as π_old would be biased.
+
+    `sample` reports log softmax(logits / τ) — the unfiltered tempered policy the trainer
+    recomputes. With top-k / top-p the tokens were drawn from the filtered, renormalised
+    distribution q instead, so π_θ/π_old is not the importance weight of the actual draw
+    (tokens outside the filter are never sampled, those inside are over-sampled by
+    1/q-mass). Greedy decoding (τ = 0) draws nothing at all. Returns True if it warned.
+    """
+    reasons = []
+    if top_k is not None:
+        reasons.append(f"top_k={top_k}")
+    if top_p is not None and top_p < 1.0:
+        reasons.append(f"top_p={top_p}")
+    if temperature == 0:
+        reasons.append("temperature=0 (greedy)")
+    if not reasons:
+        return False
+    warnings.warn(
+        f"sampler log-probs used as pi_old with {', '.join(reasons)}: they are log "
+        "softmax(logits / temperature) of the unfiltered policy, but the tokens were drawn "
+        "from the filtered (or greedy) distribution, so the importance ratio "
+        "pi_theta / pi_old is biased. Recompute pi_old, or sample without top_k/top_p.",
+        BiasedPiOldWarning,
+        stacklevel=2,
+    )
+    return True
 
 
 def corrects(step_config) -> bool:

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from gspo_jax.trainer.specs import WandbSpec
+from gspo_jax.config.specs import WandbSpec
 
 log = logging.getLogger(__name__)
 

@@ -63,6 +63,6 @@ def reduction_of(name: str, declared: dict[str, Reduction]) -> Reduction:
         return declared[name]
     except KeyError:
         raise KeyError(
-            f"metric {name!r} has no declared reduction (gspo_jax.reductions): declare how it "
+            f"metric {name!r} has no declared reduction (gspo_jax.algorithm.reductions): declare how it "
             "combines over micro-batches and updates where it is produced"
         ) from None

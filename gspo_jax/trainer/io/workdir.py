@@ -50,7 +50,7 @@ import sys
 import jax
 
 from gspo_jax import sharding as sharding_lib
-from gspo_jax.trainer import specs
+from gspo_jax.config import specs
 
 log = logging.getLogger(__name__)
 

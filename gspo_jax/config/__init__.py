@@ -1,0 +1,1 @@
+"""The config, translated once: validation (`validate`) and the frozen specs (`specs`)."""

@@ -1,0 +1,1 @@
+"""The rollout stage: sample -> score -> filter (DAPO) -> advantages -> a Rollout."""
