@@ -1,6 +1,18 @@
 """gspo_jax: GSPO / GRPO reinforcement learning for language models in JAX (see README.md).
 
 Entry point: `python -m gspo_jax.main --config=configs/default.py --workdir=DIR`, or
-`gspo_jax.trainer.loop.run(config, workdir)` from Python. The math lives in `objectives`,
-`advantages` and `logprobs`; models in `models`; the sampler in `sampling`.
+`gspo_jax.trainer.loop.run(config, workdir)` from Python. The tree reads like one RL step
+(docs/architecture.md): data -> sampling -> rollout -> algorithm -> train_step -> trainer,
+with models, sharding and config beside them.
+
+`gspo_jax.objectives` and `gspo_jax.advantages` are the public paths of the paper's math
+(`policy_loss`, `kl_penalty`, `compute_advantages`); they are the modules of the same name in
+gspo_jax/algorithm/, registered here under both names (one module object, not a copy).
 """
+
+import sys
+
+from gspo_jax.algorithm import advantages, objectives
+
+sys.modules[f"{__name__}.objectives"] = objectives
+sys.modules[f"{__name__}.advantages"] = advantages
