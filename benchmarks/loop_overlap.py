@@ -26,8 +26,7 @@ import tempfile
 import time
 
 from configs import default
-from gspo_jax.trainer import loop as train
-from gspo_jax.trainer import setup
+from gspo_jax.trainer import loop, setup
 
 
 def main():
@@ -41,15 +40,15 @@ def main():
     c.log.progress_bar = False
     c.warm_start.steps = 0
     run = setup.setup(c, tempfile.mkdtemp(prefix="loop_overlap_"))
-    state = train.init_or_restore(run)
-    report = train._Reporter(run, initial=0)
+    state = loop.init_or_restore(run)
+    report = loop._Reporter(run, initial=0)
     names = ("step", "sample", "reward", "train", "other", "logging")
     rows = []
     for _ in range(args.steps):
         t0 = time.perf_counter()
         prompts = next(run.train_iter)
         state = state.replace(data=json.dumps(run.train_iter.get_state()))
-        state, m = train.rl_step(run, state, run.rollouts.collect(state, prompts))
+        state, m = loop.rl_step(run, state, run.rollouts.collect(state, prompts))
         t1 = time.perf_counter()
         report.step(state.step, m)
         t2 = time.perf_counter()

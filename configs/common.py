@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def parse_arg(arg: str | None, **defaults):
-    """Parse `key=value,key=value` from `--config=configs/x.py:key=value,...`.
+    """Parse `key=value,key=value` from `--config=configs/<name>.py:key=value,...`.
 
     Values are converted to the type of the default (bool accepts true/false/1/0); an unknown
     key is an error naming the valid ones.

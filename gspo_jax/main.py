@@ -1,4 +1,4 @@
-"""Entry point: flags -> (distributed JAX) -> train.run(config, workdir).
+"""Entry point: flags -> (distributed JAX) -> loop.run(config, workdir).
 
   python -m gspo_jax.main --config=configs/default.py --workdir=/tmp/run [--config.x=y ...]
 
@@ -107,8 +107,7 @@ def run(argv) -> int:
     _init_distributed()
     import jax
 
-    from gspo_jax.trainer import loop as train
-    from gspo_jax.trainer import preemption
+    from gspo_jax.trainer import loop, preemption
 
     log.info(
         "JAX %s: process %d/%d, %d local / %d global devices (%s)",
@@ -119,7 +118,7 @@ def run(argv) -> int:
         jax.device_count(),
         jax.devices()[0].platform,
     )
-    summary = train.run(config, _WORKDIR.value, allow_config_change=_ALLOW_CONFIG_CHANGE.value)
+    summary = loop.run(config, _WORKDIR.value, allow_config_change=_ALLOW_CONFIG_CHANGE.value)
     if jax.process_index() == 0:
         log.info("done: %s", summary)
     if summary.get("preempted"):
@@ -197,7 +196,7 @@ def _check_config_file(argv) -> None:
             given = argv[i + 1]
         else:
             continue
-        path = given if os.path.isfile(given) else given.split(":", 1)[0]  # file.py:arg
+        path = given if os.path.isfile(given) else given.split(":", 1)[0]  # <file>.py:arg
         if not os.path.isfile(path):
             print(f"gspo_jax: error: --config={given}: no such file", file=sys.stderr, flush=True)
             sys.exit(EXIT_USAGE)

@@ -9,7 +9,7 @@ fresh temporary directory made by the first process of the run (the xdist contro
 inherited by the workers and every subprocess through the environment, compiles each program
 once per run. The directory is removed when that process exits: never shared across runs, so
 a stale entry cannot hide a bug. Keys hold the program, the backend and the compile options;
-not its source locations (JAX's default: a test process calls `train.run` from another stack
+not its source locations (JAX's default: a test process calls `loop.run` from another stack
 than `gspo_jax.main` does, and would otherwise miss every entry), so an executable read back
 may carry another process's line numbers in its HLO metadata (op names are the same: the same
 code). A size limit turns on JAX's file lock, so that no reader sees a half-written entry.

@@ -18,8 +18,7 @@ from gspo_jax import data
 from gspo_jax.config.validate import ConfigError, ConfigWarning, validate
 from gspo_jax.rewards import register_reward
 from gspo_jax.rollout import filtering
-from gspo_jax.trainer import loop as train
-from gspo_jax.trainer import setup
+from gspo_jax.trainer import loop, setup
 
 # ------------------------------------------------------------------- the formulas, by hand
 
@@ -156,7 +155,7 @@ def dapo(tmp_path_factory):
     config.overlong_filter, config.overlong_buffer_len = True, 4
     run = setup.setup(config, str(root / "run"))
     with jax.set_mesh(run.mesh):
-        yield run, train.init_or_restore(run)
+        yield run, loop.init_or_restore(run)
     run.close()
 
 
@@ -224,12 +223,12 @@ def test_a_resumed_position_repeats_the_step_exactly(dapo, monkeypatch):
         rollouts.append(rollout)
         return state.replace(step=state.step + 1), dict(rollout.host_metrics)
 
-    monkeypatch.setattr(train, "rl_step", rl_step)
+    monkeypatch.setattr(loop, "rl_step", rl_step)
     start = json.dumps(run.train_iter.get_state())
     positions = []
     for _ in range(2):
         run.train_iter.set_state(start)
-        positions.append(train._one_step(run, state)[0].data)
+        positions.append(loop._one_step(run, state)[0].data)
     assert positions[0] == positions[1] == json.dumps(run.train_iter.get_state()) != start
     a, b = rollouts
     served = json.loads(positions[0])["batches_served"] - json.loads(start)["batches_served"]

@@ -20,7 +20,7 @@ from tiny_flags import fill_disk, main_command, metrics_by_step, small_tmpfs, st
 from gspo_jax.config.validate import ConfigError
 from gspo_jax.rewards import build_reward
 from gspo_jax.rollout import stage as rollout
-from gspo_jax.trainer import loop as train
+from gspo_jax.trainer import loop
 
 # ----------------------------------------------------------------------------- signals
 
@@ -138,7 +138,7 @@ def test_nan_weights_in_a_hugging_face_checkpoint_are_named(tmp_path):
     c.reward.num_workers = 0
     c.log.progress_bar = c.log.plot = c.log.tensorboard = False
     with pytest.raises(ValueError, match=r"Hugging Face checkpoint .*qwen3_nan holds NaN or inf"):
-        train.run(c, str(tmp_path / "run"))
+        loop.run(c, str(tmp_path / "run"))
 
 
 def test_a_tokenizer_larger_than_the_model_stops_before_the_data(tmp_path):
@@ -152,7 +152,7 @@ def test_a_tokenizer_larger_than_the_model_stops_before_the_data(tmp_path):
     c.model.tokenizer_path = str(tmp_path / "tok")
     c.warm_start.steps = 0
     with pytest.raises(ConfigError, match=r"token ids up to 299.*vocab_size=256"):
-        train.run(c, str(tmp_path / "run"))
+        loop.run(c, str(tmp_path / "run"))
     assert not (tmp_path / "data").exists()  # stopped before the dataset was built
 
 

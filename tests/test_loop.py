@@ -13,8 +13,7 @@ from test_train import _tiny_config
 
 from gspo_jax.rollout import stage as rollout
 from gspo_jax.train_step import batch_ndims
-from gspo_jax.trainer import loop as train
-from gspo_jax.trainer import setup
+from gspo_jax.trainer import loop, setup
 from gspo_jax.trainer.io import checkpoint
 
 
@@ -42,7 +41,7 @@ class _WithConfig:
 @pytest.fixture(scope="module")
 def first(pieces):
     """The initial state and the first rollout collected from it."""
-    state = train.init_or_restore(pieces)
+    state = loop.init_or_restore(pieces)
     return state, pieces.rollouts.collect(state, next(pieces.train_iter))
 
 
@@ -104,7 +103,7 @@ def test_rl_step_applies_the_mini_batch_updates(pieces, first):
     advantages = jax.device_put(advantages, pieces.rollouts.batch_shardings["advantages"])
     out = dataclasses.replace(out, batch={**out.batch, "advantages": advantages})
     before = jax.tree.map(np.asarray, state.train.params)
-    new, metrics = train.rl_step(pieces, state, out)
+    new, metrics = loop.rl_step(pieces, state, out)
     minis = pieces.config.num_mini_batches
     assert new.step == 1 and int(new.train.step) == minis
     assert float(metrics["policy/optimizer_step"]) == minis
@@ -121,12 +120,12 @@ def test_rl_step_applies_the_mini_batch_updates(pieces, first):
     assert float(metrics["policy/ratio_noise_floor"]) == 0
     assert float(metrics["sampler/logprob_gap_max"]) < 1e-4
     assert metrics["updates/ratio_max"].shape == (minis,)
-    flat = train.flat_metrics(jax.device_get(metrics))
+    flat = loop.flat_metrics(jax.device_get(metrics))
     assert flat["updates/ratio_max/0"] == 1.0 and f"updates/clipfrac/{minis - 1}" in flat
 
 
 def test_run_state_checkpoint_round_trip(pieces, tmp_path):
-    state = train.init_or_restore(pieces).replace(step=7, data='{"x": 1}', origin="test")
+    state = loop.init_or_restore(pieces).replace(step=7, data='{"x": 1}', origin="test")
     manager = checkpoint.make_manager(str(tmp_path / "ckpt"), async_save=False)
     checkpoint.save(manager, state)
     restored = checkpoint.restore_latest(manager, pieces.abstract_state())
@@ -144,7 +143,7 @@ def test_checkpoints_with_per_process_data_positions(pieces, tmp_path):
     process's resumes (its order was the global one), several are refused by name."""
     import orbax.checkpoint as ocp
 
-    state = train.init_or_restore(pieces)
+    state = loop.init_or_restore(pieces)
     position = json.dumps(pieces.train_iter.get_state())
     for step, positions in ((1, [position]), (2, [position, position])):
         manager = checkpoint.make_manager(str(tmp_path / str(step)), async_save=False)
@@ -248,7 +247,7 @@ def test_a_warm_start_short_of_its_target_runs_to_max_steps_and_says_so(pieces, 
 
 
 def test_the_loops_warm_start_checks_the_train_split(pieces):
-    """train.warm_start builds its check from the held-out evaluator on the train split:
+    """loop.warm_start builds its check from the held-out evaluator on the train split:
     with an unreachable target every check is a real greedy accuracy in [0, 1]."""
     from gspo_jax import models
 
@@ -266,7 +265,7 @@ def test_the_loops_warm_start_checks_the_train_split(pieces):
         is_lead=False,
     )
     params = models.init_params(pieces.model_config, jax.random.PRNGKey(0))
-    _, result = train.warm_start(trainer, params)
+    _, result = loop.warm_start(trainer, params)
     assert [s for s, _ in result.checks] == [2, 4] and result.reached is False
     assert all(0.0 <= a <= 1.0 for _, a in result.checks)
 
@@ -292,12 +291,12 @@ def test_the_warm_start_trains_a_loaded_checkpoint(pieces, tmp_path):
         workdir=str(tmp_path / "run"),
         is_lead=False,
     )
-    trained, origin = train._base_params(trainer, resume=False)
+    trained, origin = loop._base_params(trainer, resume=False)
     assert origin == f"Hugging Face checkpoint {hf} + 2 supervised warm-start steps"
     moved = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))), trained, params)
     assert max(jax.tree.leaves(moved)) > 0
     trainer.warm_start = dataclasses.replace(trainer.warm_start, steps=0)
-    loaded, origin = train._base_params(trainer, resume=False)
+    loaded, origin = loop._base_params(trainer, resume=False)
     assert origin == f"Hugging Face checkpoint {hf}"
     same = jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), loaded, params)
     assert all(jax.tree.leaves(same))

@@ -14,8 +14,7 @@ from test_train import _tiny_config
 
 from gspo_jax import models
 from gspo_jax.models import lora
-from gspo_jax.trainer import loop as train
-from gspo_jax.trainer import setup
+from gspo_jax.trainer import loop, setup
 from gspo_jax.trainer.io import checkpoint
 
 
@@ -28,7 +27,7 @@ def run(tmp_path_factory):
     config.model.lora_rank, config.model.lora_alpha = 4, 8.0
     config.use_kl_loss, config.kl_loss_coef = True, 0.01  # π_ref: the base, no copy
     trainer = setup.setup(config, str(root / "run"))
-    state = train.init_or_restore(trainer)
+    state = loop.init_or_restore(trainer)
     yield trainer, state, next(trainer.train_iter)
     trainer.close()
 
@@ -39,7 +38,7 @@ def _copy(state):
 
 
 def _step(trainer, state, prompts):
-    return train.rl_step(trainer, state, trainer.rollouts.collect(state, prompts))
+    return loop.rl_step(trainer, state, trainer.rollouts.collect(state, prompts))
 
 
 def test_only_the_adapters_train(run):
@@ -67,7 +66,7 @@ def test_checkpoint_holds_the_adapters_and_resume_continues_exactly(run):
         meta = json.load(f)
     saved = [k for k in meta["digests"] if k.startswith("train/params/")]
     assert saved and all(k.rsplit("/", 1)[1] in ("lora_a", "lora_b") for k in saved), saved
-    restored = train.init_or_restore(trainer)  # base from lora_base/, adapters from step 1
+    restored = loop.init_or_restore(trainer)  # base from lora_base/, adapters from step 1
     assert restored.step == 1
     jax.tree.map(np.testing.assert_array_equal, restored.train, state1.train)
     more = next(trainer.train_iter)
@@ -143,6 +142,6 @@ def test_a_lora_warm_start_trained_to_a_target_checks_the_base(run):
         target_accuracy=1.0,
     )
     base = jax.tree.map(jnp.copy, lora.partition(state.train.params)[0])  # SFT donates it
-    _, result = train.warm_start(dataclasses.replace(trainer, warm_start=spec), base)
+    _, result = loop.warm_start(dataclasses.replace(trainer, warm_start=spec), base)
     assert result.steps == 2 and result.reached is False
     assert [s for s, _ in result.checks] == [2] and 0.0 <= result.checks[0][1] <= 1.0

@@ -1,10 +1,10 @@
 """One whole RL step is the same on every mesh: sample -> rewards -> advantages -> train step.
 
 Each layout is a real run's pieces: `setup.setup(config, workdir, devices=...)` with
-`config.mesh` set, the Hugging Face fixture loaded by `train.init_or_restore`, one rollout
+`config.mesh` set, the Hugging Face fixture loaded by `loop.init_or_restore`, one rollout
 from `rollouts.collect` (the real f32 sampler with the step's fixed key, a fixed reward of the
 response text so advantages and gradients are non-zero, π_old recomputed, the jitted
-advantage function) and `train.rl_step` on it (4 mini-batches, AdamW) once per (ratio,
+advantage function) and `loop.rl_step` on it (4 mini-batches, AdamW) once per (ratio,
 aggregation) mode. Every layout is compared with the one-device run of the same config:
 sampled tokens and rewards exactly, every float (sampler log-probs, advantages, the step's
 metrics, π_old's among them through the ratios, the updated params) within 1e-5.
@@ -40,8 +40,7 @@ from gspo_jax import objectives, sharding
 from gspo_jax.config import specs
 from gspo_jax.rollout import stage as rollout
 from gspo_jax.train_step import make_train_step
-from gspo_jax.trainer import loop as train
-from gspo_jax.trainer import setup
+from gspo_jax.trainer import loop, setup
 
 DENSE, MOE = "tests/fixtures/models/qwen3", "tests/fixtures/models/qwen3_moe"
 TOL = 1e-5  # f32
@@ -113,7 +112,7 @@ def _one_step(workdir, config, devices, modes) -> dict:
         # Traced under the mesh, as `loop.run` traces them: the model pins its activation
         # layouts (partition.constrain) only with a mesh in context.
         with jax.set_mesh(run.mesh):
-            state = train.init_or_restore(run)
+            state = loop.init_or_restore(run)
             prompts = next(run.train_iter)
             out = run.rollouts.collect(state, prompts)
             result = {
@@ -136,7 +135,7 @@ def _one_step(workdir, config, devices, modes) -> dict:
                         jax.tree.map(jnp.copy, state.train), run.state_shardings.train
                     )
                 )
-                new, metrics = train.rl_step(pieces, fresh, out)
+                new, metrics = loop.rl_step(pieces, fresh, out)
                 assert int(new.train.step) == config.num_mini_batches
                 metrics = {
                     k: float(v)

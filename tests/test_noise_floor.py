@@ -18,8 +18,7 @@ import pytest
 import gspo_jax.rewards.testing  # noqa: F401  (registers test_checksum)
 from configs import gspo_paper
 from gspo_jax.train_step import make_train_step
-from gspo_jax.trainer import loop as train
-from gspo_jax.trainer import setup
+from gspo_jax.trainer import loop, setup
 
 EPS_LOW, EPS_HIGH = 3e-4, 4e-4  # configs/gspo_paper.py
 
@@ -47,21 +46,21 @@ def bf16_run(tmp_path_factory):
     c.checkpoint.async_save = False
     c.log.progress_bar = c.log.plot = c.log.tensorboard = False
     run = setup.setup(c, str(root / "run"))
-    state = train.init_or_restore(run)
+    state = loop.init_or_restore(run)
     rollouts = [run.rollouts.collect(state, next(run.train_iter)) for _ in range(2)]
     yield run, state, rollouts, c
     run.close()
 
 
 def _step(run, state, out, **step_overrides):
-    """`train.rl_step` with the run's train step, or one built with other StepConfig fields."""
+    """`loop.rl_step` with the run's train step, or one built with other StepConfig fields."""
     if step_overrides:
         sc = dataclasses.replace(run.step_config, **step_overrides)
         step = make_train_step(sc, run.tx, state_shardings=run.state_shardings.train, mesh=run.mesh)
         run = dataclasses.replace(run, step_config=sc, train_step=step)
     fresh = state.replace(train=jax.tree.map(jnp.copy, state.train))  # the step donates it
-    _, metrics = train.rl_step(run, fresh, out)
-    return train.flat_metrics(
+    _, metrics = loop.rl_step(run, fresh, out)
+    return loop.flat_metrics(
         jax.device_get({k: v for k, v in metrics.items() if not isinstance(v, float)})
     )
 

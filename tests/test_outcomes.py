@@ -9,7 +9,7 @@ import os
 import pytest
 from test_train import _tiny_config
 
-from gspo_jax.trainer import loop as train
+from gspo_jax.trainer import loop
 from gspo_jax.trainer.io.workdir import WorkdirError
 
 
@@ -38,8 +38,8 @@ def test_a_run_whose_every_update_is_skipped_fails_before_the_export(data_dir, t
     c.use_kl_loss, c.kl_loss_coef = True, 1e30  # every gradient overflows to inf
     c.max_all_skipped_steps = 2
     workdir = tmp_path / "run"
-    with pytest.raises(train.NothingTrainedError, match=r"last 2 RL steps \(up to step 2\)"):
-        train.run(c, str(workdir))
+    with pytest.raises(loop.NothingTrainedError, match=r"last 2 RL steps \(up to step 2\)"):
+        loop.run(c, str(workdir))
     summary = json.loads((workdir / "summary.json").read_text())
     assert summary["skipped_updates"] == 2 * c.num_mini_batches
     assert "every optimizer update of the last 2 RL steps" in summary["error"]
@@ -58,15 +58,15 @@ def test_a_huge_update_warns_and_the_record_survives_re_runs(data_dir, tmp_path,
     c.entropy_coef = 1e-3
     workdir = tmp_path / "run"
     with caplog.at_level(logging.WARNING, logger="gspo_jax.trainer.loop"):
-        first = train.run(c, str(workdir))
+        first = loop.run(c, str(workdir))
     warned = [r.getMessage() for r in caplog.records if "policy/update_ratio" in r.getMessage()]
     assert len(warned) == 1 and "optim.learning_rate" in warned[0], warned
     assert first["skipped_updates"] == 0 and "eval_start" in first and "eval_end" in first
     rows = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
     ratios = [r["policy/update_ratio"] for r in rows if "policy/update_ratio" in r]
-    assert len(ratios) == 2 and max(ratios) > train.UPDATE_RATIO_WARN, ratios
+    assert len(ratios) == 2 and max(ratios) > loop.UPDATE_RATIO_WARN, ratios
 
-    again = train.run(c, str(workdir))  # finished: finishes again at once
+    again = loop.run(c, str(workdir))  # finished: finishes again at once
     assert again["start_step"] == 2 and "eval_start" not in again
     summary = json.loads((workdir / "summary.json").read_text())
     for key in ("eval_start", "eval_end", "eval_end_step", "skipped_updates", "export"):
@@ -76,7 +76,7 @@ def test_a_huge_update_warns_and_the_record_survives_re_runs(data_dir, tmp_path,
     exported = {f: os.path.getmtime(workdir / "hf" / f) for f in os.listdir(workdir / "hf")}
     c.num_steps = 1
     with pytest.raises(WorkdirError, match=r"config.num_steps=1 is below the 2 RL steps"):
-        train.run(c, str(workdir))
+        loop.run(c, str(workdir))
     assert {f: os.path.getmtime(workdir / "hf" / f) for f in os.listdir(workdir / "hf")} == (
         exported
     )

@@ -7,7 +7,7 @@ from tiny_flags import metrics_by_step
 
 import gspo_jax.rewards.testing  # noqa: F401  (registers test_checksum)
 from configs import roll_gspo_example
-from gspo_jax.trainer import loop as train
+from gspo_jax.trainer import loop
 
 # A 2-layer d=32 model, 8 prompts x 4 responses, 4 mini-batches (the recipe's split).
 TINY = {
@@ -69,7 +69,7 @@ def runs(tmp_path_factory):
     out = {}
     for token_kl in (False, True):
         workdir = root / f"token_kl_{token_kl}"
-        train.run(_config(root / "data", f"add_token_level_kl={token_kl}"), str(workdir))
+        loop.run(_config(root / "data", f"add_token_level_kl={token_kl}"), str(workdir))
         out[token_kl] = metrics_by_step(workdir)
     return out
 

@@ -13,7 +13,7 @@ from configs import default
 from gspo_jax.config import specs
 from gspo_jax.rewards import build_reward
 from gspo_jax.rollout import stage as rollout
-from gspo_jax.trainer import loop as train
+from gspo_jax.trainer import loop
 
 # A tiny version of the default run: 2-layer d=32 model, 4 prompts x 4 samples.
 TINY = [
@@ -106,12 +106,12 @@ def test_killed_run_resumes_as_if_never_stopped(main_run, tmp_path):
     ref_dir, data_dir = main_run
     config = _tiny_config(data_dir)
     workdir = tmp_path / "resumed"
-    first = train.run(config, str(workdir), stop_after=2)
+    first = loop.run(config, str(workdir), stop_after=2)
     assert first["stopped_after"] == 2
     # Killed after RL step 2 but before its checkpoint committed: the restart resumes from
     # checkpoint 1, and step 2's row, already written, must not appear twice.
     shutil.rmtree(workdir / "checkpoints" / "2")
-    second = train.run(config, str(workdir))
+    second = loop.run(config, str(workdir))
     assert second["start_step"] == 1 and second["origin"].startswith("checkpoint 1")
     lines = (workdir / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [0, 1, 2, 3, 4]
@@ -218,7 +218,7 @@ def test_run_from_a_hugging_face_checkpoint_on_gsm8k(tmp_path):
     # A random tiny model scores 0 on GSM8K, so advantages are 0; weight decay still moves
     # every parameter, which is what the export check below needs.
     c.optim.learning_rate, c.optim.weight_decay = 1e-3, 0.1
-    summary = train.run(c, str(tmp_path / "run"))
+    summary = loop.run(c, str(tmp_path / "run"))
     assert summary["origin"] == "Hugging Face checkpoint tests/fixtures/models/qwen3"
     rows = metrics_by_step(tmp_path / "run")
     assert rows[2]["policy/optimizer_step"] == 2 and np.isfinite(rows[2]["policy/loss"])

@@ -116,8 +116,7 @@ def _length_rows(root, length: int, dtype: str, rollouts: int, sources, devices)
     """The rows of one (length, dtype): the same `rollouts` full-length rollouts, trained on
     at lr 0 with π_old from each source."""
     import gspo_jax.rewards.testing  # noqa: F401  (registers test_checksum)
-    from gspo_jax.trainer import loop as train
-    from gspo_jax.trainer import setup
+    from gspo_jax.trainer import loop, setup
 
     c = _noise_floor_config(dtype, root)
     c.response_length = length
@@ -128,7 +127,7 @@ def _length_rows(root, length: int, dtype: str, rollouts: int, sources, devices)
     run = dataclasses.replace(run, rollouts=dataclasses.replace(run.rollouts, sample=sample))
     rows = []
     try:
-        state = train.init_or_restore(run)
+        state = loop.init_or_restore(run)
         outs = [run.rollouts.collect(state, next(run.train_iter)) for _ in range(rollouts)]
         fns = _compiled(run)
         for source in sources:
@@ -162,7 +161,7 @@ def _cell(run, fns: dict, state, outs, source: str) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from gspo_jax.trainer import loop as train
+    from gspo_jax.trainer import loop
 
     r = fns["recompute" if source == "recompute" else "sampler"]
     dev, clip, clip_range, d_BT, m_BT = [], [], [], [], []
@@ -177,7 +176,7 @@ def _cell(run, fns: dict, state, outs, source: str) -> dict:
             d_BT.append(logp_BT - np.asarray(b["sampler_logprobs"], np.float64))
         m_BT.append(np.asarray(b["response_mask"], np.float64))
         fresh = state.replace(train=jax.tree.map(jnp.copy, state.train))
-        _, m = train.rl_step(r, fresh, out)
+        _, m = loop.rl_step(r, fresh, out)
         m = jax.device_get({k: v for k, v in m.items() if k.startswith("updates/")})
         dev.append(max(np.max(m["updates/ratio_max"]) - 1, 1 - np.min(m["updates/ratio_min"])))
         clip.append(np.mean(m["updates/clipfrac_seq"]))

@@ -39,8 +39,7 @@ def warm_start(model: str, budget: Budget, root: str, seed: int | None = None) -
     with seed k (initial weights, teacher noise, data order; the MoE's upcycling noise and
     router drawn with seed k), in <root>/warm_start_<model>_seed<k> (the specialised MoE:
     warm_start_moe_specialised_seed<k>)."""
-    from gspo_jax.trainer import loop as train
-    from gspo_jax.trainer import setup
+    from gspo_jax.trainer import loop, setup
     from gspo_jax.trainer.io import checkpoint
 
     bed = budget.moe
@@ -63,7 +62,7 @@ def warm_start(model: str, budget: Budget, root: str, seed: int | None = None) -
         arm = next(a for a in ARMS if a.model == model)
         run = setup.setup(arm_config(arm, seed or 0, budget, root), workdir)
         try:
-            params = train.init_or_restore(run).train.params  # the warm start
+            params = loop.init_or_restore(run).train.params  # the warm start
             checkpoint.export_hf(run.model_config, run.tokenizer, params, hf)
         finally:
             run.close()
@@ -95,8 +94,7 @@ def specialise(upcycled: str, hf: str, budget: Budget, root: str, seed: int) -> 
     <hf>/../specialisation.json and returned."""
     from experiments.gspo_vs_grpo import specialisation
     from gspo_jax import models
-    from gspo_jax.trainer import loop as train
-    from gspo_jax.trainer import setup
+    from gspo_jax.trainer import loop, setup
     from gspo_jax.trainer import warm_start as warm_start_lib
     from gspo_jax.trainer.io import checkpoint
 
@@ -114,7 +112,7 @@ def specialise(upcycled: str, hf: str, budget: Budget, root: str, seed: int) -> 
         batches = [next(it) for _ in range(max(1, 256 // run.warm_start.batch_size))]
         _, before = models.load_pretrained(upcycled, dtype=run.schedule.param_dtype)
         measures = {"before": specialisation.measure(run.model_config, before, batches)}
-        params = train.init_or_restore(run).train.params
+        params = loop.init_or_restore(run).train.params
         measures["after"] = specialisation.measure(run.model_config, params, batches)
         measures["steps"] = int(config.warm_start.steps)
         checkpoint.export_hf(run.model_config, run.tokenizer, params, hf)
@@ -193,7 +191,7 @@ def upcycle(
 
 def run_arm(arm: Arm, seed: int, budget: Budget, root: str, warm: str) -> dict:
     """One training run from the warm start (skipped if its workdir holds a finished run)."""
-    from gspo_jax.trainer import loop as train
+    from gspo_jax.trainer import loop
     from gspo_jax.trainer.io import workdir as workdir_lib
 
     workdir = run_dir(root, arm, seed)
@@ -212,7 +210,7 @@ def run_arm(arm: Arm, seed: int, budget: Budget, root: str, warm: str) -> dict:
         log.info("%s seed %d: already done (%s)", arm.key, seed, workdir)
         return {"seconds": None}
     t0 = time.perf_counter()
-    train.run(config, workdir)
+    loop.run(config, workdir)
     seconds = time.perf_counter() - t0
     record_seconds(root, f"run/{arm.key}/seed{seed}", seconds)
     log.info("%s seed %d: %.0f s", arm.key, seed, seconds)
@@ -299,15 +297,14 @@ def _noise_floor_config(dtype: str, root: str):
 def _noise_floor_rows(dtype: str, root: str, rollouts: int) -> list[dict]:
     """One row per π_old source: the same `rollouts` rollouts, each trained on at lr 0."""
     import gspo_jax.rewards.testing  # noqa: F401  (registers test_checksum)
-    from gspo_jax.trainer import loop as train
-    from gspo_jax.trainer import setup
+    from gspo_jax.trainer import loop, setup
 
     c = _noise_floor_config(dtype, root)
     workdir = os.path.join(root, "noise_floor", f"{dtype}_{time.time_ns()}")
     run = setup.setup(c, workdir)
     rows = []
     try:
-        state = train.init_or_restore(run)
+        state = loop.init_or_restore(run)
         outs = [run.rollouts.collect(state, next(run.train_iter)) for _ in range(rollouts)]
         for source in PI_OLD_SOURCES:
             rows.append({"dtype": dtype, "pi_old": source, **_at_lr_0(run, state, outs, source)})
@@ -324,7 +321,7 @@ def _at_lr_0(run, state, outs, source: str) -> dict:
     import jax.numpy as jnp
 
     from gspo_jax.train_step import make_train_step
-    from gspo_jax.trainer import loop as train
+    from gspo_jax.trainer import loop
 
     sc = dataclasses.replace(
         run.step_config,
@@ -337,7 +334,7 @@ def _at_lr_0(run, state, outs, source: str) -> dict:
         if source == "whole_batch":
             out = _with_whole_batch_logprobs(run, state, out)
         fresh = state.replace(train=jax.tree.map(jnp.copy, state.train))
-        _, m = train.rl_step(r, fresh, out)
+        _, m = loop.rl_step(r, fresh, out)
         m = jax.device_get({k: v for k, v in m.items() if not isinstance(v, float)})
         dev.append(max(np.max(m["updates/ratio_max"]) - 1, 1 - np.min(m["updates/ratio_min"])))
         clip.append(float(np.max(m["updates/clipfrac_seq"])))

@@ -1,25 +1,6 @@
 """Qwen2 / Qwen3 / Qwen3-MoE decoder in Flax NNX, driven through pure jittable functions.
 
-    config.py       ModelConfig (hashable, static), HF config.json <-> ModelConfig
-    layers.py       NNX modules of one layer: RMSNorm, RoPE, GQA attention, SwiGLU, MoE
-                    (dense/ragged)
-    attention.py    the attention math: `attend` (einsum reference), `attend_cached` (cache
-                    layout), the splash (TPU) and cuDNN (GPU) kernels, `resolve_impl`
-    block.py        the NNX modules: one layer (Block), the stacked layers, embedding, head
-    layer_stack.py  how the stacked layers run: scanned in runs of a repeating unit, or
-                    unrolled for the decode step (split_layers)
-    contexts.py     the full-sequence attention contexts (plain, shared prompt)
-    decoder.py      Decoder: embedding -> layers -> final norm, driven by a context
-    params.py       the parameter tree: init / abstract / logical axes / count, merge
-    functional.py   forward, forward_with_routing, hidden_states(_shared), unembedding
-    kv_cache.py     cached decoding with a shared prefix: PromptCache / ResponseCache,
-                    prefill_shared / decode_step_shared (the sampler's), through the same
-                    Decoder
-    paged.py        the continuous sampler's paged KV pool: prompt_pages, ragged paged
-                    attention (XLA; the Pallas kernel on TPU), decode_step_paged
-    lora.py         LoRA adapters: partition / combine (what trains), merged, PEFT export
-    hf_io.py        load_pretrained / save_pretrained (safetensors, no torch); tokenizers load
-                    with gspo_jax.data.load_tokenizer
+Each module's docstring says what it holds; docs/architecture.md is the map.
 
 Calls (all jitted with model_config static; every one returns the same structure for
 dense and MoE models, routing [M, B, L, X] with M = X = 0 when dense):

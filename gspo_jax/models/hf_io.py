@@ -1,6 +1,6 @@
 """Hugging Face checkpoint directories in and out, without torch.
 
-Where it sits: `train.py` starts from `load_pretrained(path)` and hands the trained policy
+Where it sits: `trainer/loop.py` starts from `load_pretrained(path)` and hands the trained policy
 back with `save_pretrained(model_config, params, path)` (tokenizers: `gspo_jax.data.load_tokenizer`).
 The model code never sees file names.
 

@@ -1,6 +1,6 @@
 """Cached decoding: the model's prefill and one-token decode step, for the sampler.
 
-Where it sits: `sampling.py` calls `prefill_shared` once per prompt, then
+Where it sits: `sampling/sampler.py` calls `prefill_shared` once per prompt, then
 `decode_step_shared` inside its `lax.while_loop` (the G samples of a prompt read one
 copy of its KV cache). Both run the one `decoder.Decoder` composition: the prefill is
 the full-sequence pass (scanned over the stacked layers) keeping each layer's

@@ -2,7 +2,7 @@
 
 Where it sits: `block.Block` (stacked by `block.Layers`, run by layer_stack.py) uses these; nothing here knows about checkpoints,
 caches as pytrees, or training. Every parameter is an `nnx.Param` carrying its logical
-axis names (metadata `out_sharding`, with eager sharding off) so `sharding.py` can map
+axis names (metadata `out_sharding`, with eager sharding off) so `sharding/rules.py` can map
 them to mesh axes without touching this file. Parameters live in `param_dtype` and are
 cast to the compute `dtype` where used; statistics (RMS), softmaxes, RoPE angles and the
 MoE router run in float32.
@@ -47,7 +47,7 @@ def _param(rngs: nnx.Rngs | None, shape, axes, param_dtype, init: str = "normal"
         value = jnp.ones(shape, F32)
     else:
         value = jnp.zeros(shape, F32)
-    # eager_sharding=False: logical names are not mesh axes; sharding.py maps them.
+    # eager_sharding=False: logical names are not mesh axes; sharding/rules.py maps them.
     return nnx.Param(value.astype(param_dtype), out_sharding=tuple(axes), eager_sharding=False)
 
 

@@ -1,7 +1,7 @@
 """DAPO's rollout-side options: dynamic sampling (dead groups dropped and refilled) and
 overlong handling (the soft length penalty, the loss mask of truncated responses).
 
-All host-side NumPy on one rollout's rewards and lengths (rollout.py calls them between
+All host-side NumPy on one rollout's rewards and lengths (rollout/stage.py calls them between
 scoring and the jitted advantages); nothing here changes a shape the jitted functions see.
 
   overlong_penalty(lengths, ...)        DAPO §3.4's soft overlong punishment, added to rewards

@@ -1,6 +1,6 @@
 """Rollout sampler: N prompts in, G responses per prompt out, with the sampler's log-probs.
 
-Where it sits (docs/architecture.md): `train.py` calls `sample(...)` once per RL step; the response
+Where it sits (docs/architecture.md): `trainer/loop.py` calls `sample(...)` once per RL step; the response
 tokens go to the verifiers, and `logprobs` can serve as π_old (paper §5.4: the sampler's own
 likelihoods instead of a recomputation). Imports only `models` and `draw` (the token draw,
 whose log-probs use the trainer's own log-softmax formula).
@@ -47,7 +47,7 @@ Gumbel noise over [B, V]); greedy is argmax. `logprobs` are always of the unfilt
 softmax(logits / τ) (see `sample`).
 
 Buckets: the prompt width fed to the model is the smallest entry of `buckets` that holds the
-longest real prompt, capped at the input width (the rule of `train.bucket_prompts`), so the
+longest real prompt, capped at the input width (the rule of `rollout.stage.bucket_prompts`), so the
 compiled shapes come from `buckets` ∪ {input width}. `DEFAULT_BUCKETS` are the powers of two
 16 … 32768. Both jitted functions are module level with the model config and sampling options
 static, so jax's cache reuses them: a new prompt batch of a known bucket never recompiles

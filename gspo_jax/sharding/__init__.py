@@ -1,15 +1,6 @@
-"""Parallelism: the device mesh, every sharding of the run, and the multi-process host side.
-
-    mesh.py        the mesh axes (data, fsdp, tensor, expert), their sizes, the mesh
-    rules.py       logical axis names -> mesh axes (LOGICAL_RULES), parameter, optimizer-state
-                   and batch shardings
-    multihost.py   this process's rows <-> global arrays, and the few host collectives
-                   (host_max, host_sum, gather_*, lead_first)
-    hlo_stats.py   the collectives of a compiled program, read from its HLO text, with how
-                   often each runs (tools/aot.py's roofline estimate, the layout tests)
-
-Everything but hlo_stats (`from gspo_jax.sharding import hlo_stats`) is importable from
-`gspo_jax.sharding` itself.
+"""Parallelism: the device mesh (mesh.py), every sharding of the run (rules.py), the
+multi-process host side (multihost.py) and the strided mini-/micro-batch split (split.py),
+all importable from `gspo_jax.sharding`. docs/architecture.md is the map.
 """
 
 from gspo_jax.sharding.mesh import (

@@ -23,7 +23,7 @@ verifier calls; one sampled call holds eval.batch_size x k sequences (lower
 eval.batch_size if that does not fit). The samples come from their own stream, fold_in(fold_in(PRNGKey(seed),
 EVAL_STREAM), call) for the call-th prompt batch: the same draws at every evaluation (common
 random numbers: a change of the curve is the policy's, not the draw's), and the training
-stream (fold_in(PRNGKey(seed), step), rollout.py) is never touched, so resume stays exact.
+stream (fold_in(PRNGKey(seed), step), rollout/stage.py) is never touched, so resume stays exact.
 """
 
 from __future__ import annotations

@@ -148,7 +148,7 @@ def _setup_locked(c, workdir, mesh, checkpoint_dir, run_lock, allow_config_chang
     spec = specs.from_config(c, model_config, reference_key=data_spec.reference_key)
     sources = _sources(c, workdir)
     tx = make_optimizer(spec.optim)
-    # With LoRA π_ref is the frozen base (rollout.py): no separate copy in the state.
+    # With LoRA π_ref is the frozen base (rollout/stage.py): no separate copy in the state.
     with_ref = spec.rollout.needs_ref and not model_config.lora_rank
     state_shardings = _state_shardings(model_config, tx, mesh, with_ref)
     pool = RewardPool(spec.reward.num_workers) if spec.reward.num_workers > 0 else None

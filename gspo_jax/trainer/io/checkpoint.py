@@ -14,7 +14,7 @@ Checkpoints written before the data position was global hold a per-process list:
 one (one process, whose order was the global one) resumes; a longer one is refused with a
 message, its positions index per-process shuffles that no longer exist.
 
-Resume order (train.py follows it, automatically):
+Resume order (trainer/loop.py follows it, automatically):
   1. the workdir's newest usable checkpoint (orbax only lists committed steps; a step whose
      arrays do not match their checksums, or that cannot be read at all, is moved aside to
      `<step>.corrupt` with a warning naming it, and the next older one is tried);

@@ -274,7 +274,7 @@ def record_config(config, workdir: str, *, resuming: bool, allow_change: bool) -
             f"{workdir} holds a run started with another config, and {len(changing)} "
             f"field(s) that change the run differ: {listing}. Resume with the recorded values "
             f"({path}), start a new --workdir, or pass --allow_config_change "
-            "(train.run(..., allow_config_change=True)) to continue this run's checkpoint "
+            "(loop.run(..., allow_config_change=True)) to continue this run's checkpoint "
             "under the new config"
         )
     for k, (old, now) in diffs.items():
