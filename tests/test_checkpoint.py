@@ -232,7 +232,7 @@ def orbax_filters_released():
     """A failed save keeps the orbax filters until the process ends (checkpoint.py); a test
     process goes on, so they are released after each test that fails a save."""
     yield
-    checkpoint._failure_seen = False
+    checkpoint.orbax_logs.failure_seen = False
     checkpoint.release_process_hooks()
 
 
@@ -449,9 +449,9 @@ def test_orbax_task_reports_go_to_debug_and_others_stay():
         "exception=RuntimeError('cannot schedule new futures after shutdown')>"
     )
     other_task = "Task exception was never retrieved\nfuture: <Task coro=<mine() at /w/x.py:1>>"
-    assert not ckpt._orbax_filter.filter(record("asyncio", orbax_task))
-    assert ckpt._orbax_filter.filter(record("asyncio", other_task))
-    assert ckpt._orbax_filter.filter(record("my.module", orbax_task))  # only asyncio's
+    assert not ckpt.orbax_logs.orbax_filter.filter(record("asyncio", orbax_task))
+    assert ckpt.orbax_logs.orbax_filter.filter(record("asyncio", other_task))
+    assert ckpt.orbax_logs.orbax_filter.filter(record("my.module", orbax_task))  # only asyncio's
 
 
 def test_orbax_future_reports_go_to_debug_by_their_traceback():
@@ -480,7 +480,7 @@ def test_orbax_future_reports_go_to_debug_by_their_traceback():
         record = logging.LogRecord(
             "asyncio", logging.ERROR, "base_events.py", 1771, text, None, raised_in(filename)
         )
-        assert ckpt._orbax_filter.filter(record) is shown, filename
+        assert ckpt.orbax_logs.orbax_filter.filter(record) is shown, filename
 
 
 def test_the_cause_of_an_error_chain_that_loops_is_found_not_looped_on():

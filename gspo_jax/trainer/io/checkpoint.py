@@ -38,8 +38,7 @@ stops answering) is bounded by `save_timeout_s` (config.checkpoint.save_timeout_
 and `finish` wait at most that long, `check` raises once a background write has run longer,
 and from then on nothing waits for that manager again (`close` included), so the run ends
 with its error instead of joining a thread stuck in a write. Orbax's own reports of a failed
-background write (an ERROR log with a traceback per thread, dozens of "Event loop is closed"
-tracebacks) are held back at DEBUG level: the one line is the CheckpointError. A save that
+background write are held back (orbax_logs.py): the one line is the CheckpointError. A save that
 fails or stalls leaves the checkpoints committed before it as they were (orbax writes into
 `<step>.orbax-checkpoint-tmp` and renames it only once complete).
 """
@@ -48,18 +47,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
-import io
 import logging
 import os
 import re
 import shutil
-import sys
 import threading
 import time
-import traceback
-import types
-from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -69,6 +62,7 @@ import orbax.checkpoint as ocp
 from gspo_jax import models
 from gspo_jax import sharding as sharding_lib
 from gspo_jax.models import lora
+from gspo_jax.trainer.io import orbax_logs
 from gspo_jax.trainer.state import RunState
 
 log = logging.getLogger(__name__)
@@ -127,8 +121,8 @@ def make_manager(
     )
     manager.gspo_jax_saves = _Saves(float(save_timeout_s))
     if async_save:
-        _OrbaxErrorsToDebug.directories.add(str(manager.directory))
-        _hold_back_background_failures()  # a failed background write: one line, not 240
+        orbax_logs.OrbaxErrorsToDebug.directories.add(str(manager.directory))
+        orbax_logs.hold_back_background_failures()  # a failed background write: one line, not 240
     return manager
 
 
@@ -235,7 +229,7 @@ def _bounded(manager, what: str, fn, *, timeout_s: float | None = None):
 def _stalled(manager, what: str, saves: _Saves) -> CheckpointError:
     """The error of a save that outlived the timeout; marks the manager stuck."""
     saves.stuck = f"an earlier save did not finish within {saves.timeout_s:g} s"
-    _keep_filters_to_the_end()
+    orbax_logs.keep_filters_to_the_end()
     return CheckpointError(
         f"{what} in {manager.directory} did not finish within {saves.timeout_s:g} s "
         "(config.checkpoint.save_timeout_s): the filesystem stopped answering, or is far "
@@ -248,10 +242,10 @@ def _failure_as_error(manager, what: str):
     try:
         yield
     except CheckpointError:
-        _keep_filters_to_the_end()
+        orbax_logs.keep_filters_to_the_end()
         raise
     except Exception as e:
-        _keep_filters_to_the_end()
+        orbax_logs.keep_filters_to_the_end()
         raise CheckpointError(f"{what} in {manager.directory} failed: {_cause(e)}") from e
 
 
@@ -332,7 +326,7 @@ def _restore_step(manager, step: int, abstract: RunState) -> RunState | str:
     error = mismatch = None
     try:
         # Reading the metadata of a damaged step fails the same noisy way as the restore.
-        with _quiet_orbax_failures() as quiet:
+        with orbax_logs.quiet_failures() as quiet:
             mismatch = _shape_mismatch(manager, step, abstract, quiet)
             if mismatch is None:
                 restored = manager.restore(step, args=args)
@@ -384,7 +378,7 @@ def _verify(arrays: dict, saved: dict | None) -> str | None:
 def _shape_mismatch(manager, step: int, abstract: RunState, quiet) -> str | None:
     """The first differences between the saved arrays' shapes and `abstract`'s, or None
     (also when the metadata cannot be read: the restore will say why; `quiet`, the
-    `_quiet_orbax_failures` around both, is told)."""
+    `orbax_logs.quiet_failures` around both, is told)."""
     try:
         saved = manager.item_metadata(step)[STATE]
         saved = {
@@ -436,154 +430,6 @@ def _move_aside(manager, step: int) -> None:
         os.rename(path, target)
     sharding_lib.barrier(f"checkpoint_move_aside_{step}")
     manager.reload()
-
-
-@contextlib.contextmanager
-def _quiet_orbax_failures():
-    """A damaged file makes tensorstore's reads fail inside orbax's asyncio tasks, which
-    then print dozens to hundreds of "Event loop is closed" tracebacks (unraisable errors of
-    callback threads that fire after orbax closed its loop, some seconds later) and "Task
-    exception was never retrieved" (at garbage collection). The caller reports the one-line
-    reason; this holds the rest back (logged at DEBUG level) and, after a failure, keeps
-    dropping that one late error until the run ends (`_drop_late_event_loop_errors`). Yields a status
-    whose `failed` the caller sets when it caught a failure itself."""
-    hook, stderr = sys.unraisablehook, sys.stderr
-    loggers = [logging.getLogger(name) for name in ("absl", "asyncio")]
-    levels = [logger.level for logger in loggers]
-    held, swallowed = io.StringIO(), []
-    sys.unraisablehook = swallowed.append
-    sys.stderr = held
-    for logger in loggers:
-        logger.setLevel(logging.CRITICAL)
-    status = types.SimpleNamespace(failed=False)  # the caller may mark a failure it caught
-    try:
-        yield status
-    except BaseException:
-        status.failed = True
-        raise
-    finally:
-        failed = status.failed
-        # The failed reads' callbacks keep firing for a moment after orbax gives up: hold
-        # stderr until they stop (at most a few seconds, and only when something failed).
-        deadline, quiet, size = time.monotonic() + 3.0, 0, -1
-        while (failed or held.tell()) and quiet < 3 and time.monotonic() < deadline:
-            gc.collect()  # the failed tasks and coroutines are finalised here, silently
-            quiet = quiet + 1 if held.tell() + len(swallowed) == size else 0
-            size = held.tell() + len(swallowed)
-            time.sleep(0.1)
-        gc.collect()
-        sys.unraisablehook, sys.stderr = hook, stderr
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
-        if failed or held.tell() or swallowed:
-            _drop_late_event_loop_errors()
-        if held.getvalue() or swallowed:
-            log.debug(
-                "held back while restoring a checkpoint (%d unraisable):\n%s",
-                len(swallowed),
-                held.getvalue(),
-            )
-
-
-# The unraisable hook `_drop_late_event_loop_errors` wrapped, while its filter is installed.
-_hook_before_filter = None
-
-
-def _drop_late_event_loop_errors() -> None:
-    """Until `release_process_hooks` (a run's end), drop (only) the "Event loop is closed"
-    errors that a failed restore's tensorstore callbacks raise when they fire after orbax
-    closed its loop, possibly seconds later; every other unraisable exception still reaches
-    the previous hook."""
-    global _hook_before_filter
-    if _hook_before_filter is not None:
-        return
-    previous = sys.unraisablehook
-
-    def hook(unraisable):
-        error = unraisable.exc_value
-        if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
-            return
-        previous(unraisable)
-
-    hook.gspo_jax_filter = True
-    _hook_before_filter = previous
-    sys.unraisablehook = hook
-
-
-class _OrbaxErrorsToDebug(logging.Filter):
-    """Orbax logs a failed background write at ERROR once per thread involved, each with a
-    traceback (about 240 lines for one full disk), before `check` raises the one line that
-    names the directory and the cause. Those records go to this module's DEBUG log instead,
-    one line each; the CheckpointError's traceback (WORKDIR/error.log) holds the cause.
-    Orbax's records cannot be told by their file (absl names its own as the caller): they
-    are the ERROR records on absl's or asyncio's logger that carry orbax's "[process=N]"
-    prefix or name a directory of one of our managers, and asyncio's reports of an orbax
-    task nobody awaited (its coroutine is orbax's: e.g. the array metadata store's write
-    that found the default executor shut down, "cannot schedule new futures after
-    shutdown", seen once in 5 full-disk runs under load) or of an orbax future nobody
-    retrieved (the message names no coroutine; the traceback's frames are orbax's: e.g.
-    async_path's write_text on the full disk, seen once in a fresh clone's test run)."""
-
-    directories: ClassVar[set[str]] = set()  # every async manager's, for the process
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.ERROR:
-            return True
-        text = record.getMessage()
-        orbax_task = record.name == "asyncio" and (
-            "/orbax/checkpoint/" in text or _raised_in_orbax(record.exc_info)
-        )
-        if orbax_task or text.startswith("[process=") or any(d in text for d in self.directories):
-            log.debug("orbax: %s", " ".join(text.split())[:1000])
-            return False
-        return True
-
-
-def _raised_in_orbax(exc_info) -> bool:
-    """Whether a log record's exception was raised in orbax's checkpoint code."""
-    if not exc_info or exc_info[2] is None:
-        return False
-    return any(
-        "/orbax/checkpoint/" in frame.filename for frame in traceback.extract_tb(exc_info[2])
-    )
-
-
-_orbax_filter = _OrbaxErrorsToDebug()
-# absl's logger carries orbax's own reports; asyncio's carries "Task exception was never
-# retrieved" (with a traceback) for a failed write's tensorstore task that nobody awaited,
-# logged whenever the garbage collector finalises it, which can be after `check` raised.
-_FILTERED_LOGGERS = ("absl", "asyncio")
-_failure_seen = False  # a save failed or stalled: the filters stay until the process ends
-
-
-def _hold_back_background_failures() -> None:
-    """Until `release_process_hooks`: orbax's ERROR records to DEBUG, and the "Event loop is
-    closed" errors of its failed writes' late callbacks dropped (`_drop_late_event_loop_errors`)."""
-    for name in _FILTERED_LOGGERS:
-        logger = logging.getLogger(name)
-        if _orbax_filter not in logger.filters:
-            logger.addFilter(_orbax_filter)
-    _drop_late_event_loop_errors()
-
-
-def _keep_filters_to_the_end() -> None:
-    global _failure_seen
-    _failure_seen = True
-
-
-def release_process_hooks() -> None:
-    """Put back the unraisable hook a failed restore's filter replaced (if it is still the
-    one in place) and remove the orbax log filter: the run that needed them is over
-    (`Trainer.close`). After a failed or stalled save both stay: the failed write's threads
-    may still report, late, until the process ends."""
-    global _hook_before_filter
-    if _failure_seen:
-        return
-    for name in _FILTERED_LOGGERS:
-        logging.getLogger(name).removeFilter(_orbax_filter)
-    if _hook_before_filter is not None and getattr(sys.unraisablehook, "gspo_jax_filter", False):
-        sys.unraisablehook = _hook_before_filter
-    _hook_before_filter = None
 
 
 # ------------------------------------------------------------------------------ digests
@@ -714,3 +560,7 @@ def existing_steps(directory: str) -> list[int]:
     if not os.path.isdir(directory):
         return []
     return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+
+
+# The run's end puts back what the orbax log handling changed (Trainer.close).
+release_process_hooks = orbax_logs.release_process_hooks
