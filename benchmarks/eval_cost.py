@@ -1,4 +1,4 @@
-"""Cost of pass@k / maj@k evaluation (eval.num_samples = k) against the greedy evaluation.
+"""Cost of pass@k / maj@k evaluation (eval.pass_k = k) against the greedy evaluation.
 
 Sets up configs/default.py (its supervised warm start included, so response lengths are a
 trained model's), then times the held-out evaluation `--reps` times after a compiling
@@ -33,13 +33,13 @@ from gspo_jax.trainer import loop, setup
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--k", type=int, default=4, help="eval.num_samples")
+    parser.add_argument("--k", type=int, default=4, help="eval.pass_k")
     parser.add_argument("--reps", type=int, default=3, help="timed evaluations")
     parser.add_argument("--warm_start_steps", type=int, default=None, help="default: config's")
     parser.add_argument("--workdir", default=None, help="default: a temporary directory")
     args = parser.parse_args()
     c = default.get_config()
-    c.eval.num_samples = args.k
+    c.eval.pass_k = args.k
     c.log.progress_bar = False
     c.reward.num_workers = 0  # scoring in-process: the timing is the evaluation's own
     if args.warm_start_steps is not None:

@@ -2,7 +2,7 @@
 
     python benchmarks/loop_overlap.py [--steps 14] [--config configs/default.py]
 
-Runs the real loop's pieces (`setup.setup`, `rollouts.collect`, `loop.rl_step`, the
+Runs the real loop's pieces (`setup.setup`, `rollouts.collect`, `loop.train_on`, the
 reporter that writes metrics one step late) for `--steps` RL steps of the default run
 (first two not counted: compiles) and splits each step's wall time into:
 
@@ -48,7 +48,7 @@ def main():
         t0 = time.perf_counter()
         prompts = next(run.train_iter)
         state = state.replace(data=json.dumps(run.train_iter.get_state()))
-        state, m = loop.rl_step(run, state, run.rollouts.collect(state, prompts))
+        state, m = loop.train_on(run, state, run.rollouts.collect(state, prompts))
         t1 = time.perf_counter()
         report.step(state.step, m)
         t2 = time.perf_counter()

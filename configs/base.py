@@ -234,10 +234,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval.every_steps = 10  # greedy evaluation on the held-out split (0: only start and end)
     c.eval.num_prompts = 128  # held-out prompts per evaluation
     c.eval.batch_size = 64  # prompts per greedy sampling call
-    c.eval.num_samples = 0  # k: also sample k responses per prompt at eval.temperature and log
+    c.eval.pass_k = 0  # k: also sample k responses per prompt at eval.temperature and log
     # eval/pass@1..pass@k (Chen et al. 2021's unbiased estimator) and eval/maj@k (majority
     # vote over the answers); 0: greedy accuracy only. Costs k x the greedy eval's tokens
     c.eval.temperature = 1.0  # sampling temperature of those k samples (> 0; no top-k / top-p)
+    c.eval.num_samples = None  # deprecated: eval.pass_k's old name, read with a warning until
+    # the next release (it read like G, the group size, which `sampling.sample` calls num_samples)
     c.eval.save_per_problem = False  # also write each greedy evaluation's per-problem score
     # (the accuracy reward) to WORKDIR/eval_problems/step<k>_p<process>.npz (paired statistics)
 

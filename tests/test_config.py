@@ -482,7 +482,7 @@ def test_an_option_without_its_switch_warns(field, value, switch):
 @pytest.mark.parametrize(
     "field,value,switch,on",
     [
-        ("eval.temperature", 0.5, "eval.num_samples", 4),
+        ("eval.temperature", 0.5, "eval.pass_k", 4),
         ("model.lora_alpha", 8.0, "model.lora_rank", 8),
         ("model.lora_targets", "q_proj,v_proj", "model.lora_rank", 8),
         ("log.wandb_entity", "team", "log.wandb_project", "demo"),
@@ -490,7 +490,7 @@ def test_an_option_without_its_switch_warns(field, value, switch):
     ],
 )
 def test_an_eval_lora_or_wandb_option_without_its_switch_warns(field, value, switch, on):
-    """eval.temperature without eval.num_samples, model.lora_alpha / lora_targets without
+    """eval.temperature without eval.pass_k, model.lora_alpha / lora_targets without
     model.lora_rank, log.wandb_entity / wandb_mode without log.wandb_project: ignored
     without a word before, as the DAPO and correction options are not."""
     if switch == "log.wandb_project":

@@ -219,16 +219,16 @@ def test_a_resumed_position_repeats_the_step_exactly(dapo, monkeypatch):
     run, state = dapo
     rollouts = []
 
-    def rl_step(trainer, state, rollout):  # the loop's bookkeeping, without the train step
+    def train_on(trainer, state, rollout):  # the loop's bookkeeping, without the train step
         rollouts.append(rollout)
         return state.replace(step=state.step + 1), dict(rollout.host_metrics)
 
-    monkeypatch.setattr(loop, "rl_step", rl_step)
+    monkeypatch.setattr(loop, "train_on", train_on)
     start = json.dumps(run.train_iter.get_state())
     positions = []
     for _ in range(2):
         run.train_iter.set_state(start)
-        positions.append(loop._one_step(run, state)[0].data)
+        positions.append(loop.rl_step(run, state)[0].data)
     assert positions[0] == positions[1] == json.dumps(run.train_iter.get_state()) != start
     a, b = rollouts
     served = json.loads(positions[0])["batches_served"] - json.loads(start)["batches_served"]

@@ -259,7 +259,7 @@ def test_the_first_rl_step_says_it_is_compiling(monkeypatch, caplog):
 
     for name in ("save", "check", "finish"):
         monkeypatch.setattr(checkpoint, name, lambda *a, **k: None)
-    monkeypatch.setattr(loop, "_one_step", one_step)
+    monkeypatch.setattr(loop, "rl_step", one_step)
     monkeypatch.setattr(loop, "_Reporter", reporter)
 
     class Evaluator:

@@ -1,4 +1,4 @@
-"""The RL loop's pieces on their own: setup -> RunState -> rollouts.collect -> rl_step, and the
+"""The RL loop's pieces on their own: setup -> RunState -> rollouts.collect -> train_on, and the
 checkpoint of a RunState (docs/architecture.md, "One RL step")."""
 
 import dataclasses
@@ -96,14 +96,14 @@ def test_rl_step_applies_the_mini_batch_updates(pieces, first):
     state, out = first
     # The train step donates the state it is given: give it a copy (the fixture is shared).
     state = state.replace(train=jax.tree.map(jnp.copy, state.train))
-    # A 3-step warm start scores 0 everywhere (all advantages 0): rl_step takes any rollout,
+    # A 3-step warm start scores 0 everywhere (all advantages 0): train_on takes any rollout,
     # so give this one advantages that move the policy.
     num_rows = out.batch["advantages"].shape[0]
     advantages = np.where(np.arange(num_rows) % 2, 1.0, -1.0).astype(np.float32)
     advantages = jax.device_put(advantages, pieces.rollouts.batch_shardings["advantages"])
     out = dataclasses.replace(out, batch={**out.batch, "advantages": advantages})
     before = jax.tree.map(np.asarray, state.train.params)
-    new, metrics = loop.rl_step(pieces, state, out)
+    new, metrics = loop.train_on(pieces, state, out)
     minis = pieces.config.num_mini_batches
     assert new.step == 1 and int(new.train.step) == minis
     assert float(metrics["policy/optimizer_step"]) == minis

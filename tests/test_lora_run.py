@@ -38,7 +38,7 @@ def _copy(state):
 
 
 def _step(trainer, state, prompts):
-    return loop.rl_step(trainer, state, trainer.rollouts.collect(state, prompts))
+    return loop.train_on(trainer, state, trainer.rollouts.collect(state, prompts))
 
 
 def test_only_the_adapters_train(run):

@@ -4,7 +4,7 @@ Each layout is a real run's pieces: `setup.setup(config, workdir, devices=...)` 
 `config.mesh` set, the Hugging Face fixture loaded by `loop.init_or_restore`, one rollout
 from `rollouts.collect` (the real f32 sampler with the step's fixed key, a fixed reward of the
 response text so advantages and gradients are non-zero, π_old recomputed, the jitted
-advantage function) and `loop.rl_step` on it (4 mini-batches, AdamW) once per (ratio,
+advantage function) and `loop.train_on` on it (4 mini-batches, AdamW) once per (ratio,
 aggregation) mode. Every layout is compared with the one-device run of the same config:
 sampled tokens and rewards exactly, every float (sampler log-probs, advantages, the step's
 metrics, π_old's among them through the ratios, the updated params) within 1e-5.
@@ -135,7 +135,7 @@ def _one_step(workdir, config, devices, modes) -> dict:
                         jax.tree.map(jnp.copy, state.train), run.state_shardings.train
                     )
                 )
-                new, metrics = loop.rl_step(pieces, fresh, out)
+                new, metrics = loop.train_on(pieces, fresh, out)
                 assert int(new.train.step) == config.num_mini_batches
                 metrics = {
                     k: float(v)

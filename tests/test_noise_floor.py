@@ -53,13 +53,13 @@ def bf16_run(tmp_path_factory):
 
 
 def _step(run, state, out, **step_overrides):
-    """`loop.rl_step` with the run's train step, or one built with other StepConfig fields."""
+    """`loop.train_on` with the run's train step, or one built with other StepConfig fields."""
     if step_overrides:
         sc = dataclasses.replace(run.step_config, **step_overrides)
         step = make_train_step(sc, run.tx, state_shardings=run.state_shardings.train, mesh=run.mesh)
         run = dataclasses.replace(run, step_config=sc, train_step=step)
     fresh = state.replace(train=jax.tree.map(jnp.copy, state.train))  # the step donates it
-    _, metrics = loop.rl_step(run, fresh, out)
+    _, metrics = loop.train_on(run, fresh, out)
     return loop.flat_metrics(
         jax.device_get({k: v for k, v in metrics.items() if not isinstance(v, float)})
     )

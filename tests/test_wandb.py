@@ -1,5 +1,5 @@
 """Weights & Biases (trainer/io/wandb_writer.py) in offline mode, and the tiny end-to-end run
-with eval.num_samples=4 (pass@k / maj@k) that feeds it: no network, no login.
+with eval.pass_k=4 (pass@k / maj@k) that feeds it: no network, no login.
 
 The offline run file (run-<id>.wandb) is a LevelDB-format log of wandb's protobuf records;
 `_wandb_records` reads it with wandb's own protobuf types."""
@@ -111,7 +111,7 @@ def test_tiny_run_logs_pass_at_k_maj_at_k_and_a_wandb_run(tmp_path, offline):
 
     # 4 prompts x 4 samples at the rollout's temperature: the sampled evaluation's sampler
     # call is the rollout's (same shapes and options), so it compiles once for both.
-    c = _tiny_config(tmp_path / "data", num_samples=4, temperature=1.0)
+    c = _tiny_config(tmp_path / "data", pass_k=4, temperature=1.0)
     c.eval.num_prompts = c.eval.batch_size = 4
     c.log.wandb_project, c.log.wandb_mode = "gspo-test", "offline"
     workdir = tmp_path / "tiny-run"
@@ -144,7 +144,7 @@ def test_tiny_run_logs_pass_at_k_maj_at_k_and_a_wandb_run(tmp_path, offline):
     records = _wandb_records(run_dir)
     run, config = _run_record(records)
     assert (run.run_id, run.display_name, run.project) == (run_id, "tiny-run", "gspo-test")
-    assert config["eval.num_samples"] == 4 and config["optim.learning_rate"] == 1e-4
+    assert config["eval.pass_k"] == 4 and config["optim.learning_rate"] == 1e-4
     history = _history(records)
     assert sorted(history) == [0, 1]
     for step, row in rows.items():
@@ -203,16 +203,16 @@ def _validate(c):
 def test_config_errors_name_the_field(tmp_path, monkeypatch):
     c = _tiny_config(tmp_path)
     for field, value, match in [
-        ("num_samples", -1, "config.eval.num_samples=-1 must be a non-negative integer"),
-        ("num_samples", True, "config.eval.num_samples=True must be a non-negative integer"),
+        ("pass_k", -1, "config.eval.pass_k=-1 must be a non-negative integer"),
+        ("pass_k", True, "config.eval.pass_k=True must be a non-negative integer"),
         ("temperature", 0.0, r"config.eval.temperature=0.0 must be a finite number > 0"),
         ("temperature", float("nan"), "config.eval.temperature=nan"),
     ]:
         bad = _tiny_config(tmp_path, **{field: value})
         with pytest.raises(config_lib.ConfigError, match=match):
             _validate(bad)
-    c.eval.num_samples, c.reward.accuracy = 4, "format"
-    with pytest.raises(config_lib.ConfigError, match="eval.num_samples=4 .*'format' has no"):
+    c.eval.pass_k, c.reward.accuracy = 4, "format"
+    with pytest.raises(config_lib.ConfigError, match="eval.pass_k=4 .*'format' has no"):
         _validate(c)
     c = _tiny_config(tmp_path)
     c.log.wandb_mode = "cloud"

@@ -176,7 +176,7 @@ def _cell(run, fns: dict, state, outs, source: str) -> dict:
             d_BT.append(logp_BT - np.asarray(b["sampler_logprobs"], np.float64))
         m_BT.append(np.asarray(b["response_mask"], np.float64))
         fresh = state.replace(train=jax.tree.map(jnp.copy, state.train))
-        _, m = loop.rl_step(r, fresh, out)
+        _, m = loop.train_on(r, fresh, out)
         m = jax.device_get({k: v for k, v in m.items() if k.startswith("updates/")})
         dev.append(max(np.max(m["updates/ratio_max"]) - 1, 1 - np.min(m["updates/ratio_min"])))
         clip.append(np.mean(m["updates/clipfrac_seq"]))

@@ -334,7 +334,7 @@ def _at_lr_0(run, state, outs, source: str) -> dict:
         if source == "whole_batch":
             out = _with_whole_batch_logprobs(run, state, out)
         fresh = state.replace(train=jax.tree.map(jnp.copy, state.train))
-        _, m = loop.rl_step(r, fresh, out)
+        _, m = loop.train_on(r, fresh, out)
         m = jax.device_get({k: v for k, v in m.items() if not isinstance(v, float)})
         dev.append(max(np.max(m["updates/ratio_max"]) - 1, 1 - np.min(m["updates/ratio_min"])))
         clip.append(float(np.max(m["updates/clipfrac_seq"])))

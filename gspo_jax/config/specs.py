@@ -267,13 +267,13 @@ class WarmStartSpec:
 @dataclasses.dataclass(frozen=True)
 class EvalSpec:
     """Held-out evaluation: at the start, every `every_steps` (0: only the ends). Greedy
-    accuracy always; with `num_samples` k >= 1 also pass@1..k and maj@k of k samples per
+    accuracy always; with `pass_k` k >= 1 also pass@1..k and maj@k of k samples per
     prompt at `temperature`, drawn from the eval stream of `seed` (trainer/evaluation.py)."""
 
     every_steps: int
     num_prompts: int
     batch_size: int
-    num_samples: int = 0  # k (0: greedy only)
+    pass_k: int = 0  # k (0: greedy only)
     temperature: float = 1.0
     seed: int = 0
     save_per_problem: bool = False  # WORKDIR/eval_problems/ (trainer/loop.py)
@@ -365,7 +365,7 @@ def from_config(config, model_config: models.ModelConfig, *, reference_key: str)
             c.eval.every_steps,
             c.eval.num_prompts,
             c.eval.batch_size,
-            num_samples=c.eval.num_samples,
+            pass_k=pass_k(c),
             temperature=float(c.eval.temperature),
             seed=c.seed,
             save_per_problem=c.eval.save_per_problem,
@@ -518,3 +518,9 @@ def step_config(config, model_config: models.ModelConfig) -> StepConfig:
         group_size=int(config.num_return_sequences_in_group),
         shared_prompt=bool(config.shared_prompt),
     )
+
+
+def pass_k(config) -> int:
+    """k of pass@k / maj@k: `eval.pass_k`, or its deprecated name `eval.num_samples`."""
+    old = config.eval.get("num_samples")
+    return config.eval.pass_k if old is None else old

@@ -35,6 +35,7 @@ from gspo_jax.config.specs import (
     batch_sizes,
     lora_fields,
     normalize_reward_norm,
+    pass_k,
     scratch_model_config,
 )
 from gspo_jax.data.build import DATASETS
@@ -148,6 +149,7 @@ def validate(config, *, num_devices: int | None = None, num_processes: int = 1) 
       num_devices: devices of the global mesh (default: only checks not needing it).
       num_processes: JAX processes; each must get a whole number of prompts.
     """
+    _check_deprecated_names(config)
     _check_names(config)
     _check_sizes(config, num_devices, num_processes)
     _ranges(config)
@@ -161,6 +163,23 @@ def validate(config, *, num_devices: int | None = None, num_processes: int = 1) 
     _warn_far_from_paper(config)
     _warn_warmup_longer_than_the_run(config)
     _warn_options_without_switch(config, normalize_reward_norm(config.reward_norm))
+
+
+def _check_deprecated_names(config) -> None:
+    """A deprecated field still works, with a warning naming its new name, for one release;
+    set beside the new one (to another value) it is an error."""
+    old = config.eval.get("num_samples")
+    if old is None:
+        return
+    if config.eval.pass_k not in (0, old):
+        raise ConfigError(
+            f"config.eval.num_samples={old!r} and config.eval.pass_k={config.eval.pass_k!r}: "
+            "num_samples is pass_k's deprecated name; set only eval.pass_k"
+        )
+    _warn(
+        f"config.eval.num_samples is deprecated: it is now eval.pass_k (k of pass@k); "
+        f"read as eval.pass_k={old!r}"
+    )
 
 
 def _check_names(config) -> None:
@@ -415,8 +434,8 @@ def _eval_lora_wandb_pairs(config) -> list[tuple]:
         (
             "eval.temperature",
             config.eval.temperature != DEFAULT_EVAL_TEMPERATURE,
-            "eval.num_samples > 0",
-            config.eval.num_samples > 0,
+            "eval.pass_k > 0",
+            pass_k(config) > 0,
         ),
         ("model.lora_alpha", config.model.lora_alpha != DEFAULT_LORA_ALPHA, *lora_switch),
         ("model.lora_targets", set(targets) != set(LORA_TARGETS), *lora_switch),
@@ -694,9 +713,10 @@ WANDB_MODES = ("online", "offline", "disabled")
 
 
 def _check_sampled_eval(config) -> None:
-    """eval.num_samples / eval.temperature (pass@k, maj@k; trainer/evaluation.py): maj@k
+    """eval.pass_k / eval.temperature (pass@k, maj@k; trainer/evaluation.py): maj@k
     needs the answer that reward.accuracy grades (rewards/voting.py)."""
-    k = _int(config, "eval.num_samples", minimum=0)
+    name = "eval.pass_k" if config.eval.get("num_samples") is None else "eval.num_samples"
+    k = _int(config, name, minimum=0)
     _number(config, "eval.temperature", low=0.0, low_open=True)
     if k == 0:
         return
@@ -705,7 +725,7 @@ def _check_sampled_eval(config) -> None:
     try:
         voting.answer_key_fn(config.reward.accuracy)
     except ValueError as e:
-        raise ConfigError(f"config.eval.num_samples={k} with config.reward.accuracy: {e}") from None
+        raise ConfigError(f"config.{name}={k} with config.reward.accuracy: {e}") from None
 
 
 def _check_wandb(config) -> None:

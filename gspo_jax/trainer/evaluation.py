@@ -9,7 +9,7 @@ processes.
 Greedy: each prompt gets one temperature-0 response; its accuracy is the configured accuracy
 reward (0/1), with a failed verification counted as wrong -> eval/accuracy.
 
-Sampled (`eval.num_samples` = k >= 1): the same prompts also get k responses each at
+Sampled (`eval.pass_k` = k >= 1): the same prompts also get k responses each at
 `eval.temperature` (no top-k / top-p), one sampler call per prompt batch whose k samples
 share the prompt's prefill. A sample is correct when its accuracy score is > 0.5. With c of
 the n = k samples correct,
@@ -51,7 +51,7 @@ class Evaluator:
 
     sample_greedy(params, prompt_tokens, prompt_mask, key) -> SampleOutput of one greedy
     response per prompt; eval_data: the whole prepared held-out split. With
-    spec.num_samples = k >= 1: sample_k(params, prompt_tokens, prompt_mask, key) ->
+    spec.pass_k = k >= 1: sample_k(params, prompt_tokens, prompt_mask, key) ->
     SampleOutput of k responses per prompt, and answer_key(completion) -> the answer maj@k
     votes with (rewards/voting.py)."""
 
@@ -70,7 +70,7 @@ class Evaluator:
         accuracy score [P]) per prompt batch, this process's valid rows (`greedy_accuracy`)."""
         greedy_key = jax.random.PRNGKey(0)  # greedy decoding draws nothing
         sample_k = None
-        if self.spec.num_samples > 0:
+        if self.spec.pass_k > 0:
             stream = eval_stream_key(self.spec.seed)
 
             def sample_k(tokens, mask, call):
@@ -86,7 +86,7 @@ class Evaluator:
             batch_size=self.spec.batch_size,
             buckets=self.buckets,
             sample_k=sample_k,
-            num_samples=self.spec.num_samples,
+            pass_k=self.spec.pass_k,
             answer_key=self.answer_key,
             per_problem=per_problem,
         )
@@ -135,12 +135,12 @@ def greedy_accuracy(
     batch_size: int,
     buckets,
     sample_k: Callable | None = None,
-    num_samples: int = 0,
+    pass_k: int = 0,
     answer_key: Callable | None = None,
     per_problem: list | None = None,
 ) -> dict[str, float]:
     """{eval/accuracy, eval/length_mean, eval/num_prompts} over the first `num_prompts`,
-    and with `sample_k` (num_samples = k >= 1) eval/pass@1..k, eval/maj@k and
+    and with `sample_k` (pass_k = k >= 1) eval/pass@1..k, eval/maj@k and
     eval/sampled_length_mean.
 
     `sample_greedy(prompt_tokens, prompt_mask)` returns a SampleOutput of one greedy
@@ -156,7 +156,7 @@ def greedy_accuracy(
     per_call = min(batch_size, -(-total // dp) * dp)
     rows = sharding_lib.process_rows(mesh, per_call)
     it = eval_data.iterator(per_call, seed=0, train=False, rows=rows)
-    k = num_samples if sample_k is not None else 0
+    k = pass_k if sample_k is not None else 0
     # correct, response tokens, prompts; then per k: pass@1..k, maj@k, sampled tokens
     totals = np.zeros(3 + (k + 2 if k else 0))
     seconds = np.zeros(2)  # greedy, sampled

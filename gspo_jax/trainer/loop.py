@@ -7,7 +7,9 @@ usable on its own (docs/architecture.md):
   setup.setup(config, workdir) -> Trainer      the fixed pieces: mesh, model, data, stages
   init_or_restore(trainer) -> RunState         the changing state (state.py)
   trainer.rollouts.collect(state, prompts)     sample, score, π_ref, advantages -> Rollout
-  rl_step(trainer, state, rollout)             the jitted train step on that rollout
+  train_on(trainer, state, rollout)            the jitted train step on that rollout
+  rl_step(trainer, state)                      one whole RL step: the next prompts, their
+                                               rollout, train_on
   trainer.evaluator(params)                    held-out greedy accuracy (and pass@k, maj@k)
 
 Resume order (automatic): the workdir's latest checkpoint -> config.model.hf_path -> scratch
@@ -26,6 +28,7 @@ import logging
 import os
 import signal
 import time
+import warnings
 from typing import Any
 
 import jax
@@ -164,7 +167,7 @@ def train(trainer: Trainer, state: RunState, *, stop_after: int | None = None) -
                     "compiling",
                     f"RL step {state.step + 1}: compiling the RL step (first step only)",
                 )
-            state, metrics = _one_step(trainer, state)
+            state, metrics = rl_step(trainer, state)
             report.phase(None)
             dead_groups.after_step(state.step, metrics)
             done, last = state.step, state.step == schedule.num_steps
@@ -228,8 +231,21 @@ def _save_per_problem(workdir: str, step: int, batches: list) -> None:
     np.savez(path, index=index.astype(np.int64), score=score.astype(np.float32))
 
 
-def _one_step(trainer: Trainer, state: RunState) -> tuple[RunState, dict]:
-    """RL step `state.step`: the next prompts, their rollout, the train step."""
+def rl_step(
+    trainer: Trainer, state: RunState, rollout: Rollout | None = None
+) -> tuple[RunState, dict]:
+    """One whole RL step, `state.step`: the next prompts, their rollout, `train_on` it.
+
+    `rl_step(trainer, state, rollout)` is the old name of `train_on` (the train half only):
+    it still works, with a DeprecationWarning, until the next release."""
+    if rollout is not None:
+        warnings.warn(
+            "loop.rl_step(trainer, state, rollout) is now loop.train_on(trainer, state, "
+            "rollout); rl_step(trainer, state) runs one whole RL step",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return train_on(trainer, state, rollout)
     t0 = time.perf_counter()
     prompts = next(trainer.train_iter)
     # Dynamic sampling's extra rounds read on from the same stream; the position saved is
@@ -238,7 +254,7 @@ def _one_step(trainer: Trainer, state: RunState) -> tuple[RunState, dict]:
         state, prompts, more_prompts=lambda: next(trainer.train_iter)
     )
     state = state.replace(data=json.dumps(trainer.train_iter.get_state()))
-    state, metrics = rl_step(trainer, state, rollout)
+    state, metrics = train_on(trainer, state, rollout)
     metrics["data/epoch"] = float(trainer.train_iter.epoch)
     metrics["time/step_s"] = time.perf_counter() - t0
     return state, metrics
@@ -271,7 +287,7 @@ def _finish(trainer: Trainer, state: RunState) -> dict[str, Any]:
 class _SkipCount:
     """Optimizer updates skipped (a non-finite gradient or update, train_step/step.py),
     counted exactly from the optimizer's own counter, which counts applied updates only:
-    `rl_step` has already waited for it, so reading it is a copy of one ready scalar, not a
+    `train_on` has already waited for it, so reading it is a copy of one ready scalar, not a
     stall (the per-step metrics are fetched one step late, `_Reporter`). After
     `max_all_skipped_steps` RL steps in a row with every update skipped, `after_step` names
     the failure: such a run trains nothing, and exporting its model would pass it off as a
@@ -318,7 +334,7 @@ def _stop_on_signal(trainer: Trainer, state: RunState, signum: int, summary: dic
     )
 
 
-def rl_step(trainer: Trainer, state: RunState, rollout: Rollout) -> tuple[RunState, dict]:
+def train_on(trainer: Trainer, state: RunState, rollout: Rollout) -> tuple[RunState, dict]:
     """The train half of RL step `state.step`: ppo_epochs x num_mini_batches optimizer
     updates on the rollout. Returns the next state and the step's metrics (plain floats,
     and device scalars the caller fetches when it needs them)."""

@@ -238,7 +238,7 @@ def _rollouts(spec: specs.Specs, model_config, tokenizer, mesh, pool) -> Rollout
 
 
 def _evaluator(spec: specs.Specs, model_config, tokenizer, mesh, pool, source) -> Evaluator:
-    k = spec.eval.num_samples
+    k = spec.eval.pass_k
     sampled = spec.sampler.sampled_eval(k, spec.eval.temperature) if k else None
     return Evaluator(
         spec=spec.eval,
