@@ -35,6 +35,6 @@ def get_config(arg: str | None = None):
     c.model.num_experts_per_tok = 2
     c.model.moe_intermediate_size = 64
     c.model.moe_impl = "dense"  # every expert on every token: faster than ragged on a CPU
-    # at this size, and exact (tests/test_models_moe.py: dense == ragged)
+    # at this size, and exact (tests/models/test_models_moe.py: dense == ragged)
     c.model.routing_replay = args["routing_replay"]
     return c

@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
 # The test command (README): set up a fresh clone if needed, check formatting, run the tests.
-# Extra arguments go to pytest, e.g. `bash launch/test.sh -k objectives`.
+#   bash launch/test.sh                  the whole suite (what CI runs)
+#   bash launch/test.sh --fast           the fast tier: no end-to-end runs, no whole-step compiles
+#   bash launch/test.sh tests/algorithm  extra arguments go to pytest (a folder, -k objectives, ...)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+tier=()
+if [ "${1:-}" = "--fast" ]; then
+  shift
+  tier=(-m "not e2e and not slow")
+fi
 source launch/setup_env.sh
 # libtpu, for the test that compiles the tiny config's RL step for a TPU slice
-# (tests/test_aot.py): installed beside .venv, not into it, so that plain CPU runs never
+# (tests/tools/test_aot.py): installed beside .venv, not into it, so that plain CPU runs never
 # load a TPU plugin; the test puts .libtpu/ on its subprocess's PYTHONPATH.
 stamp=.libtpu/.gspo_jax_requirements
 want=$(sha256sum requirements-tpu.txt | cut -d' ' -f1)
@@ -23,4 +30,5 @@ ruff check .
 # tiny run, compiled train steps) are built once, not once per worker. --no-loadscope-reorder:
 # files go out in collection order, the longest first (tests/conftest.py: LONGEST_FIRST), so no
 # long file is left for last. --durations=15: the slowest tests, to keep the suite in budget.
-python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q -p no:cacheprovider --durations=15 tests "$@"
+python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q -p no:cacheprovider --durations=15 \
+  "${tier[@]}" tests "$@"

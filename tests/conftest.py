@@ -1,5 +1,5 @@
 """Test set-up: 8 fake CPU devices so sharding tests run anywhere (costs nothing), CPU
-programs compiled at LLVM -O0 (tiny_flags.CPU_TEST_FLAGS), one XLA compilation cache shared
+programs compiled at LLVM -O0 (helpers.CPU_TEST_FLAGS), one XLA compilation cache shared
 by every process of this test run, and the longest test files first (LONGEST_FIRST).
 
 The cache: most of the suite's time is XLA compiling the same tiny programs again in other
@@ -22,7 +22,8 @@ import os
 import shutil
 import tempfile
 
-from tiny_flags import CPU_TEST_FLAGS
+import pytest
+from helpers import CPU_TEST_FLAGS
 
 os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {CPU_TEST_FLAGS}")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -96,12 +97,29 @@ LONGEST_FIRST = (
 )
 
 
-_missing = [
-    f for f in LONGEST_FIRST if not os.path.isfile(os.path.join(os.path.dirname(__file__), f))
-]
+_TESTS = os.path.dirname(__file__)
+_FILES = {
+    os.path.basename(f) for f in glob.glob(os.path.join(_TESTS, "**", "test_*.py"), recursive=True)
+}
+_missing = [f for f in LONGEST_FIRST if f not in _FILES]
 assert not _missing, f"conftest.LONGEST_FIRST names files that do not exist: {_missing}"
+
+# The tiers (docs/tests.md). `bash launch/test.sh --fast` runs `-m "not e2e and not slow"`:
+# e2e is every test under tests/e2e/ (whole runs: `python -m gspo_jax.main`, several
+# processes, notebooks, meshes); slow is a test marked so in its file, or one named here
+# because it took more than SLOW_S seconds of one worker in the measured full run (its
+# compiles, not its logic: a whole train step, a model through the sampler). Everything
+# else is the fast tier. CI runs every tier.
+SLOW_S = 4.0
+SLOW = frozenset()
 
 
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: order kept
+    e2e = os.path.join(_TESTS, "e2e") + os.sep
+    for item in items:
+        if str(item.path).startswith(e2e):
+            item.add_marker(pytest.mark.e2e)
+        if item.nodeid.split("[")[0] in SLOW:
+            item.add_marker(pytest.mark.slow)

@@ -1,5 +1,5 @@
 """A test-side diagnostic of MoE routing: how many routing decisions differ between two
-parameter sets (tests/test_models_moe.py, tests/test_routing_replay.py)."""
+parameter sets (tests/models/test_models_moe.py, tests/train_step/test_routing_replay.py)."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import jax
 import ml_collections
 import pytest
-from tiny_flags import TINY_MODEL, apply_flags
+from helpers import TINY_MODEL, apply_flags
 
 from configs import default
 from gspo_jax.registry import Registry

@@ -3,7 +3,7 @@ comments cite exists: a moved or renamed file leaves no stale reference behind.
 
 What is checked, statically (nothing is imported, so a tool's absl flags never clash):
 - bare file names (`loop.py`): some file of the repository has that name;
-- repository paths (`gspo_jax/trainer/loop.py`, `tests/test_loop.py`, `docs/tpu.md`, and the
+- repository paths (`gspo_jax/trainer/loop.py`, `tests/trainer/test_loop.py`, `docs/tpu.md`, and the
   package-relative form `trainer/loop.py` or `models/paged.py`): the file or folder exists;
 - markdown links (`[text](tpu.md)`): the target exists beside the page;
 - dotted names under gspo_jax, tools, configs, experiments and benchmarks

@@ -28,7 +28,7 @@ real keys at positions j ≤ i of its own row. Implementations (`ATTENTION_IMPLS
 
 Outputs at padding query positions are finite but differ between implementations (no
 real key is visible there; `attend` gives the uniform average of all values); outputs at
-real query positions agree to float rounding, which tests/test_models_attention.py
+real query positions agree to float rounding, which tests/models/test_models_attention.py
 checks for value and gradient (Pallas interpret mode on CPU).
 
 Shape letters: B batch rows, L query tokens, S key slots, H query heads, K kv heads,

@@ -81,8 +81,8 @@ def apply_rope(x_BLHC, cos_BLc, sin_BLc):
     Kept in this form on purpose: x ⊙ [cos, cos] + roll(x, C/2) ⊙ [−sin, sin] is faster
     on the TRL anchor's train step (XLA:CPU fuses it better), but XLA then contracts the
     multiply-adds differently in the π_old pass and in the update's forward of a scanned
-    model, so the first update's ratios were no longer exactly 1 (tests/test_presets.py,
-    tests/test_routing_replay.py; the figures: docs/benchmarks.md, "What was tried").
+    model, so the first update's ratios were no longer exactly 1 (tests/e2e/test_presets.py,
+    tests/train_step/test_routing_replay.py; the figures: docs/benchmarks.md, "What was tried").
     """
     dtype = x_BLHC.dtype
     x = x_BLHC.astype(F32)

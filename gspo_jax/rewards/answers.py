@@ -6,7 +6,7 @@ Data flow: sampled completion text (host, detokenised, end token already strippe
 `extract_reference_answer`. The registered rewards in `math_rewards.py` and `arith.py`
 are thin wrappers around these functions.
 
-The rules, in one place (each one is tested in tests/test_rewards.py):
+The rules, in one place (each one is tested in tests/rewards/test_rewards.py):
 
 Markers. A completion states its final answer with `#### <answer>` (GSM8K style) or
 `\\boxed{<answer>}` (LaTeX style). When both kinds occur, the marker that *starts last*

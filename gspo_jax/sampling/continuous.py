@@ -47,7 +47,7 @@ sequence (that row could never finish). Nothing is ever truncated silently.
 
 Results are written to [B, T] by sequence index, so the output is the static sampler's:
 the same tokens for the same rng (its draws use the same keys), log-probs equal to float
-rounding (tests/test_sampling_continuous.py).
+rounding (tests/sampling/test_sampling_continuous.py).
 
 Shape letters: B = N·G sequences, Q prompt rows (N shared, B not), S slots, T
 max_new_tokens, M page-table width, R response pages, V vocab.
@@ -306,7 +306,7 @@ def _copy_pages(state: EngineState) -> EngineState:
     Why here and not in `_admit`: a pool written after the decode's attention loops read
     it (a write, a nested while_loop reading, then a write) makes XLA copy the whole pool
     twice per layer per step to keep the loop's operand intact; every write before the
-    reads lets the pool stay in place (tests/test_sampling_continuous.py reads the compiled
+    reads lets the pool stay in place (tests/sampling/test_sampling_continuous.py reads the compiled
     program for it)."""
     kv = tuple(models.copy_pages(pool, state.copy_src, state.copy_dst) for pool in state.kv)
     none = jnp.full_like(state.copy_src, TRASH)

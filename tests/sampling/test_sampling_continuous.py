@@ -1,0 +1,278 @@
+"""Specification of the continuous engine (gspo_jax/sampling/continuous.py) and the paged
+attention it decodes with (gspo_jax/models/paged.py).
+
+References: a plain-NumPy attention over each row's gathered context and jax's own
+reference of the Pallas kernel (`ref_ragged_paged_attention`) for the paged attention; the
+static engine (every row decodes until the last ends) for the sampler, on a batch whose
+rows end at very different times, with fewer slots than sequences and a KV budget so small
+that rows wait and are preempted. One static and one continuous compile (the Qwen3
+fixture, the shapes of tests/sampling/test_sampling.py).
+"""
+
+import re
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ref_ragged_paged_attention
+
+from gspo_jax import models, sampling
+from gspo_jax.sampling import continuous, draw
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "models"
+BUCKET, T, G = 16, 12, 4
+EOS = (229, 193)  # frequent in this model's samples: lengths from 2 to 12 below
+
+
+def _numpy_paged_attention(q_SHC, kv, lens, table, scale):
+    """Row s: softmax over its context positions i < lens[s] (page table[s, i // ps],
+    offset i % ps; keys at combined head 2k, values at 2k + 1), float64."""
+    S, H, C = q_SHC.shape
+    ps, K = kv.shape[1], kv.shape[2] // 2
+    out = np.zeros((S, H, C))
+    for s in range(S):
+        ctx = np.stack([kv[table[s, i // ps], i % ps] for i in range(lens[s])]).astype(np.float64)
+        for h in range(H):
+            k, v = ctx[:, 2 * (h // (H // K))], ctx[:, 2 * (h // (H // K)) + 1]
+            z = k @ q_SHC[s, h].astype(np.float64) * scale
+            p = np.exp(z - z.max())
+            out[s, h] = (p / p.sum()) @ v
+    return out
+
+
+def test_ragged_paged_attention_matches_dense_references():
+    """GQA (4 query heads on 2 kv heads), shared and scattered pages, lengths from 1 to a
+    full table, read in blocks of 2 pages (3 loop trips for the longest row)."""
+    rng = np.random.default_rng(0)
+    S, H, K, C, ps, pages = 4, 4, 2, 8, 4, 12
+    q = rng.standard_normal((S, H, C)).astype(np.float32)
+    kv = rng.standard_normal((pages, ps, 2 * K, C)).astype(np.float32)
+    table = np.array(
+        [[3, 7, 1, 0, 0, 0], [3, 7, 2, 9, 4, 11], [5, 0, 0, 0, 0, 0], [3, 8, 6, 10, 0, 0]]
+    )
+    lens = np.array([9, 24, 1, 14], np.int32)
+    scale = C**-0.5
+    got = models.ragged_paged_attention(
+        jnp.asarray(q),
+        jnp.asarray(kv),
+        jnp.asarray(lens),
+        jnp.asarray(table, jnp.int32),
+        sm_scale=scale,
+        block_pages=2,
+    )
+    want = _numpy_paged_attention(q, kv, lens, table, scale)
+    np.testing.assert_allclose(np.asarray(got), want, atol=2e-6, rtol=1e-5)
+    # The prompt / response split of the value product (the trainer's order) changes
+    # nothing but rounding.
+    split = models.ragged_paged_attention(
+        jnp.asarray(q),
+        jnp.asarray(kv),
+        jnp.asarray(lens),
+        jnp.asarray(table, jnp.int32),
+        sm_scale=scale,
+        block_pages=2,
+        split_S=jnp.array([3, 10, 1, 0], jnp.int32),
+    )
+    np.testing.assert_allclose(np.asarray(split), want, atol=2e-6, rtol=1e-5)
+    # jax's reference for the Pallas kernel (one query per row): the same numbers.
+    kernel_ref = ref_ragged_paged_attention(
+        jnp.asarray(q),
+        jnp.asarray(kv),
+        jnp.asarray(lens),
+        jnp.asarray(table, jnp.int32),
+        jnp.arange(S + 1, dtype=jnp.int32),
+        jnp.array([S], jnp.int32),
+        sm_scale=scale,
+    )
+    np.testing.assert_allclose(np.asarray(got), np.asarray(kernel_ref), atol=2e-6, rtol=1e-5)
+
+
+def test_prompt_pages_put_real_tokens_first():
+    """Left-padded prompt caches become pages holding position 0 onwards."""
+    N, K, C, P, ps = 2, 2, 3, 6, 4
+    k = np.arange(N * K * C * P, dtype=np.float32).reshape(N, K, C, P)
+    v = -np.arange(N * K * P * C, dtype=np.float32).reshape(N, K, P, C)
+    prompt = models.PromptCache(
+        k=(jnp.asarray(k),), v=(jnp.asarray(v),), valid=None, length=jnp.array([4, 6], jnp.int32)
+    )
+    (pages,) = models.prompt_pages(prompt, ps)
+    assert pages.shape == (N * 2, ps, 2 * K, C)
+    flat = np.asarray(pages).reshape(N, 2 * ps, K, 2, C)
+    for n, length in enumerate((4, 6)):
+        for i in range(length):
+            slot = P - length + i
+            np.testing.assert_array_equal(flat[n, i, :, 0], k[n, :, :, slot])
+            np.testing.assert_array_equal(flat[n, i, :, 1], v[n, :, slot, :])
+
+
+def test_plan_sizes_and_errors():
+    p = continuous.plan(16, 20, 12, num_slots=5, page_size=4, kv_budget_tokens=18)
+    assert (p.num_slots, p.num_pages, p.prompt_pages, p.seq_pages) == (5, 4, 5, 4)
+    assert continuous.plan(16, 20, 12, num_slots=40).num_slots == 16  # capped
+    default = continuous.plan(16, 20, 12, num_slots=3, page_size=4)
+    assert default.num_pages == 3 * 4  # every slot at full length: no row ever waits
+    with pytest.raises(ValueError, match=r"kv_budget_tokens=15 holds 3 pages"):
+        continuous.plan(16, 20, 12, page_size=4, kv_budget_tokens=15)
+    with pytest.raises(ValueError, match=r"num_slots must be None or an int >= 1"):
+        continuous.plan(16, 20, 12, num_slots=2.5)
+
+
+def test_row_keys_depend_on_sequence_and_position_only():
+    rng = jax.random.key(3)
+    keys = draw.row_keys(rng, jnp.array([5, 5, 2]), jnp.array([1, 1, 1]))
+    u = np.asarray(draw.row_uniforms(keys))[:, 0]
+    assert u[0] == u[1] and u[0] != u[2]
+    expected = jax.random.uniform(jax.random.fold_in(jax.random.fold_in(rng, 2), 1), (1,))
+    assert u[2] == float(expected[0])
+
+
+@pytest.fixture(scope="module")
+def model_and_prompts():
+    cfg, params = models.load_pretrained(FIXTURES / "qwen3")
+    ref = dict(np.load(FIXTURES / "reference_qwen3.npz"))
+    tokens = np.zeros((4, BUCKET), np.int32)
+    mask = np.zeros((4, BUCKET), np.int32)
+    for n in range(3):
+        row = ref["gen_prompt_tokens"][n][ref["gen_prompt_mask"][n] > 0]
+        tokens[n, BUCKET - len(row) :], mask[n, BUCKET - len(row) :] = row, 1
+    tokens[3, -11:], mask[3, -11:] = np.arange(40, 51), 1
+    return cfg, params, tokens, mask
+
+
+def test_continuous_equals_static_with_queue_waits_and_preemption(model_and_prompts):
+    """16 sequences on 5 slots, pages of 4 tokens and a 16-token budget (4 pages: one
+    full-length response): rows wait for pages and are preempted and rerun; the results are
+    the static engine's — same tokens, lengths, truncation, log-probs to f32 rounding."""
+    cfg, params, tokens, mask = model_and_prompts
+    key = jax.random.key(7)
+    kw = {"num_samples": G, "max_new_tokens": T, "eos_ids": EOS, "buckets": (BUCKET,)}
+    static = sampling.sample(cfg, params, tokens, mask, key, engine="static", **kw)
+    lengths = np.asarray(static.lengths)
+    assert lengths.min() <= 3 and lengths.max() == T  # rows end at very different times
+    plan = continuous.plan(4 * G, BUCKET, T, num_slots=5, page_size=4, kv_budget_tokens=16)
+    options = {
+        "num_samples": G,
+        "max_new_tokens": T,
+        "temperature": 1.0,
+        "top_k": None,
+        "top_p": None,
+        "share_prefix": True,
+        "drain_levels": 2,  # the default drains only batches of >= 64 slots
+    }
+    out = continuous.run(
+        cfg,
+        params,
+        jnp.asarray(tokens),
+        jnp.asarray(mask),
+        key,
+        np.array(EOS, np.int32),
+        np.int32(0),
+        options=options,
+        page_plan=plan,
+    )
+    got_tokens, got_mask, got_logprobs, got_lengths, got_truncated, prompt_BP, _, stats = out
+    np.testing.assert_array_equal(got_tokens, static.tokens)
+    np.testing.assert_array_equal(got_mask, static.mask)
+    np.testing.assert_array_equal(got_lengths, static.lengths)
+    np.testing.assert_array_equal(got_truncated, static.truncated)
+    np.testing.assert_array_equal(prompt_BP, static.prompt_tokens)
+    np.testing.assert_allclose(got_logprobs, static.logprobs, rtol=1e-6, atol=1e-6)
+    assert int(stats.preemptions) > 0  # the budget ran out: rows were preempted and rerun
+    # 5 slots cannot finish 16 sequences in the static engine's 12 steps; the drain (widths
+    # 5, 2, 1 once the queue is empty) computes fewer rows than 5 per step.
+    assert int(stats.steps) > T
+    assert int(stats.row_steps) < 5 * int(stats.steps)
+    assert continuous.drain_widths(5, 2) == (5, 2, 1) and continuous.drain_widths(1, 2) == (1,)
+
+
+def test_the_page_pools_stay_in_place_in_the_compiled_loop(model_and_prompts):
+    """Every pool write of a step (the admissions' page copies, each layer's new token)
+    comes before the decode's attention loops read the pools: a write after those reads
+    made XLA copy every layer's whole pool twice per decoded token (1.5x the wall time of
+    benchmarks/sampler_longtail.py's long tail). The optimised program must hold no copy
+    of a pool-shaped array (with a table of one block of pages, XLA hoists the page reads out
+    of the attention loops and fuses the write into them, which copies again: a toy-size
+    case, not checked)."""
+    cfg, params, tokens, mask = model_and_prompts
+    plan = continuous.plan(4 * G, BUCKET, T, num_slots=5, page_size=2)
+    assert plan.table_width > 8  # more than one block of pages: the attention loops loop
+    pages, plen, logits, _, _ = continuous._prefill_pages(
+        cfg,
+        params,
+        jnp.asarray(tokens),
+        jnp.asarray(mask),
+        num_samples=G,
+        share_prefix=True,
+        page_size=plan.page_size,
+    )
+    compiled = continuous._engine.lower(
+        cfg,
+        params,
+        pages,
+        plen,
+        logits,
+        jax.random.key(0),
+        jnp.asarray(EOS, jnp.int32),
+        jnp.int32(0),
+        num_sequences=4 * G,
+        max_new_tokens=T,
+        page_plan=plan,
+        temperature=1.0,
+        top_k=None,
+        top_p=None,
+        impl="xla",
+    ).compile()
+    text = compiled.as_text()
+    pool_rows = 1 + pages[0].shape[0] + plan.num_pages
+    pool = ",".join(str(d) for d in (pool_rows, *pages[0].shape[1:]))
+    assert f"[{pool}]" in text  # the pools are where we look for them
+    copies = re.findall(rf"= \w+\[{pool}\]\{{[0-9,]+\}} copy\(", text)
+    assert not copies, f"{len(copies)} copies of a page pool in the compiled engine"
+
+
+def test_the_continuous_engine_is_the_default_of_sample_and_of_the_rl_loop():
+    """`sampling.sample`'s default engine and the RL loop's (configs/base.py through
+    `specs.sampler_spec`) are the continuous one; the static engine is the option."""
+    import inspect
+
+    from configs import base
+    from gspo_jax.config import specs
+
+    assert inspect.signature(sampling.sample).parameters["engine"].default == "continuous"
+    assert specs.sampler_spec(base.get_config()).engine == "continuous"
+    assert specs.SamplerSpec(1, 1, 1.0, None, None, (8,)).engine == "continuous"
+
+
+def test_sample_reports_the_decode_rows_it_computed(model_and_prompts):
+    """`SampleOutput.row_steps` / `preemptions`: the static engine computes every row at
+    every step (B x num_steps); the continuous one reports its loop's own count, which
+    with a queue and preemption is what `continuous.run`'s EngineStats says."""
+    cfg, params, tokens, mask = model_and_prompts
+    key = jax.random.key(7)
+    kw = {"num_samples": G, "max_new_tokens": T, "eos_ids": EOS, "buckets": (BUCKET,)}
+    static = sampling.sample(cfg, params, tokens, mask, key, engine="static", **kw)
+    assert int(static.row_steps) == 4 * G * int(static.num_steps)
+    assert int(static.preemptions) == 0
+    queued = sampling.sample(
+        cfg, params, tokens, mask, key, num_slots=5, page_size=4, kv_budget_tokens=16, **kw
+    )
+    np.testing.assert_array_equal(queued.tokens, static.tokens)
+    assert int(queued.preemptions) > 0  # 16 tokens of pages: rows were preempted and rerun
+    lengths = int(np.asarray(queued.lengths).sum())
+    # 5 slots (no drain below 32 rows): 5 rows a step, and more steps than 16 x 12 / 5.
+    assert int(queued.row_steps) % 5 == 0 and int(queued.row_steps) >= lengths
+
+
+def test_copy_pages_copies_whole_pages_and_touches_nothing_else():
+    """`models.copy_pages` (written as token rows for the TPU's layout) against the page
+    indexing it replaces: pages 5 and 2 take pages 1 and 3; the rows with nothing to copy
+    all name the trash page 0 (duplicates: whatever lands there is never read)."""
+    pool = jnp.asarray(np.random.default_rng(0).normal(size=(8, 4, 2, 3)), jnp.float32)
+    src = jnp.array([1, 0, 3, 0], jnp.int32)
+    dst = jnp.array([5, 0, 2, 0], jnp.int32)
+    got = np.asarray(models.copy_pages(pool, src, dst))
+    want = np.asarray(pool).copy()
+    want[5], want[2] = want[1], want[3]
+    np.testing.assert_array_equal(got[1:], want[1:])

@@ -1,0 +1,138 @@
+"""The TPU path, compiled without a TPU: `python -m tools.aot` on the tiny config.
+
+- the whole RL step of configs/default.py (sampler prefill and decode, log-probs,
+  advantages, train step) compiles for v5e:2x2 (4 chips) with the splash kernel, fits,
+  and the command prints its table and exits 0, with a roofline estimate for every
+  function whose phases add up to the RL step's total (tools/roofline.py);
+- a configuration that does not fit (the einsum attention at a 32k-token response) exits
+  1 with a message naming the function and the shortfall.
+
+The command runs in a subprocess with libtpu importable (launch/test.sh installs it into
+.libtpu/; any environment with `pip install -r requirements-tpu.txt` works too). Without
+libtpu these tests skip, unless GSPO_REQUIRE_LIBTPU=1 (set by launch/test.sh, so CI fails
+rather than skips).
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LIBTPU_DIR = ROOT / ".libtpu"
+GiB = 2**30
+TINY = ["--config=configs/default.py", "--topology=v5e:2x2", "--config.warm_start.steps=0"]
+
+
+@pytest.fixture(scope="module")
+def env():
+    env = dict(os.environ)
+    paths = [str(ROOT)] + ([str(LIBTPU_DIR)] if LIBTPU_DIR.is_dir() else [])
+    env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [env.get("PYTHONPATH")] if p])
+    env.pop("XLA_FLAGS", None)  # conftest's fake CPU devices are not needed here
+    # Nor the run's shared compilation cache: these compiles are for a TPU (libtpu's
+    # compile-only client), each done once, and the CPU processes' entries stay CPU-only.
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    found = subprocess.run([sys.executable, "-c", "import libtpu"], env=env, check=False)
+    if found.returncode:
+        message = "libtpu is not importable (pip install -r requirements-tpu.txt)"
+        if os.environ.get("GSPO_REQUIRE_LIBTPU") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return env
+
+
+def _python(env, *argv, timeout=1200):
+    """`python ARGV...` in the repository root with libtpu importable."""
+    return subprocess.run(
+        [sys.executable, *argv],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def _aot(env, tmp_path, *args):
+    out = tmp_path / "reports.json"
+    proc = _python(env, "-m", "tools.aot", *args, f"--json={out}")
+    reports = json.loads(out.read_text()) if out.exists() else None
+    return proc, reports
+
+
+def test_tiny_rl_step_compiles_for_a_tpu_slice(env, tmp_path):
+    proc, reports = _aot(env, tmp_path, *TINY, "--hbm_top=3")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    names = [r["name"] for r in reports]
+    assert names == ["sampler prefill", "sampler decode", "logprobs", "advantages", "train step"]
+    for r in reports:
+        assert r["error"] is None and r["compile_s"] > 0, r
+        assert 0 < r["total"] < 16 * GiB, r  # a v5e chip
+    train = reports[-1]
+    assert train["alias"] > 0 and train["flops"] > 0  # the train state is donated
+    assert "attention splash" in proc.stdout and "| train step |" in proc.stdout
+    assert "fits: peak" in proc.stdout
+    # the roofline estimate: every function's, positive; the RL step's total is their sum
+    est = [r["estimate"] for r in reports]
+    assert all(0 < e["overlapped_s"] <= e["serial_s"] for e in est), est
+    assert train["estimate"]["compute_s"] > 0 and train["hbm"] > 0 and train["xla_flops"] > 0
+    # mesh data=4: the train step all-reduces its gradients across the 4 chips
+    assert train["estimate"]["ici_bytes"].get("all-reduce", 0) > 0, train["estimate"]
+    total = re.search(r"\| RL step \| (\S+) to (\S+) \|", proc.stdout)
+    assert total and "ESTIMATED" in proc.stdout and "train step MFU (est.)" in proc.stdout
+    assert float(total[1]) == pytest.approx(sum(e["overlapped_s"] for e in est), rel=0.01)
+    assert float(total[2]) == pytest.approx(sum(e["serial_s"] for e in est), rel=0.01)
+    # --hbm_top=3: each function's three largest HBM contributors, printed and in the JSON
+    for r in reports:
+        uses = r["hbm_uses"]
+        assert 1 <= len(uses) <= 3 and sum(
+            u["bytes"] * u["count"] * u["instructions"] for u in uses
+        )
+        if r["name"] != "sampler decode":  # the engine's bytes are analytic (aot.py:
+            # `_engine_hbm_bytes`), its HLO uses count the kernel's whole page pools
+            assert uses[0]["bytes"] * uses[0]["count"] * uses[0]["instructions"] <= r["hbm"], r
+        assert f"HBM traffic of {r['name']}: " in proc.stdout
+    assert re.search(
+        r"HBM traffic of sampler decode: \S+ GB per chip per call, \S+ GB per token", proc.stdout
+    )
+
+
+def test_a_config_that_does_not_fit_names_function_and_shortfall(env, tmp_path):
+    proc, _ = _aot(
+        env,
+        tmp_path,
+        *TINY,
+        "--functions=logprobs",
+        "--config.model.attention_impl=xla",
+        "--config.response_length=32768",
+    )
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "DOES NOT FIT: logprobs needs" in proc.stderr and "GiB short" in proc.stderr
+
+
+def test_the_tensor_layout_decode_keeps_its_page_pools_in_place(env):
+    """The continuous engine with the Pallas kernel, compiled for 8 v5e chips in the tensor
+    rollout layout (one kv head per chip): its temporaries are the page pools and little
+    else. Page copies written as whole pages made XLA keep two more copies of every pool
+    (out of the kernel's layout and back, each decode step: 0.38 GiB here, not 0.17)."""
+    proc = _python(
+        env,
+        "benchmarks/continuous_aot.py",
+        "--topology=v5e:2x4",
+        "--chips=8",
+        "--layout=tensor",
+        "--layers=2",
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    pool = float(re.search(r"page pool per layer per chip: ([\d.]+) GiB", proc.stdout)[1])
+    temp = float(re.search(r"temp_size_in_bytes\s+([\d.]+) GiB", proc.stdout)[1])
+    assert "pallas kernel in the program: True" in proc.stdout
+    # 2 layers' pools, plus the f32 logits and small state (< 0.05 GiB)
+    assert 2 * pool <= temp < 2 * pool + 0.05, (temp, pool)
