@@ -375,6 +375,37 @@ def _umask() -> int:
     return mask
 
 
+def _check_params_match(cfg: ModelConfig, params, specs) -> None:
+    """Every tensor the checkpoint needs is in `params`, with the model's shape."""
+    abstract = abstract_params(cfg)
+    for spec in specs:
+        node, want = params, abstract
+        for key in spec.path:
+            if not isinstance(node, dict) or key not in node:
+                raise KeyError(f"params lack {'/'.join(map(str, spec.path))} needed for {cfg.arch}")
+            node, want = node[key], want[key]
+        if tuple(node.shape) != tuple(want.shape):
+            raise ValueError(
+                f"param {'/'.join(map(str, spec.path))} has shape {tuple(node.shape)}, "
+                f"expected {tuple(want.shape)}"
+            )
+
+
+def _shard_plan(specs, itemsize: int, max_shard_size: int) -> list[list[TensorSpec]]:
+    """The tensors of each shard file, from shapes alone (so tensors are converted one
+    shard at a time): a new shard starts where the next tensor would pass the size."""
+    shards: list[list[TensorSpec]] = [[]]
+    size = 0
+    for spec in specs:
+        nbytes = math.prod(spec.shape) * itemsize
+        if shards[-1] and size + nbytes > max_shard_size:
+            shards.append([])
+            size = 0
+        shards[-1].append(spec)
+        size += nbytes
+    return shards
+
+
 def save_pretrained(
     model_config: ModelConfig,
     params,
@@ -397,30 +428,8 @@ def save_pretrained(
     dtype = dtype or cfg.param_dtype
     np_dtype = np.dtype(jax.numpy.dtype(dtype))
     specs = _tensor_specs(cfg)
-    abstract = abstract_params(cfg)
-    for spec in specs:
-        node, want = params, abstract
-        for key in spec.path:
-            if not isinstance(node, dict) or key not in node:
-                raise KeyError(f"params lack {'/'.join(map(str, spec.path))} needed for {cfg.arch}")
-            node, want = node[key], want[key]
-        if tuple(node.shape) != tuple(want.shape):
-            raise ValueError(
-                f"param {'/'.join(map(str, spec.path))} has shape {tuple(node.shape)}, "
-                f"expected {tuple(want.shape)}"
-            )
-
-    # Shard plan from shapes alone, so tensors are converted one shard at a time.
-    itemsize = np_dtype.itemsize
-    shards: list[list[TensorSpec]] = [[]]
-    size = 0
-    for spec in specs:
-        nbytes = math.prod(spec.shape) * itemsize
-        if shards[-1] and size + nbytes > max_shard_size:
-            shards.append([])
-            size = 0
-        shards[-1].append(spec)
-        size += nbytes
+    _check_params_match(cfg, params, specs)
+    shards = _shard_plan(specs, np_dtype.itemsize, max_shard_size)
     n = len(shards)
     file_names = (
         [SINGLE_FILE] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
