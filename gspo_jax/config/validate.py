@@ -359,7 +359,7 @@ def _warn_options_without_switch(config, reward_norm) -> None:
         ("reward_scale", config.reward_scale, "reward_norm", reward_norm is not None),
         (
             "dual_clip_ratio",
-            config.dual_clip_ratio != DEFAULT_DUAL_CLIP_RATIO,
+            config.dual_clip_ratio != _default("dual_clip_ratio"),
             "dual_clip_loss",
             config.dual_clip_loss,
         ),
@@ -371,13 +371,13 @@ def _warn_options_without_switch(config, reward_norm) -> None:
         ),
         (
             "dynamic_sampling_max_rounds",
-            config.dynamic_sampling_max_rounds != DEFAULT_DYNAMIC_SAMPLING_MAX_ROUNDS,
+            config.dynamic_sampling_max_rounds != _default("dynamic_sampling_max_rounds"),
             "dynamic_sampling",
             config.dynamic_sampling,
         ),
         (
             "overlong_penalty_factor",
-            config.overlong_penalty_factor != DEFAULT_OVERLONG_PENALTY_FACTOR,
+            config.overlong_penalty_factor != _default("overlong_penalty_factor"),
             "overlong_buffer_len > 0",
             config.overlong_buffer_len > 0,
         ),
@@ -389,18 +389,18 @@ def _warn_options_without_switch(config, reward_norm) -> None:
         ),
         (
             "rollout_correction_threshold",
-            config.rollout_correction_threshold != DEFAULT_ROLLOUT_CORRECTION_THRESHOLD,
+            config.rollout_correction_threshold != _default("rollout_correction_threshold"),
             "rollout_correction",
             config.rollout_correction != "none",
         ),
         *(
             (
                 f"sampling.{name}",
-                config.sampling[name] != default,
+                config.sampling[name] != _default(f"sampling.{name}"),
                 'sampling.engine="continuous"',
                 config.sampling.engine == "continuous",
             )
-            for name, default in CONTINUOUS_ONLY_DEFAULTS.items()
+            for name in CONTINUOUS_ONLY
         ),
         (
             "warm_start.steps",
@@ -433,11 +433,11 @@ def _eval_lora_wandb_pairs(config) -> list[tuple]:
     return [
         (
             "eval.temperature",
-            config.eval.temperature != DEFAULT_EVAL_TEMPERATURE,
+            config.eval.temperature != _default("eval.temperature"),
             "eval.pass_k > 0",
             pass_k(config) > 0,
         ),
-        ("model.lora_alpha", config.model.lora_alpha != DEFAULT_LORA_ALPHA, *lora_switch),
+        ("model.lora_alpha", config.model.lora_alpha != _default("model.lora_alpha"), *lora_switch),
         ("model.lora_targets", set(targets) != set(LORA_TARGETS), *lora_switch),
         ("log.wandb_entity", config.log.wandb_entity is not None, *wandb_switch),
         ("log.wandb_mode", config.log.wandb_mode != "online", *wandb_switch),
@@ -462,18 +462,16 @@ def _sampling_engine(config) -> None:
         )
 
 
-# dual_clip_ratio's value in configs/base.py; a different one without dual_clip_loss warns.
-DEFAULT_DUAL_CLIP_RATIO = 3.0
-# rollout_correction_threshold's; a different one (or level "seq") without a correction warns.
-DEFAULT_ROLLOUT_CORRECTION_THRESHOLD = 2.0
-# ... and those of the DAPO options (warned about when set while their switch is off).
-DEFAULT_DYNAMIC_SAMPLING_MAX_ROUNDS = 3
-DEFAULT_OVERLONG_PENALTY_FACTOR = 1.0
-# ... and eval.temperature's, model.lora_alpha's (model.lora_targets': all of LORA_TARGETS).
-DEFAULT_EVAL_TEMPERATURE = 1.0
-DEFAULT_LORA_ALPHA = 16.0
-# ... and the continuous rollout engine's (configs/base.py), unused by the static engine.
-CONTINUOUS_ONLY_DEFAULTS = {"num_slots": None, "page_size": 16, "kv_budget_tokens": None}
+def _default(dotted: str):
+    """A field's default, read from configs/base.py (the one place defaults live): an
+    option that differs from it while its switch is off is worth a warning."""
+    from configs import base
+
+    return _get(base.get_config(), dotted)
+
+
+# The continuous rollout engine's options, unused by the static engine.
+CONTINUOUS_ONLY = ("num_slots", "page_size", "kv_budget_tokens")
 
 
 def _warm_start_ranges(config) -> None:
