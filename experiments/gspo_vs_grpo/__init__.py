@@ -1,9 +1,11 @@
 """GSPO vs GRPO at laptop scale: the paper's claims (arXiv 2507.18071 §5.2-§5.4) checked on
 the synthetic task, with the command that regenerates docs/results.md.
 
-  python -m experiments.gspo_vs_grpo                 # the published run
+  python -m experiments.gspo_vs_grpo                 # the published run's design; results
+                                                     # in <workdir>/results.md
+  python -m experiments.gspo_vs_grpo --publish       # ... written to docs/results.md
   python -m experiments.gspo_vs_grpo --steps=40 --seeds=2 --results=/tmp/r.md
-  python -m experiments.gspo_vs_grpo --quick         # minutes: a smoke test
+  python -m experiments.gspo_vs_grpo --quick         # minutes: a smoke test (never publishes)
   python -m experiments.gspo_vs_grpo --arms=dense/gspo,dense/grpo --seeds=10 \
       --independent_warm_starts --steps=100 --eval_every=10 --eval_prompts=500
   python -m experiments.gspo_vs_grpo --task=scratchpad          # long responses (CPU scale)

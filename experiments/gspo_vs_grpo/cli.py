@@ -34,6 +34,27 @@ log = logging.getLogger("experiments")
 RESULTS = "docs/results.md"
 
 
+def _results_path(args, budget) -> str:
+    """Where the results go: --results; with --publish the published file under docs/
+    (docs/results[_<task>].md, a sweep's docs/sweeps/<field>.md); else beside the runs, in
+    <workdir>/ under the same name. Nothing is written under docs/ unless asked, and a
+    --quick smoke test never publishes."""
+    if args.results is not None:
+        return args.results
+    settings = sweep.parse_vary(args.vary) if args.vary else None
+    task = "" if budget.task == "add2" else f"_{budget.task}"
+    published = (
+        sweep.default_results(settings, budget.dev, task)
+        if settings
+        else RESULTS.replace(".md", f"{task}.md")
+    )
+    if args.publish:
+        if args.quick:
+            raise ValueError("--quick is a smoke test: it never publishes (drop --publish)")
+        return published
+    return os.path.join(args.workdir, os.path.basename(published))
+
+
 def main(argv: Sequence[str] | None = None) -> dict:
     """Parse `argv` (default sys.argv[1:]), run the experiment (or only its report), write
     the results; returns the summary (<workdir>/summary.json's content)."""
@@ -49,14 +70,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         args.workdir = os.path.join(args.workdir, f"{budget.task}_{budget.scale}")
     if budget.dev:  # its own data split, so its own warm starts and runs
         args.workdir = os.path.join(args.workdir, "dev")
-    if args.results is None:
-        settings = sweep.parse_vary(args.vary) if args.vary else None
-        task = "" if budget.task == "add2" else f"_{budget.task}"
-        args.results = (
-            sweep.default_results(settings, budget.dev, task)
-            if settings
-            else RESULTS.replace(".md", f"{task}.md")
-        )
+    args.results = _results_path(args, budget)
     os.makedirs(args.workdir, exist_ok=True)
     import jax
 
@@ -103,7 +117,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--results",
         default=None,
-        help=f"the markdown written (default {RESULTS}; a sweep's: docs/sweeps/<field>.md)",
+        help="the markdown written (default: <workdir>/results.md, or with --publish "
+        f"{RESULTS}; a sweep's: docs/sweeps/<field>.md)",
+    )
+    p.add_argument(
+        "--publish",
+        action="store_true",
+        help=f"write the results to the published file under docs/ ({RESULTS}, "
+        "docs/results_<task>.md, docs/sweeps/<field>.md)",
     )
     p.add_argument(
         "--vary",

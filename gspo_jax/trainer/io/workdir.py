@@ -91,9 +91,12 @@ def prepare(workdir: str, checkpoint_dir: str) -> None:
     either is not a directory or the checkpoint directory cannot be written. Every process
     probes (each writes its own checkpoint files) and all agree on the outcome."""
     problem = None
-    for flag, path in (("--workdir", workdir), ("the checkpoint directory", checkpoint_dir)):
+    for named, path in (
+        (_named(workdir), workdir),
+        (f"the checkpoint directory {checkpoint_dir}", checkpoint_dir),
+    ):
         if os.path.exists(path) and not os.path.isdir(path):
-            problem = f"{flag} {path} is a file, not a directory"
+            problem = f"{named} is a file, not a directory"
             break
     if problem is None:
         probe = os.path.join(checkpoint_dir, f".write_probe.{jax.process_index()}.{os.getpid()}")
@@ -116,7 +119,7 @@ def check_not_shortened(num_steps: int, steps: list[int], checkpoint_dir: str) -
         raise WorkdirError(
             f"config.num_steps={num_steps} is below the {max(steps)} RL steps this workdir's "
             f"run reached (checkpoint {max(steps)} in {checkpoint_dir}): a run is never "
-            f"shortened after the fact. Use num_steps >= {max(steps)}, or a new --workdir "
+            f"shortened after the fact. Use num_steps >= {max(steps)}, or a new {workdir_flag()} "
             "for a shorter run"
         )
 
@@ -212,13 +215,25 @@ def _take_over(path: str, previous: dict, locks: bool) -> None:
     )
 
 
+def workdir_flag() -> str:
+    """How the user named the workdir: main's `--workdir` flag, or the variable of the
+    script that called it (launch/local.sh sets GSPO_WORKDIR_FLAG="WORKDIR=")."""
+    return os.environ.get("GSPO_WORKDIR_FLAG", "--workdir")
+
+
+def _named(workdir: str) -> str:
+    """`--workdir DIR`, or `WORKDIR=DIR` when a script named it so."""
+    flag = workdir_flag()
+    return f"{flag}{workdir}" if flag.endswith("=") else f"{flag} {workdir}"
+
+
 def _in_use(path: str, holder: dict | None) -> str:
     workdir = os.path.dirname(path)
     return (
-        f"--workdir {workdir} is in use by another run: "
+        f"{_named(workdir)} is in use by another run: "
         f"{_describe(holder) if holder else 'its holder is not recorded yet'}. Two runs on "
         "one workdir would write the same checkpoints and metrics: wait for that run to end "
-        f"or stop it, or use another --workdir (lock file: {path})"
+        f"or stop it, or use another {workdir_flag()} (lock file: {path})"
     )
 
 
@@ -273,7 +288,7 @@ def record_config(config, workdir: str, *, resuming: bool, allow_change: bool) -
         raise WorkdirError(
             f"{workdir} holds a run started with another config, and {len(changing)} "
             f"field(s) that change the run differ: {listing}. Resume with the recorded values "
-            f"({path}), start a new --workdir, or pass --allow_config_change "
+            f"({path}), start a new {workdir_flag()}, or pass --allow_config_change "
             "(loop.run(..., allow_config_change=True)) to continue this run's checkpoint "
             "under the new config"
         )
