@@ -25,6 +25,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0  # one seed for init, data order, sampling and dropout-free training
     c.num_steps = 100  # RL steps; each samples one rollout batch and trains on it
+    c.imports = ""  # your code, imported at start-up in every process (reward workers too):
+    # comma-separated module names or .py files, e.g. "my_rewards.py" whose
+    # @gspo_jax.rewards.register_reward("my_reward") makes reward.spec=my_reward valid
 
     # ------------------------------------------------------------------------------------
     # Algorithm (ROLL names). GSPO = importance_sampling "seq"; GRPO = "token".

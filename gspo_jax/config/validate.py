@@ -149,6 +149,7 @@ def validate(config, *, num_devices: int | None = None, num_processes: int = 1) 
       num_devices: devices of the global mesh (default: only checks not needing it).
       num_processes: JAX processes; each must get a whole number of prompts.
     """
+    _check_imports(config)
     _check_deprecated_names(config)
     _check_names(config)
     _check_sizes(config, num_devices, num_processes)
@@ -163,6 +164,17 @@ def validate(config, *, num_devices: int | None = None, num_processes: int = 1) 
     _warn_far_from_paper(config)
     _warn_warmup_longer_than_the_run(config)
     _warn_options_without_switch(config, normalize_reward_norm(config.reward_norm))
+
+
+def _check_imports(config) -> None:
+    """config.imports: the user's modules, imported first (what they register is then a
+    valid name in the rest of the config)."""
+    from gspo_jax.config import imports
+
+    try:
+        imports.import_all(config.get("imports", ""))
+    except imports.ImportsError as e:
+        raise ConfigError(f"config.imports: {e}") from None
 
 
 def _check_deprecated_names(config) -> None:
