@@ -186,10 +186,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # Data: TFDS builders in array_record format, read with grain.
     # ------------------------------------------------------------------------------------
     c.data = ml_collections.ConfigDict()
-    c.data.name = "arithmetic"  # "arithmetic" (synthetic, generated locally) | "gsm8k" (manual_dir)
+    c.data.name = "arithmetic"  # "arithmetic" (synthetic, generated locally) | "gsm8k"
+    # (manual_dir) | "scratchpad" | "jsonl" (your files: train_path, test_path)
     c.data.config_name = "add3"  # builder config of the dataset ("" for none, e.g. gsm8k)
     c.data.data_dir = _placeholder(str)  # where TFDS writes the prepared dataset
     c.data.manual_dir = _placeholder(str)  # GSM8K: the directory with train.jsonl / test.jsonl
+    # data.name="jsonl": your own prompts, one JSON object per line (gspo_jax/data/jsonl.py)
+    c.data.train_path = _placeholder(str)  # the training split's JSONL file
+    c.data.test_path = _placeholder(str)  # the held-out split's JSONL file
+    c.data.prompt_key = "prompt"  # the field asked as the question
+    c.data.answer_key = "answer"  # the field the reward compares with (the reference)
     c.data.train_split = "train"
     c.data.eval_split = "test"
     c.data.system_prompt = _placeholder(str)  # optional system message of the chat template

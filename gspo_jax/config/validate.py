@@ -667,6 +667,8 @@ def _check_data(config) -> None:
             "configs; set it to ''"
         )
     _choice("data.overlong", d.overlong, OVERLONG_POLICIES)
+    if d.name == "jsonl":
+        _check_jsonl(d)
     base = d.train_split.split("[", 1)[0]
     if d.train_split == d.eval_split:
         _warn(
@@ -693,6 +695,19 @@ def _check_data(config) -> None:
             raise ConfigError(f"config.data.manual_dir={d.manual_dir!r}: {e}") from None
 
 
+def _check_jsonl(d) -> None:
+    """data.name="jsonl": both files exist, the keys are names."""
+    for field in ("train_path", "test_path"):
+        path = d.get(field)
+        if not path:
+            raise ConfigError(f'config.data.name="jsonl" needs config.data.{field}: a JSONL file')
+        if not os.path.isfile(path):
+            raise ConfigError(f"config.data.{field}={path!r}: no such file")
+    for field in ("prompt_key", "answer_key"):
+        if not isinstance(d.get(field), str) or not d.get(field):
+            raise ConfigError(f"config.data.{field}={d.get(field)!r} must be a non-empty key name")
+
+
 def _check_rewards(config) -> None:
     """The reward specs name registered rewards; with worker processes, each reward's module
     must be importable by name (a reward registered in the config file is not: the workers
@@ -710,7 +725,7 @@ def _check_rewards(config) -> None:
     if config.reward.num_workers == 0:
         return
     for term, (field, module) in modules.items():
-        if not _importable_by_workers(module):
+        if not importable_by_workers(module):
             raise ConfigError(
                 f"config.{field}: reward {term!r} is registered in module {module!r}, which "
                 "the reward worker processes cannot import by name (a config file or a "
@@ -756,7 +771,7 @@ def _check_wandb(config) -> None:
         )
 
 
-def _importable_by_workers(module: str) -> bool:
+def importable_by_workers(module: str) -> bool:
     """Workers import reward modules by name with the parent's sys.path (rewards/pool.py)."""
     if module in ("__main__", "__mp_main__"):
         return False

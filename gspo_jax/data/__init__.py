@@ -20,6 +20,7 @@ from gspo_jax.data.build import (
     register_dataset,
 )
 from gspo_jax.data.gsm8k import Gsm8kLocal, check_gsm8k_manual_dir, read_gsm8k_jsonl
+from gspo_jax.data.jsonl import JsonlConfig, JsonlLocal, jsonl_config
 from gspo_jax.data.pipeline import (
     ANSWER_PREFIX,
     DEFAULT_INSTRUCTION,
@@ -75,6 +76,8 @@ __all__ = [
     "BatchIterator",
     "DatasetSpec",
     "Gsm8kLocal",
+    "JsonlConfig",
+    "JsonlLocal",
     "NoisyTeacher",
     "PreparedData",
     "ScratchpadConfig",
@@ -89,6 +92,7 @@ __all__ = [
     "generate_problems",
     "get_builder",
     "get_spec",
+    "jsonl_config",
     "load_tokenizer",
     "make_char_tokenizer",
     "make_prompt_iterator",

@@ -29,6 +29,7 @@ import tensorflow_datasets as tfds
 
 from gspo_jax.data.arithmetic import ArithmeticConfig, SyntheticArithmetic
 from gspo_jax.data.gsm8k import GSM8K_SPLIT_FILES, Gsm8kLocal, check_gsm8k_manual_dir
+from gspo_jax.data.jsonl import JsonlLocal
 from gspo_jax.data.scratchpad import SyntheticScratchpad
 from gspo_jax.registry import Registry
 
@@ -104,6 +105,18 @@ register_dataset(
 )
 
 
+register_dataset(
+    "jsonl",  # your own files: data.train_path / test_path, data.prompt_key / answer_key
+    DatasetSpec(
+        builder=JsonlLocal,
+        reference_key="answer",
+        answer_key="answer",
+        target_template="{answer}",
+        check_manual_dir=None,
+    ),
+)
+
+
 def get_spec(name: str) -> DatasetSpec:
     """The registered dataset `name`; ValueError listing the valid names if there is none."""
     return DATASETS.get(name)
@@ -117,7 +130,7 @@ def get_builder(
 ) -> tfds.core.DatasetBuilder:
     """The array_record TFDS builder of a registered dataset (nothing is prepared yet)."""
     builder_cls = get_spec(name).builder
-    if config_name is not None and not builder_cls.BUILDER_CONFIGS:
+    if isinstance(config_name, str) and not builder_cls.BUILDER_CONFIGS:
         raise ValueError(f"Dataset {name!r} has no configs; got config_name={config_name!r}.")
     if isinstance(config_name, str):
         known = [c.name for c in builder_cls.BUILDER_CONFIGS]

@@ -273,10 +273,14 @@ def _tokenizer(c, workdir: str):
 def _sources(c, workdir: str) -> dict:
     """{split: random-access source}; one process writes the dataset, the others read it."""
     tfds.disable_progress_bar()  # one progress bar per run is ours
+    config_name = c.data.config_name or None
+    if c.data.name == "jsonl":  # one builder config per set of files and keys
+        d = c.data
+        config_name = data.jsonl_config(d.train_path, d.test_path, d.prompt_key, d.answer_key)
     build = functools.partial(
         data.build_dataset,
         c.data.name,
-        c.data.config_name or None,
+        config_name,
         data_dir=c.data.data_dir or os.path.join(workdir, "data"),
         manual_dir=c.data.manual_dir,
         splits=(c.data.train_split, c.data.eval_split),

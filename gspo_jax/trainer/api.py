@@ -1,0 +1,99 @@
+"""`gspo_jax.train`: the Python entry a notebook calls with plain functions and a list of
+dicts. It runs the same loop as `python -m gspo_jax.main` (`loop.run`), after three
+conveniences that a config file would otherwise spell out:
+
+- `reward_fns`: plain functions `fn(prompt, completion, reference) -> float`, registered
+  under their names and summed with weight 1 (`reward.spec`); the first is the accuracy
+  (`reward.accuracy`, a 0/1 reward). A function the reward worker processes cannot import
+  by name (one defined in a notebook or a script) is scored in-process
+  (`reward.num_workers=0`, no timeout), with a line saying so.
+- `dataset`: a list of `{"prompt": ..., "answer": ...}` dicts, or `{"train": [...],
+  "test": [...]}`; written as JSONL under WORKDIR/dataset/ and read through
+  `data.name="jsonl"` (the same pipeline, evaluation and dynamic sampling as the built-in
+  tasks). A plain list holds out its last tenth (at least one row) as the test split.
+- `config`: a ConfigDict (default: configs/default.py's), changed only as above.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def train(
+    config=None,
+    workdir: str = "workdirs/python",
+    *,
+    reward_fns: Sequence[Callable] | None = None,
+    dataset: Sequence[dict] | dict[str, Sequence[dict]] | None = None,
+    allow_config_change: bool = False,
+) -> dict[str, Any]:
+    """Train in `workdir` (resuming if it holds a checkpoint); returns the run's summary
+    (summary.json: eval_start, eval_end, the export path, ...)."""
+    from configs import default
+    from gspo_jax.trainer import loop
+
+    config = default.get_config() if config is None else config
+    if dataset is not None:
+        _use_dataset(config, workdir, dataset)
+    if reward_fns:
+        _use_rewards(config, reward_fns)
+    return loop.run(config, workdir, allow_config_change=allow_config_change)
+
+
+def _use_dataset(config, workdir: str, dataset) -> None:
+    splits = dict(dataset) if isinstance(dataset, dict) else _hold_out(list(dataset))
+    if set(splits) != {"train", "test"}:
+        raise ValueError(
+            f"dataset: a list, or a dict with 'train' and 'test'; got {sorted(splits)}"
+        )
+    folder = os.path.join(workdir, "dataset")
+    os.makedirs(folder, exist_ok=True)
+    for split, rows in splits.items():
+        path = os.path.join(folder, f"{split}.jsonl")
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            for i, row in enumerate(rows):
+                if not isinstance(row, dict):
+                    raise TypeError(f"dataset[{split!r}][{i}] is {type(row).__name__}, not a dict")
+                f.write(json.dumps(row) + "\n")
+        os.replace(path + ".tmp", path)
+    config.data.name, config.data.config_name = "jsonl", ""
+    config.data.train_path = os.path.join(folder, "train.jsonl")
+    config.data.test_path = os.path.join(folder, "test.jsonl")
+
+
+def _hold_out(rows: list) -> dict[str, list]:
+    n_test = max(1, len(rows) // 10)
+    if len(rows) < 2:
+        raise ValueError(f"dataset: {len(rows)} rows; a train and a test split need at least 2")
+    log.info("dataset: %d rows for training, the last %d held out", len(rows) - n_test, n_test)
+    return {"train": rows[:-n_test], "test": rows[-n_test:]}
+
+
+def _use_rewards(config, reward_fns: Sequence[Callable]) -> None:
+    from gspo_jax.config.validate import importable_by_workers
+    from gspo_jax.rewards import registry
+
+    names = []
+    for fn in reward_fns:
+        name = getattr(fn, "__name__", None)
+        if not callable(fn) or not name or name == "<lambda>":
+            raise ValueError(f"reward_fns: {fn!r} must be a named function (def, not lambda)")
+        if name not in registry.REWARDS or registry.REWARDS[name] is not fn:
+            registry.register_reward(name)(fn)
+        names.append(name)
+    config.reward.spec = ",".join(names)
+    config.reward.accuracy = names[0]
+    local = [n for n, fn in zip(names, reward_fns) if not importable_by_workers(fn.__module__)]
+    if local and config.reward.num_workers:
+        log.info(
+            "reward_fns %s are defined where worker processes cannot import them: scored "
+            "in-process (reward.num_workers=0, no timeout)",
+            local,
+        )
+        config.reward.num_workers = 0
