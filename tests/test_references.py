@@ -96,8 +96,16 @@ def _top_level_names(path: Path) -> frozenset[str]:
     return frozenset(names)
 
 
+# Names gspo_jax/__init__.py provides lazily (module __getattr__).
+LAZY = {"gspo_jax.train": "gspo_jax.trainer.api.train"}
+
+
 def _dotted_exists(name: str) -> bool:
-    parts = name.rstrip(".").split(".")
+    name = name.rstrip(".")
+    for short, full in LAZY.items():
+        if name == short or name.startswith(short + "."):
+            name = full + name[len(short) :]
+    parts = name.split(".")
     for cut in range(len(parts), 0, -1):
         path = _module_file(".".join(parts[:cut]))
         if path is None:
