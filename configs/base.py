@@ -98,7 +98,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # Policy model.
     # ------------------------------------------------------------------------------------
     c.model = ml_collections.ConfigDict()
-    c.model.hf_path = _placeholder(str)  # local Hugging Face checkpoint directory to start from
+    c.model.hf_path = _placeholder(str)  # checkpoint to start from: a local Hugging Face
+    # directory, or a Hub id ("Qwen/Qwen3-0.6B", "org/name@revision") in the HF cache
+    c.model.download = False  # let a Hub id missing from the cache be downloaded (opt-in)
     c.model.tokenizer_path = _placeholder(str)  # tokenizer dir (default: hf_path)
     c.model.param_dtype = "float32"  # master weights
     c.model.dtype = "float32"  # compute dtype ("bfloat16" for bf16 compute, f32 master weights)

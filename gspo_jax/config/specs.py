@@ -82,7 +82,7 @@ def model_config(config, tokenizer) -> models.ModelConfig:
     """
     m = config.model
     if m.hf_path:
-        hf = models.ModelConfig.from_hf_config(models.read_hf_config(m.hf_path))
+        hf = models.ModelConfig.from_hf_config(models.read_hf_config(checkpoint_dir(config)))
         return dataclasses.replace(hf, **model_numerics(config, hf.num_layers))
     from gspo_jax import data
 
@@ -452,7 +452,7 @@ def _loop_spec(c, step: StepConfig) -> LoopSpec:
         progress_bar=c.log.progress_bar,
         tensorboard=c.log.tensorboard,
         plot=c.log.plot,
-        hf_path=c.model.hf_path,
+        hf_path=checkpoint_dir(c),
         param_dtype=c.model.param_dtype,
         max_all_skipped_steps=c.max_all_skipped_steps,
         wandb=wandb_spec(c),
@@ -524,3 +524,12 @@ def pass_k(config) -> int:
     """k of pass@k / maj@k: `eval.pass_k`, or its deprecated name `eval.num_samples`."""
     old = config.eval.get("num_samples")
     return config.eval.pass_k if old is None else old
+
+
+def checkpoint_dir(config) -> str | None:
+    """The local directory of `model.hf_path` (a directory, or a Hub id found in the
+    Hugging Face cache, downloaded first only with `model.download`); None for scratch."""
+    from gspo_jax.models import hub
+
+    m = config.model
+    return hub.resolve(m.hf_path, download=bool(m.get("download", False))) if m.hf_path else None

@@ -33,6 +33,7 @@ from gspo_jax import sharding as sharding_lib
 from gspo_jax.algorithm import advantages, objectives, old_policy
 from gspo_jax.config.specs import (
     batch_sizes,
+    checkpoint_dir,
     lora_fields,
     normalize_reward_norm,
     pass_k,
@@ -604,7 +605,11 @@ def _check_model(config) -> None:
         raise ConfigError("config.model.routing_replay needs a Mixture-of-Experts model")
     _check_lora(config)
     if m.hf_path:
-        _check_dir("model.hf_path", m.hf_path, must_hold=("config.json",))
+        try:
+            where = checkpoint_dir(config)
+        except FileNotFoundError as e:
+            raise ConfigError(f"config.model.hf_path: {e}") from None
+        _check_dir("model.hf_path", where, must_hold=("config.json",))
     if m.tokenizer_path:
         _check_dir("model.tokenizer_path", m.tokenizer_path)
     if m.hf_path:

@@ -263,7 +263,7 @@ def prepare_prompts(prompt: specs.PromptSpec, source, tokenizer) -> data.Prepare
 def _tokenizer(c, workdir: str):
     """The checkpoint's tokenizer, or the char-level one of a scratch run (made once)."""
     if c.model.hf_path or c.model.tokenizer_path:
-        return data.load_tokenizer(c.model.tokenizer_path or c.model.hf_path)
+        return data.load_tokenizer(c.model.tokenizer_path or specs.checkpoint_dir(c))
     path = os.path.join(workdir, "tokenizer")
     return sharding_lib.lead_first(
         "tokenizer", lambda: data.make_char_tokenizer(path), lambda: data.load_tokenizer(path)

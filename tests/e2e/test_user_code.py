@@ -2,8 +2,11 @@
 the repository: `--config.imports=my_rewards.py --config.reward.spec=my_reward`, scored by
 a worker process that imports the file too."""
 
+import os
+import shutil
 import subprocess
 import textwrap
+from pathlib import Path
 
 from helpers import TINY_RUN, main_command, metrics_by_step
 
@@ -41,3 +44,27 @@ def test_a_reward_from_your_own_file_trains_through_main(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = metrics_by_step(workdir)
     assert rows[2]["reward/num_errors"] == 0 and 0.0 <= rows[2]["reward/mean"] <= 1.0
+
+
+def test_a_checkpoint_by_hub_id_from_the_cache_trains_through_main(tmp_path):
+    """`--config.model.hf_path=org/name` with the checkpoint in a Hugging Face cache laid
+    out locally (HF_HUB_CACHE): the run reads it from the snapshot, nothing is downloaded."""
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "models" / "default_warm_start"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "cache" / "models--gspo-test--tiny"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    shutil.copytree(fixture, repo / "snapshots" / commit)
+    flags = [f for f in TINY_RUN if not f.startswith(("--config.num_steps", "--config.model."))]
+    cmd = main_command(
+        tmp_path / "run",
+        f"--config.data.data_dir={tmp_path / 'data'}",
+        *flags,
+        "--config.num_steps=1",
+        "--config.model.hf_path=gspo-test/tiny",
+    )
+    env = dict(os.environ, HF_HUB_CACHE=str(tmp_path / "cache"), HF_HUB_OFFLINE="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = (tmp_path / "run" / "summary.json").read_text()
+    assert f"snapshots/{commit}" in summary
