@@ -547,7 +547,7 @@ def _ranges(config) -> None:
     """Every number a run reads, checked finite and in range (NaN compares False)."""
     if not 0 <= _int(config, "seed", minimum=0) < 2**31:
         raise ConfigError(f"config.seed={config.seed} must be in [0, 2**31)")
-    _number(config, "clip_low", low=0.0, high=1.0, high_open=True)
+    _number(config, "clip_low", low=0.0, high=1.0)  # 1: no lower bound (CISPO's preset)
     _number(config, "clip_high", low=0.0)
     _number(config, "dual_clip_ratio", low=1.0, low_open=True)
     _number(config, "rollout_correction_threshold", low=1.0, low_open=True)
