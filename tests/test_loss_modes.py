@@ -357,3 +357,34 @@ def test_bad_loss_mode_arguments_are_one_line_errors_naming_the_field():
         with pytest.raises(ValueError, match=match) as info:
             call(**kwargs)
         assert "\n" not in str(info.value), kwargs
+
+
+def test_the_registry_holds_the_family_and_a_later_mode_is_valid_in_a_config():
+    assert set(obj.LOSS_MODES) == {"clip", "sapo", "cispo", "gmpo", "dppo_tv", "dppo_kl"}
+    assert [n for n, m in obj.LOSS_MODES.items() if m.token_ratio] == ["gmpo"]
+    from configs import base
+    from gspo_jax.trainer.config import validate
+
+    @obj.register_loss_mode("test_plain_pg")
+    def _plain(x):  # −A·r, nothing limited
+        flags = {k: jnp.zeros_like(x.valid) for k in ("low", "high", "range")}
+        return -x.adv * x.ratio, {**flags, "weight": jnp.where(x.valid, 1.0, 0.0)}
+
+    try:
+        c = base.get_config()
+        c.loss_mode = "test_plain_pg"
+        validate(c)
+        lp, old, adv, mask, _ = _random_batch(5)
+        _, m, _ = _loss_and_grad(
+            lp,
+            old,
+            adv,
+            mask,
+            loss_mode="test_plain_pg",
+            importance_sampling="token",
+            clip_low=0.2,
+            clip_high=0.2,
+        )
+        assert m["limited_frac"] == 0.0 and m["weight_mean"] == 1.0
+    finally:
+        obj.LOSS_MODES.remove("test_plain_pg")
