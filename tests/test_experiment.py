@@ -578,3 +578,17 @@ def test_the_gspo_family_arms_are_their_presets_and_run_only_when_named(tmp_path
         validate(c, num_devices=1)
     with pytest.raises(ValueError, match="names none of"):
         cli.main(["--arms=dense/ppo", f"--workdir={tmp_path}"])
+
+
+def test_a_family_arm_gets_a_row_in_the_results(tmp_path):
+    """--arms=dense/gspo,dense/sapo,dense/grpo: the SAPO arm's runs are read back and
+    reported beside GSPO's and GRPO's (same table, plot and paired statistics)."""
+    keys = ("dense/gspo", "dense/sapo", "dense/grpo")
+    arms = [a for a in gspo_vs_grpo.ALL_ARMS if a.key in keys]
+    for arm in arms:
+        _fake_run(tmp_path, arm, 0)
+    budget = gspo_vs_grpo.Budget(steps=4, seeds=1, prompts=4, eval_every=4, eval_prompts=8)
+    path = tmp_path / "results.md"
+    gspo_vs_grpo.write_results(str(path), str(tmp_path), arms, [0], budget, "cmd", 60.0, [], "c")
+    text = path.read_text()
+    assert "| SAPO (dense) | 1 | 0.100 | 0.200 |" in text and "$" not in text
