@@ -33,7 +33,27 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # Algorithm (ROLL names). GSPO = importance_sampling "seq"; GRPO = "token".
     # ------------------------------------------------------------------------------------
     c.adv_estimator = "grpo"  # "grpo": group z-score of rewards (paper §2 eq. 3, §4.1);
-    # "reinforce": the processed reward itself (use with whiten_advantages, ROLL's GSPO yaml)
+    # "reinforce": the processed reward itself (use with whiten_advantages, ROLL's GSPO yaml);
+    # "rloo": r_i minus the mean reward of the group's other responses (needs G >= 2)
+    c.norm_adv_by_std_in_grpo = True  # "grpo" divides by the group's reward std; False:
+    # mean-centred only (Dr. GRPO's baseline; with loss_agg_mode "seq-mean-token-sum-norm"
+    # this is Dr. GRPO as published, configs/dr_grpo.py)
+    c.loss_mode = "clip"  # the per-token policy loss (docs/objectives.md): "clip" (PPO/GRPO/
+    # GSPO clipped surrogate) | "sapo" (soft gate) | "cispo" (clipped stop-gradient weight) |
+    # "gmpo" (geometric mean, log-space clip; importance_sampling "token") | "dppo_tv" |
+    # "dppo_kl" (binary TV / KL trust-region mask). LUSPO: "clip" with importance_sampling
+    # "seq" and loss_agg_mode "seq-mean-token-sum" (configs/luspo.py)
+    c.sapo_tau_pos = 1.0  # SAPO gate temperature for A > 0 (arXiv 2511.20347's value)
+    c.sapo_tau_neg = 1.05  # ... for A <= 0 (> sapo_tau_pos: negative tokens decay faster)
+    c.dppo_delta_low = 0.15  # DPPO-TV: mask A < 0 tokens whose p - p_old < -delta_low
+    c.dppo_delta_high = 0.15  # DPPO-TV: mask A > 0 tokens whose p - p_old > delta_high;
+    # DPPO-KL: mask tokens whose binary KL(p_old || p) > delta_high, moved in A's direction
+    # (the paper's KL threshold is 0.05: configs/dppo.py:variant=kl)
+    c.dppo_max_weight = 5.0  # DPPO: the stop-gradient weight min(r, dppo_max_weight)
+    c.opsm_delta = _placeholder(float)  # off-policy sequence masking (DeepSeek-V3.2 §3), any
+    # loss_mode: no loss for a sequence with A < 0 whose mean_t (log mu - log pi_theta) > delta,
+    # mu the sampler (None: off). Scales differ: TRL's example 0.5, slime's default 1e-4
+    # (docs/objectives.md)
     c.importance_sampling = "seq"  # "seq": GSPO s_i = exp(mean_t log ratio) (paper §4.1);
     # "seq_token": GSPO-token, stop-gradient form (paper §4.3); "token": GRPO/PPO ratio (§2)
     c.rollout_batch_size = 8  # prompts per RL step (N)

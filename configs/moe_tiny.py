@@ -3,7 +3,8 @@
 The default run (configs/default.py: 2-digit addition, a warm start that imitates a teacher
 who drops carries, then RL against the exact verifier) with the dense MLP of every layer
 replaced by 8 SwiGLU experts, 2 active per token (0.2M parameters, 0.1M active). The
-algorithm is the paper's GSPO or GRPO (configs/gspo_paper.py, configs/grpo_paper.py):
+algorithm is the paper's GSPO or GRPO (configs/gspo_paper.py, configs/grpo_paper.py), or
+another of the GSPO family (algo=sapo, cispo, gmpo, luspo, dppo: configs/<algo>.py):
 
   python -m gspo_jax.main --config=configs/moe_tiny.py --workdir=/tmp/moe_gspo
   python -m gspo_jax.main --config=configs/moe_tiny.py:algo=grpo,routing_replay=true \
@@ -20,9 +21,18 @@ warm start (1200 steps) solved too few held-out problems to give a short RL run 
 (the figure: docs/results.md, "Task").
 """
 
-from configs import common, grpo_paper, gspo_paper
+from configs import cispo, common, dppo, gmpo, grpo_paper, gspo_paper, luspo, sapo
 
-ALGOS = {"gspo": gspo_paper, "grpo": grpo_paper}
+# The paper's two, and the rest of the GSPO family's presets (docs/objectives.md).
+ALGOS = {
+    "gspo": gspo_paper,
+    "grpo": grpo_paper,
+    "sapo": sapo,
+    "cispo": cispo,
+    "gmpo": gmpo,
+    "luspo": luspo,
+    "dppo": dppo,
+}
 
 
 def get_config(arg: str | None = None):

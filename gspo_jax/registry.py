@@ -4,6 +4,7 @@ Each extension point is a `Registry` held by the module that uses its entries, w
 `register_*` decorator beside it:
 
     objectives.RATIOS            importance_sampling (`register_importance_sampling`)
+    objectives.LOSS_MODES        loss_mode           (`register_loss_mode`)
     objectives.LOSS_AGG_MODES    loss_agg_mode       (`register_loss_agg`)
     objectives.KL_ESTIMATORS     kl_estimator        (`register_kl_estimator`)
     advantages.ADV_ESTIMATORS    adv_estimator       (`register_advantage_estimator`)

@@ -332,3 +332,199 @@ def token_level_returns(token_rewards, mask, gamma=1.0):
         for k, t in enumerate(valid_t):
             out[b, t] = sum(gamma**j * token_rewards[b, t2] for j, t2 in enumerate(valid_t[k:]))
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The GSPO family (loss_mode), written from docs/objectives.md with analytic gradients.
+# ---------------------------------------------------------------------------------------------
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+
+
+def _binary_kl(a, b):
+    """KL(a ‖ b) of two Bernoulli distributions (0·log 0 = 0)."""
+
+    def term(x, y):
+        if x == 0.0:
+            return 0.0
+        if y == 0.0:
+            return math.inf
+        return x * math.log(x / y)
+
+    return term(a, b) + term(1.0 - a, 1.0 - b)
+
+
+def family_loss(
+    logprobs,
+    old_logprobs,
+    advantages,
+    mask,
+    *,
+    loss_mode,
+    importance_sampling="token",
+    clip_low=0.2,
+    clip_high=0.2,
+    sapo_tau_pos=1.0,
+    sapo_tau_neg=1.05,
+    dppo_delta_low=0.15,
+    dppo_delta_high=0.15,
+    dppo_max_weight=5.0,
+    opsm_delta=None,
+    rollout_logprobs=None,
+    loss_agg_mode="seq-mean-token-mean",
+    horizon=None,
+    num_valid_tokens=None,
+    num_valid_seqs=None,
+):
+    """(loss, dloss/dlogprobs [B, T], metrics) of the non-clip loss modes in float64.
+
+    Per token, with r the importance_sampling ratio (token: r_t; seq / seq_token: s_b):
+      sapo:  L = −A·(4/τ)·σ(τ(r − 1)),  dL/dr = −A·4σ(1 − σ)  (the gate, sech²(τ(r − 1)/2))
+      cispo: L = −w·A·lp, w = clip(r, 1 − cl, 1 + ch) constant: dL/dlp_t = −w·A
+      dppo:  L = −min(r, W)·A·lp·m, constant weight and mask: dL/dlp_t = −min(r, W)·A·m
+      gmpo:  L_t = −A_t·ρ_b, log ρ_b = mean over the sequence of the log-space-clipped token
+             log-ratios: dL_t/dlp_t' = −A_t·ρ_b·u_t'/n_b (u: the token's term is unclipped)
+    OPSM zeroes every token of a masked sequence. Metrics: limited_frac, limited_frac_seq,
+    weight_mean, opsm_masked_frac (with opsm_delta).
+    """
+    lp = np.asarray(logprobs, np.float64)
+    old = np.asarray(old_logprobs, np.float64)
+    mask = np.asarray(mask, np.float64)
+    num_b, num_t = lp.shape
+    adv = np.asarray(advantages, np.float64)
+    if adv.ndim == 1:
+        adv = np.repeat(adv[:, None], num_t, axis=1)
+    w = agg_weights(mask, loss_agg_mode, horizon, num_valid_tokens, num_valid_seqs)
+    loss_tok = np.zeros((num_b, num_t))
+    grad = np.zeros((num_b, num_t))
+    limited = np.zeros((num_b, num_t), bool)
+    weight = np.zeros((num_b, num_t))
+    opsm_seqs = 0
+    valid_seqs = 0
+    for b in range(num_b):
+        idx = [t for t in range(num_t) if mask[b, t] > 0]
+        if not idx:
+            continue
+        valid_seqs += 1
+        n = len(idx)
+        log_s = sum(lp[b, t] - old[b, t] for t in idx) / n
+        opsm = False
+        if opsm_delta is not None:
+            mu = np.asarray(rollout_logprobs, np.float64)
+            gap = sum(mu[b, t] - lp[b, t] for t in idx) / n
+            adv_b = sum(adv[b, t] for t in idx) / n
+            opsm = adv_b < 0 and gap > opsm_delta
+            opsm_seqs += int(opsm)
+        # d r_{b,t} / d lp_{b,t'}: token and seq_token: r (own token); seq: s/n (every token)
+        ratio = {}
+        for t in idx:
+            ratio[t] = (
+                math.exp(lp[b, t] - old[b, t])
+                if importance_sampling == "token"
+                else (math.exp(log_s))
+            )
+        dldr = {}
+        dldlp = {}
+        if loss_mode == "gmpo":
+            assert importance_sampling == "token"
+            terms, unclipped = {}, {}
+            for t in idx:
+                a, x = float(adv[b, t]), float(lp[b, t] - old[b, t])
+                sgn = int(a > 0) - int(a < 0)
+                clipped_x = min(max(x, -clip_low), clip_high)
+                terms[t] = sgn * min(sgn * x, sgn * clipped_x)
+                unclipped[t] = sgn != 0 and sgn * x <= sgn * clipped_x
+                limited[b, t] = sgn != 0 and not unclipped[t]
+                weight[b, t] = 0.0 if limited[b, t] else 1.0
+            rho = math.exp(sum(terms.values()) / n)
+            for t in idx:
+                loss_tok[b, t] = -adv[b, t] * rho
+            if not opsm:
+                for t2 in idx:
+                    if unclipped[t2]:
+                        grad[b, t2] += sum(w[b, t] * -adv[b, t] * rho for t in idx) / n
+        else:
+            for t in idx:
+                a, r = adv[b, t], ratio[t]
+                if loss_mode == "sapo":
+                    tau = sapo_tau_pos if a > 0 else sapo_tau_neg
+                    sig = _sigmoid(tau * (r - 1.0))
+                    loss_tok[b, t] = -a * 4.0 / tau * sig
+                    gate = 4.0 * sig * (1.0 - sig)
+                    dldr[t] = -a * gate
+                    weight[b, t] = gate
+                    limited[b, t] = a != 0 and gate < 0.5
+                elif loss_mode == "cispo":
+                    wt = min(max(r, 1.0 - clip_low), 1.0 + clip_high)
+                    loss_tok[b, t] = -wt * a * lp[b, t]
+                    dldlp[t] = -wt * a
+                    weight[b, t] = wt
+                    limited[b, t] = a != 0 and wt != r
+                elif loss_mode in ("dppo_tv", "dppo_kl"):
+                    p, p_old = math.exp(lp[b, t]), math.exp(old[b, t])
+                    if loss_mode == "dppo_tv":
+                        up, down = p - p_old > dppo_delta_high, p - p_old < -dppo_delta_low
+                    else:
+                        beyond = _binary_kl(p_old, p) > dppo_delta_high
+                        up, down = beyond and p > p_old, beyond and p < p_old
+                    keep = 0.0 if (a > 0 and up) or (a < 0 and down) else 1.0
+                    wt = min(r, dppo_max_weight)
+                    loss_tok[b, t] = -wt * a * lp[b, t] * keep
+                    dldlp[t] = -wt * a * keep
+                    weight[b, t] = keep
+                    limited[b, t] = a != 0 and (keep == 0.0 or r > dppo_max_weight)
+                else:
+                    raise ValueError(loss_mode)
+            if not opsm:
+                for t in idx:
+                    grad[b, t] += w[b, t] * dldlp.get(t, 0.0)
+                    if t in dldr:
+                        if importance_sampling == "seq":
+                            for t2 in idx:
+                                grad[b, t2] += w[b, t] * dldr[t] * ratio[t] / n
+                        else:
+                            grad[b, t] += w[b, t] * dldr[t] * ratio[t]
+        if opsm:
+            for t in idx:
+                loss_tok[b, t] = 0.0
+                limited[b, t] = True
+                weight[b, t] = 0.0
+    loss = float(np.sum(w * loss_tok))
+    n_tok = max(mask.sum(), 1)
+    seq_limited = sum(bool(limited[b][mask[b] > 0].any()) for b in range(num_b))
+    metrics = {
+        "limited_frac": float(limited[mask > 0].sum() / n_tok),
+        "limited_frac_seq": seq_limited / max(valid_seqs, 1),
+        "weight_mean": float(weight[mask > 0].sum() / n_tok),
+    }
+    if opsm_delta is not None:
+        metrics["opsm_masked_frac"] = opsm_seqs / max(valid_seqs, 1)
+    return loss, grad, metrics
+
+
+def rloo_advantages(rewards, group_size, valid=None):
+    """Â_i = r_i − mean of the other valid members of i's group (0 alone in its group)."""
+    rewards = np.asarray(rewards, np.float64)
+    valid = np.ones(len(rewards), bool) if valid is None else np.asarray(valid) > 0
+    adv = np.zeros_like(rewards)
+    for start in range(0, len(rewards), group_size):
+        members = [i for i in range(start, start + group_size) if valid[i]]
+        for i in members:
+            others = [rewards[j] for j in members if j != i]
+            adv[i] = rewards[i] - sum(others) / len(others) if others else 0.0
+    return adv
+
+
+def dr_grpo_advantages(rewards, group_size, valid=None):
+    """Dr. GRPO: Â_i = r_i − mean of i's group (no division by the std)."""
+    rewards = np.asarray(rewards, np.float64)
+    valid = np.ones(len(rewards), bool) if valid is None else np.asarray(valid) > 0
+    adv = np.zeros_like(rewards)
+    for start in range(0, len(rewards), group_size):
+        members = [i for i in range(start, start + group_size) if valid[i]]
+        mean = sum(rewards[i] for i in members) / max(len(members), 1)
+        for i in members:
+            adv[i] = rewards[i] - mean
+    return adv

@@ -170,6 +170,7 @@ def test_every_extension_point_is_a_registry_with_a_public_register():
     points = [
         (objectives.RATIOS, objectives.register_importance_sampling),
         (objectives.LOSS_AGG_MODES, objectives.register_loss_agg),
+        (objectives.LOSS_MODES, objectives.register_loss_mode),
         (objectives.KL_ESTIMATORS, objectives.register_kl_estimator),
         (advantages.ADV_ESTIMATORS, advantages.register_advantage_estimator),
         (rewards.REWARDS, rewards.register_reward),

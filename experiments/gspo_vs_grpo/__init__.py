@@ -65,7 +65,8 @@ docs/results.md) with its plots next to it in results/.
 
 Modules, by concern:
 
-  arms.py      Arm, ARMS, Budget, arm_config: what each arm runs, set up for one seed
+  arms.py      Arm, ARMS (+ FAMILY_ARMS: SAPO, CISPO, GMPO, LUSPO, DPPO, run when --arms
+               names them), Budget, arm_config: what each arm runs, set up for one seed
   run.py       warm starts (upcycle, specialise), run_arm, noise_floor, the wall-time ledger
   specialisation.py  how specialised an MoE's experts are (spread, load entropy, max load)
   noise_length.py  the noise floor against response length (--noise_floor_lengths): s_i's
@@ -79,8 +80,10 @@ Modules, by concern:
 
 from experiments.gspo_vs_grpo.analysis import arm_stats, pm, verdicts
 from experiments.gspo_vs_grpo.arms import (
+    ALL_ARMS,
     ARMS,
     EPS_GSPO,
+    FAMILY_ARMS,
     MOE_TESTBEDS,
     PAPER_EXPERT_CHANGE,
     UPCYCLE_NOISE,
@@ -93,8 +96,10 @@ from experiments.gspo_vs_grpo.report import PLOTS, plot, write_results
 from experiments.gspo_vs_grpo.run import noise_floor, run_arm, specialise, upcycle, warm_start
 
 __all__ = [
+    "ALL_ARMS",
     "ARMS",
     "EPS_GSPO",
+    "FAMILY_ARMS",
     "MOE_TESTBEDS",
     "PAPER_EXPERT_CHANGE",
     "PLOTS",

@@ -96,6 +96,29 @@ ARMS: tuple[Arm, ...] = (
     Arm("dense", "grpo", "GRPO (dense)", _dense("grpo")),
 )
 
+# The rest of the GSPO family (docs/objectives.md): each its preset (configs/<name>.py) on
+# the same task, seeds, warm starts and budget. Run only when --arms names them, so the
+# default experiment (and docs/results.md) stays GSPO vs GRPO.
+FAMILY = {"sapo": "SAPO", "cispo": "CISPO", "gmpo": "GMPO", "luspo": "LUSPO", "dppo": "DPPO"}
+
+
+def _family(name):
+    def make():
+        import importlib
+
+        return importlib.import_module(f"configs.{name}").get_config()
+
+    return make
+
+
+FAMILY_ARMS: tuple[Arm, ...] = tuple(
+    Arm(model, name, f"{label} ({model.replace('moe', 'MoE')})", fn)
+    for model in ("moe", "dense")
+    for name, label in FAMILY.items()
+    for fn in [_moe(f"algo={name}") if model == "moe" else _family(name)]
+)
+ALL_ARMS: tuple[Arm, ...] = ARMS + FAMILY_ARMS
+
 
 @dataclasses.dataclass(frozen=True)
 class Budget:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 
 from experiments.gspo_vs_grpo import sweep
-from experiments.gspo_vs_grpo.arms import ARMS, DEV_PROBLEMS, MOE_TESTBEDS, Arm, Budget
+from experiments.gspo_vs_grpo.arms import ALL_ARMS, ARMS, DEV_PROBLEMS, MOE_TESTBEDS, Arm, Budget
 from experiments.gspo_vs_grpo.noise_length import (
     LENGTHS,
     cached_rows,
@@ -62,9 +62,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("absl").setLevel(logging.WARNING)
     budget = _budget(args)
-    arms = [a for a in ARMS if not args.arms or a.key in args.arms.split(",")]
+    arms = [a for a in ALL_ARMS if a.key in args.arms.split(",")] if args.arms else list(ARMS)
     if not arms:
-        raise ValueError(f"--arms={args.arms!r} names none of {[a.key for a in ARMS]}")
+        raise ValueError(f"--arms={args.arms!r} names none of {[a.key for a in ALL_ARMS]}")
     seeds = list(range(max(len(budget.seeds_of(a)) for a in arms)))
     if budget.task != "add2":  # its own data, model, warm starts and runs
         args.workdir = os.path.join(args.workdir, f"{budget.task}_{budget.scale}")
@@ -158,7 +158,12 @@ def _parser() -> argparse.ArgumentParser:
         "20 steps; the scratchpad task at 4-10 digits and 2.9M parameters): run it under "
         "jax[cuda], explicit flags still win",
     )
-    p.add_argument("--arms", default="", help="comma-separated subset, e.g. dense/gspo")
+    p.add_argument(
+        "--arms",
+        default="",
+        help="comma-separated arms, e.g. dense/gspo (default: the GSPO and GRPO arms); the "
+        "GSPO family's dense/ and moe/ sapo, cispo, gmpo, luspo, dppo (docs/objectives.md)",
+    )
     p.add_argument(
         "--no_noise_floor",
         action="store_true",

@@ -1,5 +1,5 @@
-"""Advantages from rewards: reward normalisation and clipping, group (GRPO) or REINFORCE
-estimators, whitening and advantage clipping.
+"""Advantages from rewards: reward normalisation and clipping, group (GRPO, Dr. GRPO's
+mean-only baseline, RLOO) or REINFORCE estimators, whitening and advantage clipping.
 
 Where it sits: after the verifiers score the B = N·G sampled responses (rewards [B], the G
 responses of one prompt contiguous) and before `train_step`, which feeds the advantages to
@@ -164,15 +164,48 @@ def update_running_moments(running: RunningMoments, x: Array, valid: Array) -> R
 
 
 @register_advantage_estimator("grpo")
-def grpo_advantages(rewards_B: Array, valid_B: Array, *, group_size: int, eps: float = EPS):
+def grpo_advantages(
+    rewards_B: Array,
+    valid_B: Array,
+    *,
+    group_size: int,
+    eps: float = EPS,
+    norm_adv_by_std_in_grpo: bool = True,
+):
     """GRPO / GSPO group advantage (GSPO paper eq. for Â_i, §4.1):
 
     Â_i = (r_i − mean_group(r)) / (std_group(r) + eps), over the valid members of the group.
+
+    `norm_adv_by_std_in_grpo=False`: Â_i = r_i − mean_group(r), Dr. GRPO's baseline (Liu et
+    al., "Understanding R1-Zero-Like Training", arXiv 2503.20783, §3.1): dividing by the
+    group's std weights easy and hard prompts (low std) up, a question-level difficulty bias.
     """
     num_b = rewards_B.shape[0]
     rewards_NG = rewards_B.reshape(num_b // group_size, group_size)
     valid_NG = valid_B.reshape(num_b // group_size, group_size)
+    if not norm_adv_by_std_in_grpo:
+        _, mean_NG, _ = _masked_moments(rewards_NG, valid_NG, axis=1)
+        return (rewards_NG - mean_NG).reshape(num_b)
     return _zscore(rewards_NG, valid_NG, axis=1, eps=eps).reshape(num_b)
+
+
+@register_advantage_estimator("rloo")
+def rloo_advantages(rewards_B: Array, valid_B: Array, *, group_size: int, eps: float = EPS):
+    """RLOO, REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al., arXiv 2402.14740):
+    each response's baseline is the mean reward of the *other* valid members of its group,
+
+        Â_i = r_i − (1/(n − 1)) Σ_{j≠i} r_j = n/(n − 1) · (r_i − mean_group(r)),
+
+    n the group's valid members (a member alone in its group gets 0). Unbiased: r_i's own
+    reward never enters its baseline. Needs G >= 2.
+    """
+    del eps
+    num_b = rewards_B.shape[0]
+    rewards_NG = rewards_B.reshape(num_b // group_size, group_size)
+    valid_NG = valid_B.reshape(num_b // group_size, group_size)
+    count_NG, mean_NG, _ = _masked_moments(rewards_NG, valid_NG, axis=1)
+    scale_NG = jnp.where(count_NG > 1, count_NG / jnp.maximum(count_NG - 1.0, 1.0), 0.0)
+    return (scale_NG * (rewards_NG - mean_NG)).reshape(num_b)
 
 
 @register_advantage_estimator("reinforce")
@@ -185,6 +218,13 @@ def reinforce_advantages(rewards_B: Array, valid_B: Array, *, group_size: int, e
 # ---------------------------------------------------------------------------------------------
 # Public API.
 # ---------------------------------------------------------------------------------------------
+
+
+def _grpo_option(adv_estimator: str, norm_adv_by_std_in_grpo: bool) -> dict:
+    """The estimator's keyword for `norm_adv_by_std_in_grpo`: only "grpo" reads it."""
+    if adv_estimator == "grpo":
+        return {"norm_adv_by_std_in_grpo": bool(norm_adv_by_std_in_grpo)}
+    return {}
 
 
 def _check_args(num_b: int, *, group_size, adv_estimator, reward_norm, running) -> None:
@@ -266,6 +306,7 @@ def compute_advantages(
     mask: Array | None = None,
     running: RunningMoments | None = None,
     eps: float = EPS,
+    norm_adv_by_std_in_grpo: bool = True,
 ) -> tuple[Array, RunningMoments | None]:
     """Per-response advantages [B] from rewards [B] (B = N·G, groups contiguous).
 
@@ -274,8 +315,9 @@ def compute_advantages(
          (r − mean)/(std + eps) by default or with both flags, r − mean with `reward_shift`
          alone, r/(std + eps) with `reward_scale` alone;
       2. clip to ±`reward_clip`;
-      3. estimator: "grpo" Â = (r − mean_group)/(std_group + eps) (GSPO paper §4.1);
-         "reinforce" Â = r;
+      3. estimator: "grpo" Â = (r − mean_group)/(std_group + eps) (GSPO paper §4.1), or
+         r − mean_group with `norm_adv_by_std_in_grpo=False` (Dr. GRPO); "rloo"
+         Â = r − mean of the group's other members; "reinforce" Â = r;
       4. `whiten_advantages`: z-score over the valid batch;
       5. clip to ±`advantage_clip`.
     Invalid entries get 0. std is unbiased (ddof=1), and 0 for a set with < 2 valid members.
@@ -305,7 +347,13 @@ def compute_advantages(
         eps=eps,
     )
     estimate = ADV_ESTIMATORS[adv_estimator].sequence
-    adv_B = estimate(rewards_B, valid_B, group_size=group_size, eps=eps)
+    adv_B = estimate(
+        rewards_B,
+        valid_B,
+        group_size=group_size,
+        eps=eps,
+        **_grpo_option(adv_estimator, norm_adv_by_std_in_grpo),
+    )
     if whiten_advantages:
         adv_B = _zscore(adv_B, valid_B, eps=eps)
     if advantage_clip is not None:
@@ -354,11 +402,25 @@ def reinforce_token_advantages(
 
 @register_advantage_estimator("grpo", level="token")
 def grpo_token_advantages(
-    rewards_BT: Array, valid_BT: Array, valid_B: Array, *, group_size: int, gamma, eps=EPS
+    rewards_BT: Array,
+    valid_BT: Array,
+    valid_B: Array,
+    *,
+    group_size: int,
+    gamma,
+    eps=EPS,
+    norm_adv_by_std_in_grpo: bool = True,
 ):
-    """GRPO per token: the sequence score Σ_t r_t, group z-scored, on each of its tokens."""
+    """GRPO per token: the sequence score Σ_t r_t, group z-scored (or mean-centred,
+    `norm_adv_by_std_in_grpo=False`), on each of its tokens."""
     del valid_BT, gamma
-    adv_B = grpo_advantages(jnp.sum(rewards_BT, axis=-1), valid_B, group_size=group_size, eps=eps)
+    adv_B = grpo_advantages(
+        jnp.sum(rewards_BT, axis=-1),
+        valid_B,
+        group_size=group_size,
+        eps=eps,
+        norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
+    )
     return jnp.broadcast_to(adv_B[:, None], rewards_BT.shape)
 
 
@@ -379,6 +441,7 @@ def compute_token_advantages(
     running: RunningMoments | None = None,
     gamma: float = 1.0,
     eps: float = EPS,
+    norm_adv_by_std_in_grpo: bool = True,
 ) -> tuple[Array, RunningMoments | None]:
     """Per-token advantages [B, T] when part of the reward is per token (e.g. −β·KL_t).
 
@@ -443,7 +506,13 @@ def compute_token_advantages(
             f"form; valid: {valid}"
         )
     adv_BT = estimate(
-        combined_BT, tok_valid_BT, valid_B, group_size=group_size, gamma=gamma, eps=eps
+        combined_BT,
+        tok_valid_BT,
+        valid_B,
+        group_size=group_size,
+        gamma=gamma,
+        eps=eps,
+        **_grpo_option(adv_estimator, norm_adv_by_std_in_grpo),
     )
     if whiten_advantages:
         adv_BT = _zscore(adv_BT, tok_valid_BT, eps=eps)

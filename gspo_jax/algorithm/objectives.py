@@ -1,4 +1,5 @@
-"""Policy-gradient objectives: GSPO / GSPO-token / GRPO losses, KL estimators, loss aggregation.
+"""Policy-gradient objectives: the GSPO family of losses (GSPO / GSPO-token / GRPO clipping,
+SAPO, CISPO, GMPO, DPPO, LUSPO, off-policy sequence masking), KL estimators, loss aggregation.
 
 Where it sits: `train_step` computes per-token log-probs of the current policy, then calls
 `policy_loss(logprobs, old_logprobs, advantages, mask, ...)` once per micro-batch and sums the
@@ -9,7 +10,8 @@ are static Python strings (close over them or mark them static in `jax.jit`).
 
 Shape letters: B responses (sequences) in this call, T response tokens.
 
-Paper: Zheng et al., "Group Sequence Policy Optimization", arXiv 2507.18071 (GSPO, §4).
+Paper: Zheng et al., "Group Sequence Policy Optimization", arXiv 2507.18071 (GSPO, §4). The
+other members of the family (`loss_mode`) each cite theirs; docs/objectives.md is their page.
 
 Masks: a position with mask 0 may hold anything in `logprobs` / `old_logprobs` (padding, -inf,
 NaN). Inputs are replaced by 0 there *before* any arithmetic (the "safe where" pattern), so no
@@ -17,7 +19,8 @@ NaN/inf reaches the loss, the metrics or the gradients. A sequence whose mask is
 counts in any denominator.
 
 To add a mode, decorate a function with `register_importance_sampling(name,
-sequence_level=...)`, `register_loss_agg(name)` or `register_kl_estimator(name)`; config
+sequence_level=...)`, `register_loss_mode(name)`, `register_loss_agg(name)` or
+`register_kl_estimator(name)`; config
 validation reads the live registries, so the name is valid from then on. A new metric of
 `policy_loss` is declared in `policy_metric_reductions` (how it combines over micro-batches
 and updates, gspo_jax/algorithm/reductions.py).
@@ -25,6 +28,7 @@ and updates, gspo_jax/algorithm/reductions.py).
 
 import dataclasses
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -64,6 +68,48 @@ def register_importance_sampling(name: str, *, sequence_level: bool):
 
     def decorator(fn):
         RATIOS.add(name, Ratio(fn, sequence_level))
+        return fn
+
+    return decorator
+
+
+@dataclasses.dataclass(frozen=True)
+class LossMode:
+    """A per-token policy loss of the GSPO family (`loss_mode`). `loss(x: LossInputs) ->
+    (loss [B, T], flags)` with flags "low" / "high" (bool [B, T]: the mode reduces or removes
+    this token's gradient, for A < 0 / A > 0), "range" (bool [B, T]: outside the mode's
+    trust region whatever the advantage's sign) and "weight" (f32 [B, T], no gradient: the
+    token's gradient weight as the mode sets it, 1 for the plain policy gradient on policy).
+    `token_ratio`: the mode reads token log-ratios (importance_sampling must be "token")."""
+
+    loss: Callable[..., tuple[Array, dict[str, Array]]]
+    token_ratio: bool = False
+
+
+LOSS_MODES: Registry[LossMode] = Registry("loss_mode")
+
+
+class LossInputs(NamedTuple):
+    """What a loss mode sees, sanitised (0 at masked positions; f32): `logp` (log π_θ, the
+    differentiated input), `old` (log π_old, constant), `log_ratio` (the importance_sampling
+    ratio's log, clamped), `ratio` (its exp, 1 at masked positions), `adv` (A per token,
+    constant), `valid` (bool), `mask`, and `hp` (the modes' hyper-parameters by name)."""
+
+    logp: Array
+    old: Array
+    log_ratio: Array
+    ratio: Array
+    adv: Array
+    valid: Array
+    mask: Array
+    hp: dict
+
+
+def register_loss_mode(name: str, *, token_ratio: bool = False):
+    """Decorator registering `fn(x: LossInputs) -> (loss_BT, flags)` as loss_mode `name`."""
+
+    def decorator(fn):
+        LOSS_MODES.add(name, LossMode(fn, token_ratio))
         return fn
 
     return decorator
@@ -425,6 +471,154 @@ def _correction_metrics(mode, level, mask_BT, rho_BT, weight_BT, out_BT) -> dict
 
 
 # ---------------------------------------------------------------------------------------------
+# Loss modes: the GSPO family (docs/objectives.md). Each gets the ratio r that
+# importance_sampling selects (r_t per token, or s_i on every token of sequence i).
+# ---------------------------------------------------------------------------------------------
+
+
+def _signed_flags(x: LossInputs, out_BT: Array) -> dict[str, Array]:
+    """low / high: `out_BT` on tokens with A < 0 / A > 0 (A = 0 has no gradient to limit)."""
+    out_BT = x.valid & out_BT
+    return {"low": out_BT & (x.adv < 0), "high": out_BT & (x.adv > 0), "range": out_BT}
+
+
+@register_loss_mode("clip")
+def _loss_clip(x: LossInputs):
+    """PPO / GRPO / GSPO clipped surrogate (GSPO paper §4): L = max(−A·r, −A·clip(r, 1 − ε_low,
+    1 + ε_high)); the gradient weight is 1 where the unclipped term is active, else 0."""
+    loss_BT, flags = _clipped_loss(x.ratio, x.adv, x.valid, x.hp["clip_low"], x.hp["clip_high"])
+    flags["weight"] = jnp.where(flags["low"] | flags["high"], 0.0, 1.0)
+    return loss_BT, flags
+
+
+@register_loss_mode("sapo")
+def _loss_sapo(x: LossInputs):
+    """SAPO (Gao et al., arXiv 2511.20347): a soft gate instead of the clip.
+
+        L = −A·f(r),  f(r) = (4/τ)·σ(τ·(r − 1)),  τ = τ_pos if A > 0 else τ_neg
+
+    ∂L/∂log π = −A·r·sech²(τ(r − 1)/2): the gate sech² is 1 on policy and decays smoothly
+    away from r = 1 (faster for A < 0 with τ_neg > τ_pos). Nothing is cut: a token is counted
+    as limited where the gate is below ½ (half its gradient or more removed). With
+    importance_sampling="seq", r = s_i: sequence-level SAPO.
+    """
+    tau_BT = jnp.where(x.adv > 0, x.hp["sapo_tau_pos"], x.hp["sapo_tau_neg"])
+    z_BT = tau_BT * (x.ratio - 1.0)
+    loss_BT = -x.adv * (4.0 / tau_BT) * jax.nn.sigmoid(z_BT)
+    z_BT = jax.lax.stop_gradient(z_BT)
+    gate_BT = 4.0 * jax.nn.sigmoid(z_BT) * jax.nn.sigmoid(-z_BT)  # = sech²(z/2)
+    flags = _signed_flags(x, gate_BT < 0.5)
+    flags["weight"] = jnp.where(x.valid, gate_BT, 0.0)
+    return loss_BT, flags
+
+
+@register_loss_mode("cispo")
+def _loss_cispo(x: LossInputs):
+    """CISPO (MiniMax-M1, arXiv 2506.13585): the importance weight is clipped, never the
+    gradient path.
+
+        L = −sg(clip(r, 1 − ε_low, 1 + ε_high))·A·log π_θ(y_t)
+
+    Every token keeps a gradient −w·A·∇log π; limited: the clip changed the weight.
+    """
+    lo, hi = 1.0 - x.hp["clip_low"], 1.0 + x.hp["clip_high"]
+    ratio_BT = jax.lax.stop_gradient(x.ratio)
+    weight_BT = jnp.clip(ratio_BT, lo, hi)
+    loss_BT = -x.adv * weight_BT * x.logp
+    flags = _signed_flags(x, (ratio_BT < lo) | (ratio_BT > hi))
+    flags["weight"] = jnp.where(x.valid, weight_BT, 0.0)
+    return loss_BT, flags
+
+
+@register_loss_mode("gmpo", token_ratio=True)
+def _loss_gmpo(x: LossInputs):
+    """GMPO (Zhao et al., arXiv 2507.20673): the geometric mean of the token ratios, clipped
+    in log space, per sequence.
+
+        log ρ_i = (1/|y_i|) Σ_t sgn(A)·min(sgn(A)·log r_t, sgn(A)·clip(log r_t, −ε_low, ε_high))
+        L_i = −A_i·ρ_i   (on each of the sequence's tokens; seq-mean-token-mean: (1/G) Σ_i L_i)
+
+    A token whose clipped term is active contributes a constant to log ρ_i: no gradient.
+    """
+    lo, hi = -x.hp["clip_low"], x.hp["clip_high"]
+    log_r_BT = x.log_ratio
+    clipped_BT = (x.adv > 0) & (log_r_BT > hi) | (x.adv < 0) & (log_r_BT < lo)
+    clipped_BT = x.valid & clipped_BT
+    term_BT = jnp.where(clipped_BT, jnp.clip(jax.lax.stop_gradient(log_r_BT), lo, hi), log_r_BT)
+    term_BT = jnp.where(x.adv == 0, 0.0, term_BT)  # sgn(0) = 0
+    rho_B = jnp.exp(row_mean(term_BT, x.mask))
+    loss_BT = -x.adv * rho_B[:, None]
+    flags = _signed_flags(x, (log_r_BT < lo) | (log_r_BT > hi))
+    flags["low"], flags["high"] = clipped_BT & (x.adv < 0), clipped_BT & (x.adv > 0)
+    flags["weight"] = jnp.where(x.valid & ~clipped_BT, 1.0, 0.0)
+    return loss_BT, flags
+
+
+def _dppo(x: LossInputs, divergence: str):
+    """DPPO's masked, capped policy gradient (`_loss_dppo_tv` / `_loss_dppo_kl`)."""
+    sg = jax.lax.stop_gradient
+    logp_BT = sg(x.logp)
+    p_BT, old_p_BT = jnp.exp(logp_BT), jnp.exp(x.old)
+    up_BT, down_BT = p_BT > old_p_BT, p_BT < old_p_BT
+    if divergence == "tv":
+        high_BT = p_BT - old_p_BT > x.hp["dppo_delta_high"]
+        low_BT = p_BT - old_p_BT < -x.hp["dppo_delta_low"]
+    else:  # binary KL(p_old ‖ p) over {y_t, not y_t}
+        q_BT, old_q_BT = -jnp.expm1(logp_BT), -jnp.expm1(x.old)
+        xlogy = jax.scipy.special.xlogy
+        kl_BT = xlogy(old_p_BT, old_p_BT) - old_p_BT * logp_BT + xlogy(old_q_BT, old_q_BT)
+        kl_BT = kl_BT - xlogy(old_q_BT, q_BT)
+        beyond_BT = kl_BT > x.hp["dppo_delta_high"]
+        high_BT, low_BT = beyond_BT & up_BT, beyond_BT & down_BT
+    masked_BT = x.valid & ((x.adv > 0) & high_BT | (x.adv < 0) & low_BT)
+    ratio_BT = sg(x.ratio)
+    weight_BT = jnp.minimum(ratio_BT, x.hp["dppo_max_weight"])
+    keep_BT = jnp.where(masked_BT, 0.0, 1.0)
+    loss_BT = -x.adv * weight_BT * x.logp * keep_BT
+    capped_BT = x.valid & (x.adv != 0) & (ratio_BT > x.hp["dppo_max_weight"])
+    flags = {
+        "low": masked_BT & (x.adv < 0) | capped_BT & (x.adv < 0),
+        "high": masked_BT & (x.adv > 0) | capped_BT & (x.adv > 0),
+        "range": x.valid & (high_BT | low_BT),
+        "weight": jnp.where(x.valid, keep_BT, 0.0),
+    }
+    return loss_BT, flags
+
+
+@register_loss_mode("dppo_tv")
+def _loss_dppo_tv(x: LossInputs):
+    """DPPO, binary total variation (Qi et al., arXiv 2602.04879): a token trust region on
+    the sampled token's probability p = exp(log π_θ) against p_old = exp(log π_old).
+
+        m_t = 0 if (A > 0 and p − p_old > δ_high) or (A < 0 and p − p_old < −δ_low), else 1
+        L = −A·sg(min(r, w_max))·log π_θ(y_t)·m_t
+
+    Limited: masked tokens, and tokens whose weight the cap w_max lowered.
+    """
+    return _dppo(x, "tv")
+
+
+@register_loss_mode("dppo_kl")
+def _loss_dppo_kl(x: LossInputs):
+    """DPPO, binary KL (arXiv 2602.04879): as dppo_tv with the mask
+
+    m_t = 0 if KL(p_old ‖ p) > δ_high and p moved in A's direction (up for A > 0, down
+          for A < 0), KL(a ‖ b) = a log(a/b) + (1 − a) log((1 − a)/(1 − b))
+    """
+    return _dppo(x, "kl")
+
+
+def _opsm_mask(x: LossInputs, rollout_BT: Array, delta) -> Array:
+    """Off-policy sequence masking (DeepSeek-V3.2, §3): bool [B, T], True on every token of a
+    sequence with A < 0 whose mean_t (log μ − log π_θ) over its valid tokens exceeds δ (the
+    sequence's advantage: the mean of its tokens'). No gradient (a mask)."""
+    gap_B = row_mean(rollout_BT - jax.lax.stop_gradient(x.logp), x.mask)
+    adv_B = row_mean(x.adv, x.mask)
+    masked_B = jnp.any(x.valid, axis=-1) & (adv_B < 0) & (gap_B > delta)
+    return x.valid & masked_B[:, None]
+
+
+# ---------------------------------------------------------------------------------------------
 # The policy loss.
 # ---------------------------------------------------------------------------------------------
 
@@ -449,8 +643,16 @@ def policy_loss(
     rollout_correction: str = "none",
     rollout_correction_level: str = "token",
     rollout_correction_threshold: float = 2.0,
+    loss_mode: str = "clip",
+    sapo_tau_pos: float = 1.0,
+    sapo_tau_neg: float = 1.05,
+    dppo_delta_low: float = 0.15,
+    dppo_delta_high: float = 0.15,
+    dppo_max_weight: float = 5.0,
+    opsm_delta: float | None = None,
 ) -> tuple[Array, dict[str, Array]]:
-    """Clipped policy-gradient loss for GRPO (token ratio), GSPO and GSPO-token (paper §4).
+    """Policy-gradient loss of the GSPO family: GRPO (token ratio), GSPO and GSPO-token
+    (paper §4) with the clipped surrogate, or another `loss_mode` (docs/objectives.md).
 
     Per valid token, with r the ratio chosen by `importance_sampling` (see the registry:
     "token" r_t = π_θ/π_old per token; "seq" r = s_i, the length-normalised sequence ratio of
@@ -460,9 +662,23 @@ def policy_loss(
         L_t = max(−A·r, −A·clip(r, 1 − clip_low, 1 + clip_high))
         dual clip (if dual_clip_loss), for A < 0:  L_t = min(L_t, −A·dual_clip_ratio)
 
+    That is `loss_mode="clip"` (the default). The other modes replace L_t, with the same r:
+      "sapo":    L_t = −A·(4/τ)·σ(τ(r − 1)), τ = sapo_tau_pos if A > 0 else sapo_tau_neg
+      "cispo":   L_t = −sg(clip(r, 1 − clip_low, 1 + clip_high))·A·log π_θ(y_t)
+      "gmpo":    L_t = −A·ρ_i, log ρ_i the mean over the sequence of the log-space clipped
+                 token log-ratios (clip_low / clip_high; importance_sampling="token" only)
+      "dppo_tv", "dppo_kl": L_t = −A·sg(min(r, dppo_max_weight))·log π_θ(y_t)·m_t, m_t = 0
+                 outside the binary TV / KL trust region (dppo_delta_low / dppo_delta_high)
+    (each mode's function docstring has the details). LUSPO is "clip" with
+    importance_sampling="seq" and loss_agg_mode="seq-mean-token-sum".
+
     The loss is `aggregate_loss(L, mask, loss_agg_mode, ...)`. J_GSPO of §4.1 is
     seq + seq-mean-token-mean: every token of a sequence carries the same L, so the token mean
     is the sequence's term.
+
+    Off-policy sequence masking (`opsm_delta` δ, None: off; DeepSeek-V3.2 §3), with any mode:
+    every token of a sequence with A < 0 and mean_t (log μ − log π_θ) > δ gets L_t = 0 (μ:
+    `rollout_logprobs`, the sampler's); the denominators are unchanged.
 
     Args:
       logprobs: [B, T] log π_θ of the response tokens (the differentiated input).
@@ -476,12 +692,16 @@ def policy_loss(
         log s_i — the mean, never a sum — for seq modes) so an extreme policy drift cannot
         overflow; its gradient is 0 beyond the clamp. None disables.
       rollout_logprobs: [B, T] log μ, the sampler's log-probs of the tokens (needed with a
-        rollout correction; `old_logprobs` must then be the trainer's own π_old).
+        rollout correction, where `old_logprobs` must be the trainer's own π_old, and with
+        `opsm_delta`).
       rollout_correction, rollout_correction_level, rollout_correction_threshold: "none"
         (default), or "tis" / "mask" at "token" / "seq" level with threshold C: each L_t is
         multiplied by the stop-gradient weight of `rollout_correction_weights` (ρ = π_old / μ)
         before aggregation. The weight never enters r or its clip, so the clip measures the
         policy's change since π_old only; the denominators are unchanged.
+      loss_mode: a name in LOSS_MODES (static); sapo_tau_pos / sapo_tau_neg (> 0),
+        dppo_delta_low / dppo_delta_high / dppo_max_weight (> 0): those modes' parameters.
+      opsm_delta: off-policy sequence masking's threshold δ (None: off).
 
     Returns:
       (loss, metrics). metrics is a flat dict of f32 scalars over this call's valid data, each
@@ -494,7 +714,14 @@ def policy_loss(
       token clipped on that side — in `seq` mode every token of a sequence shares its clip
       state, so these are the sequence-level clip fractions), clipfrac_seq_range (valid
       sequences with ≥ 1 token out of range), dual_clipfrac (valid tokens capped by the dual
-      clip), ratio_min / ratio_mean / ratio_max (over valid tokens for token modes, over valid
+      clip), limited_frac (valid tokens whose gradient the mode reduces or removes: clipped
+      or dual-clipped for "clip" — then the low / high clipfracs are the mode's limited tokens
+      by the advantage's sign —, SAPO's gate below ½, CISPO's weight changed by its clip,
+      GMPO's clipped tokens, DPPO's masked or capped tokens, and OPSM's masked sequences),
+      limited_frac_seq (valid sequences with >= 1 limited token), weight_mean (the mean
+      gradient weight over valid tokens: SAPO's gate, CISPO's clipped weight, DPPO's mask,
+      1 − clipped for "clip" and "gmpo"; 0 on OPSM-masked tokens), opsm_masked_frac (with
+      `opsm_delta`: valid sequences OPSM masks), ratio_min / ratio_mean / ratio_max (over valid tokens for token modes, over valid
       sequences for sequence modes; 1.0 when nothing is valid), approx_kl (masked mean of
       old − logp, k1 of KL(π_old ‖ π_θ)), approx_kl_k3 (masked mean of r_t − 1 − log r_t with
       the token ratio), pg_loss (= loss), num_valid_tokens and num_valid_seqs (local counts,
@@ -507,14 +734,30 @@ def policy_loss(
       out over long responses).
     """
     ratio = RATIOS.get(importance_sampling)
+    mode = LOSS_MODES.get(loss_mode)
     _check_policy_args(logprobs, old_logprobs, advantages, mask, clip_low, clip_high)
+    hp = {
+        "clip_low": clip_low,
+        "clip_high": clip_high,
+        "sapo_tau_pos": sapo_tau_pos,
+        "sapo_tau_neg": sapo_tau_neg,
+        "dppo_delta_low": dppo_delta_low,
+        "dppo_delta_high": dppo_delta_high,
+        "dppo_max_weight": dppo_max_weight,
+    }
+    _check_loss_mode(loss_mode, mode, importance_sampling, hp, dual_clip_loss, opsm_delta)
     correction = _correction_args(
-        rollout_logprobs,
+        rollout_logprobs if rollout_correction != "none" or opsm_delta is None else None,
         rollout_correction,
         level=rollout_correction_level,
         threshold=rollout_correction_threshold,
         log_ratio_clamp=20.0 if log_ratio_clamp is None else log_ratio_clamp,
     )
+    if opsm_delta is not None and rollout_logprobs is None:
+        raise ValueError(
+            "policy_loss: opsm_delta (off-policy sequence masking) needs rollout_logprobs, "
+            "the sampler's log-probs μ"
+        )
     if dual_clip_loss and isinstance(dual_clip_ratio, int | float) and dual_clip_ratio <= 1.0:
         raise ValueError(f"policy_loss: dual_clip_ratio must be > 1, got {dual_clip_ratio}")
     mask_BT = jnp.asarray(mask, jnp.float32)
@@ -531,15 +774,31 @@ def policy_loss(
     if log_ratio_clamp is not None:
         log_ratio_BT = jnp.clip(log_ratio_BT, -log_ratio_clamp, log_ratio_clamp)
     ratio_BT = jnp.where(valid_BT, jnp.exp(log_ratio_BT), 1.0)
-    loss_BT, flags = _clipped_loss(ratio_BT, adv_BT, valid_BT, clip_low, clip_high)
+    inputs = LossInputs(logp_BT, old_BT, log_ratio_BT, ratio_BT, adv_BT, valid_BT, mask_BT, hp)
+    loss_BT, flags = mode.loss(inputs)
+    flags["limited"] = flags["low"] | flags["high"]
     if dual_clip_loss:
         # verl/ROLL dual clip: a negative-advantage token whose ratio exploded is capped at
         # −A·c (constant, no gradient) instead of growing without bound.
         cap_BT = -adv_BT * dual_clip_ratio
         flags["dual"] = valid_BT & (adv_BT < 0) & (loss_BT > cap_BT)
         loss_BT = jnp.where(flags["dual"], cap_BT, loss_BT)
+        flags["limited"] = flags["limited"] | flags["dual"]
+        flags["weight"] = jnp.where(flags["dual"], 0.0, flags["weight"])
     else:
         flags["dual"] = jnp.zeros_like(valid_BT)
+    opsm_metrics = {}
+    if opsm_delta is not None:
+        rollout_BT = jnp.where(valid_BT, rollout_logprobs.astype(jnp.float32), 0.0)
+        opsm_BT = _opsm_mask(inputs, jax.lax.stop_gradient(rollout_BT), opsm_delta)
+        loss_BT = jnp.where(opsm_BT, 0.0, loss_BT)
+        flags["limited"] = flags["limited"] | opsm_BT
+        flags["weight"] = jnp.where(opsm_BT, 0.0, flags["weight"])
+        opsm_B = jnp.any(opsm_BT, axis=-1)
+        n_seq = jnp.sum(jnp.any(valid_BT, axis=-1).astype(jnp.float32))
+        opsm_metrics["opsm_masked_frac"] = jax.lax.stop_gradient(
+            jnp.sum(opsm_B.astype(jnp.float32)) / safe_count(n_seq)
+        )
     correction_metrics = {}
     if correction is not None:
         weight_BT, correction_metrics = rollout_correction_weights(
@@ -557,7 +816,29 @@ def policy_loss(
     )
     clamp = 20.0 if log_ratio_clamp is None else log_ratio_clamp
     metrics = _policy_metrics(ratio, loss, logp_BT, old_BT, mask_BT, ratio_BT, flags, clamp)
-    return loss, {**metrics, **correction_metrics}
+    return loss, {**metrics, **opsm_metrics, **correction_metrics}
+
+
+def _check_loss_mode(name, mode: LossMode, importance_sampling, hp, dual_clip_loss, opsm_delta):
+    """The loss mode against its parameters (concrete values only) and the ratio it needs."""
+    if mode.token_ratio and importance_sampling != "token":
+        raise ValueError(
+            f"policy_loss: loss_mode={name!r} needs token log-ratios: importance_sampling "
+            f"must be 'token', got {importance_sampling!r}"
+        )
+    if dual_clip_loss and name != "clip":
+        raise ValueError(f"policy_loss: dual_clip_loss applies to loss_mode='clip', not {name!r}")
+    positive = {"sapo": ("sapo_tau_pos", "sapo_tau_neg"), "cispo": ("clip_high",)}
+    dppo = ("dppo_delta_low", "dppo_delta_high", "dppo_max_weight")
+    positive.update(dppo_tv=dppo, dppo_kl=dppo)
+    for field in positive.get(name, ()):
+        value = hp[field]
+        if isinstance(value, int | float) and not value > 0:
+            raise ValueError(
+                f"policy_loss: {field} must be > 0 with loss_mode={name!r}, got {value}"
+            )
+    if isinstance(opsm_delta, int | float) and not opsm_delta >= 0:
+        raise ValueError(f"policy_loss: opsm_delta must be >= 0 (or None), got {opsm_delta}")
 
 
 def _correction_args(
@@ -635,6 +916,10 @@ def policy_metric_reductions(
         "correction/capped_frac": mean.logged(),
         "correction/masked_frac": mean.logged(),
         "pg_loss": SUM,  # with global denominators, the micro-batches' losses add up
+        "limited_frac": TOKEN_MEAN.logged(),
+        "limited_frac_seq": SEQ_MEAN.logged(),
+        "weight_mean": TOKEN_MEAN.logged(),
+        "opsm_masked_frac": SEQ_MEAN.logged(),
         "clipfrac": TOKEN_MEAN.logged(),
         "clipfrac_low": TOKEN_MEAN,
         "clipfrac_high": TOKEN_MEAN,
@@ -689,6 +974,9 @@ def _policy_metrics(ratio: Ratio, loss, logp_BT, old_BT, mask_BT, ratio_BT, flag
     clipped_BT = flags["low"] | flags["high"]
     metrics = {
         "pg_loss": loss,
+        "limited_frac": tok_frac(flags["limited"]),
+        "limited_frac_seq": seq_frac(flags["limited"]),
+        "weight_mean": masked_mean(sg(flags["weight"]), mask_BT),
         "clipfrac": tok_frac(clipped_BT),
         "clipfrac_low": tok_frac(flags["low"]),
         "clipfrac_high": tok_frac(flags["high"]),

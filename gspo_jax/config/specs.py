@@ -181,6 +181,7 @@ class AdvantageSpec:
     reward_scale: bool
     whiten_advantages: bool
     advantage_clip: float | None
+    norm_adv_by_std_in_grpo: bool
     token_level_kl: bool
     token_level_kl_coef: float
     kl_estimator: str
@@ -196,6 +197,7 @@ class AdvantageSpec:
             "reward_scale",
             "whiten_advantages",
             "advantage_clip",
+            "norm_adv_by_std_in_grpo",
         )
         return {name: getattr(self, name) for name in names}
 
@@ -402,6 +404,7 @@ def advantage_spec(c) -> AdvantageSpec:
         reward_scale=c.reward_scale,
         whiten_advantages=c.whiten_advantages,
         advantage_clip=c.advantage_clip,
+        norm_adv_by_std_in_grpo=bool(c.norm_adv_by_std_in_grpo),
         token_level_kl=bool(c.add_token_level_kl),
         token_level_kl_coef=float(c.token_level_kl_coef),
         kl_estimator=c.kl_estimator,
@@ -498,6 +501,13 @@ def step_config(config, model_config: models.ModelConfig) -> StepConfig:
         dual_clip_loss=bool(config.dual_clip_loss),
         dual_clip_ratio=float(config.dual_clip_ratio),
         loss_agg_mode=config.loss_agg_mode,
+        loss_mode=config.loss_mode,
+        sapo_tau_pos=float(config.sapo_tau_pos),
+        sapo_tau_neg=float(config.sapo_tau_neg),
+        dppo_delta_low=float(config.dppo_delta_low),
+        dppo_delta_high=float(config.dppo_delta_high),
+        dppo_max_weight=float(config.dppo_max_weight),
+        opsm_delta=None if config.opsm_delta is None else float(config.opsm_delta),
         horizon=int(config.response_length),
         ppo_epochs=int(config.ppo_epochs),
         num_mini_batches=int(config.num_mini_batches),

@@ -13,7 +13,7 @@ optim, models, data, rewards), never restated here: a name registered after impo
 too. Errors name the field and list the valid values; every number must be finite and in its
 range (NaN compares False, so it is named here instead of becoming a NaN loss). Settings
 that are legal but far from the paper's (GSPO with a GRPO-sized clip range, GSPO with a
-token-sum or token-mean aggregation) warn with the paper's values, and so does an option set
+token-sum or token-mean aggregation other than LUSPO's) warn with the paper's values, and so does an option set
 while its switch is off (docs/failures.md). The translation into the stages' arguments is
 specs.py's.
 """
@@ -161,6 +161,7 @@ def validate(config, *, num_devices: int | None = None, num_processes: int = 1) 
     _check_sampled_eval(config)
     _check_wandb(config)
     _check_pi_old(config)
+    _check_loss_mode(config)
     _check_dapo(config)
     _warn_far_from_paper(config)
     _warn_warmup_longer_than_the_run(config)
@@ -199,6 +200,7 @@ def _check_names(config) -> None:
     """Every mode name is registered (read live: a name registered after import counts)."""
     _choice("importance_sampling", config.importance_sampling, objectives.RATIOS)
     _choice("loss_agg_mode", config.loss_agg_mode, objectives.LOSS_AGG_MODES)
+    _choice("loss_mode", config.loss_mode, objectives.LOSS_MODES)
     _choice("kl_estimator", config.kl_estimator, objectives.KL_ESTIMATORS)
     _choice("adv_estimator", config.adv_estimator, advantages.ADV_ESTIMATORS)
     reward_norm = normalize_reward_norm(config.reward_norm)
@@ -263,6 +265,11 @@ def _check_sizes(config, num_devices: int | None, num_processes: int) -> None:
             f"adv_estimator='grpo' normalises within each group, which needs "
             f"num_return_sequences_in_group >= 2 (got {g})"
         )
+    if g < 2 and config.adv_estimator == "rloo":
+        raise ConfigError(
+            f"adv_estimator='rloo' takes each response's baseline from the other responses "
+            f"of its group, which needs num_return_sequences_in_group >= 2 (got {g})"
+        )
     if g < 2 and reward_norm == "group":
         raise ConfigError(f"reward_norm='group' needs num_return_sequences_in_group >= 2 (got {g})")
 
@@ -306,22 +313,65 @@ def _check_pi_old(config) -> None:
         )
 
 
+def _check_loss_mode(config) -> None:
+    """The GSPO family (objectives.LOSS_MODES, docs/objectives.md): each mode's parameters,
+    the ratio it needs, and off-policy sequence masking's sampler log-probs."""
+    mode = config.loss_mode
+    for name in ("sapo_tau_pos", "sapo_tau_neg", "dppo_delta_low", "dppo_delta_high"):
+        _number(config, name, low=0.0, low_open=True)
+    _number(config, "dppo_max_weight", low=0.0, low_open=True)
+    _number(config, "opsm_delta", low=0.0, allow_none=True)
+    _bool(config, "norm_adv_by_std_in_grpo")
+    if mode == "cispo" and not config.clip_high > 0:
+        raise ConfigError(
+            f"config.clip_high={config.clip_high!r}: loss_mode='cispo' caps its weight at "
+            "1 + clip_high, which must be > 1 (configs/cispo.py: clip_high=4.0, a cap of 5)"
+        )
+    if objectives.LOSS_MODES[mode].token_ratio and config.importance_sampling != "token":
+        raise ConfigError(
+            f"config.loss_mode={mode!r} needs token log-ratios, but "
+            f"config.importance_sampling={config.importance_sampling!r}: set "
+            "importance_sampling='token'"
+        )
+    if config.dual_clip_loss and mode != "clip":
+        raise ConfigError(
+            f"config.dual_clip_loss=True applies to loss_mode='clip' only, not "
+            f"config.loss_mode={mode!r}"
+        )
+    if config.opsm_delta is not None and config.sampling.temperature == 0:
+        raise ConfigError(
+            f"config.opsm_delta={config.opsm_delta!r} reads the sampler's log-probs, which "
+            "greedy decoding (sampling.temperature=0) does not keep: there is no sampling "
+            "distribution mu to mask against"
+        )
+
+
 def _warn_far_from_paper(config) -> None:
     """Legal settings far from the paper's, each with the paper's value."""
     g = config.num_return_sequences_in_group
     if config.importance_sampling in objectives.sequence_level_modes():
-        if max(config.clip_low, config.clip_high) >= GSPO_CLIP_WARN:
+        clip_mode = config.loss_mode == "clip"
+        if clip_mode and max(config.clip_low, config.clip_high) >= GSPO_CLIP_WARN:
             _warn(
                 f"GSPO (importance_sampling={config.importance_sampling!r}) with clip range "
                 f"({config.clip_low}, {config.clip_high}): sequence ratios sit within ~1e-3 of "
                 "1, so a GRPO-sized range almost never clips. The paper uses "
                 "clip_low=3e-4, clip_high=4e-4 (§5.1)."
             )
-        if config.loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-sum-norm"):
+        luspo = config.importance_sampling == "seq" and (
+            config.loss_agg_mode == "seq-mean-token-sum"
+        )
+        if luspo:
+            pass  # LUSPO (length-unbiased GSPO, arXiv 2602.05261): asked for by name
+        elif config.loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-sum-norm"):
             _warn(
-                f"GSPO with loss_agg_mode={config.loss_agg_mode!r} weights each sequence by its "
-                "length; the paper's objective (§4.1) averages sequences with 1/|y_i| length "
-                "normalisation: loss_agg_mode='seq-mean-token-mean'."
+                f"GSPO (importance_sampling={config.importance_sampling!r}) with "
+                f"loss_agg_mode={config.loss_agg_mode!r} weights each sequence by its length; "
+                "the paper's objective (§4.1) averages sequences with 1/|y_i| length "
+                "normalisation: loss_agg_mode='seq-mean-token-mean'. Length-weighted GSPO "
+                "on purpose is LUSPO (length-unbiased GSPO, arXiv 2602.05261): "
+                "importance_sampling='seq' with loss_agg_mode='seq-mean-token-sum' "
+                "(configs/luspo.py)."
             )
         if config.loss_agg_mode == "token-mean":
             _warn(
@@ -393,6 +443,25 @@ def _warn_options_without_switch(config, reward_norm) -> None:
             config.overlong_penalty_factor != _default("overlong_penalty_factor"),
             "overlong_buffer_len > 0",
             config.overlong_buffer_len > 0,
+        ),
+        *(
+            (name, config[name] != _default(name), "loss_mode='sapo'", config.loss_mode == "sapo")
+            for name in SAPO_OPTIONS
+        ),
+        *(
+            (
+                name,
+                config[name] != _default(name),
+                "loss_mode='dppo_tv' or 'dppo_kl'",
+                config.loss_mode in ("dppo_tv", "dppo_kl"),
+            )
+            for name in DPPO_OPTIONS
+        ),
+        (
+            "norm_adv_by_std_in_grpo",
+            not config.norm_adv_by_std_in_grpo,
+            "adv_estimator='grpo'",
+            config.adv_estimator == "grpo",
         ),
         (
             "rollout_correction_level",
@@ -483,6 +552,9 @@ def _default(dotted: str):
     return _get(base.get_config(), dotted)
 
 
+# The SAPO and DPPO parameters (a value other than base.py's without its loss_mode warns).
+SAPO_OPTIONS = ("sapo_tau_pos", "sapo_tau_neg")
+DPPO_OPTIONS = ("dppo_delta_low", "dppo_delta_high", "dppo_max_weight")
 # The continuous rollout engine's options, unused by the static engine.
 CONTINUOUS_ONLY = ("num_slots", "page_size", "kv_budget_tokens")
 
@@ -506,7 +578,7 @@ def _ranges(config) -> None:
     """Every number a run reads, checked finite and in range (NaN compares False)."""
     if not 0 <= _int(config, "seed", minimum=0) < 2**31:
         raise ConfigError(f"config.seed={config.seed} must be in [0, 2**31)")
-    _number(config, "clip_low", low=0.0, high=1.0, high_open=True)
+    _number(config, "clip_low", low=0.0, high=1.0)  # 1: no lower bound (CISPO's preset)
     _number(config, "clip_high", low=0.0)
     _number(config, "dual_clip_ratio", low=1.0, low_open=True)
     _number(config, "rollout_correction_threshold", low=1.0, low_open=True)

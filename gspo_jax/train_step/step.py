@@ -102,6 +102,13 @@ class StepConfig:
     dual_clip_loss: bool
     dual_clip_ratio: float
     loss_agg_mode: str  # objectives.LOSS_AGG_MODES
+    loss_mode: str  # objectives.LOSS_MODES: the GSPO family's per-token loss
+    sapo_tau_pos: float
+    sapo_tau_neg: float
+    dppo_delta_low: float
+    dppo_delta_high: float
+    dppo_max_weight: float
+    opsm_delta: float | None  # off-policy sequence masking's δ (reads sampler_logprobs)
     horizon: int | None  # seq-mean-token-sum-norm constant: the configured response_length
     ppo_epochs: int
     num_mini_batches: int
@@ -265,6 +272,7 @@ def _micro_loss(
         loss_agg_mode=step_config.loss_agg_mode,
         **denominators,
         **old_policy.correction_kwargs(step_config, mb),
+        **loss_mode_kwargs(step_config, mb),
     )
     loss = pg_loss
     metrics = dict(metrics)
@@ -293,6 +301,26 @@ def _micro_loss(
         changed, total = routing_changes(old_MBLX, routing_MBLX, mb["attention_mask"])
         metrics["experts_changed"], metrics["experts_total"] = changed, total
     return loss, metrics
+
+
+def loss_mode_kwargs(step_config: StepConfig, mb) -> dict:
+    """`objectives.policy_loss`' loss-mode arguments; with off-policy sequence masking also
+    μ, the sampler's log-probs (unless the rollout correction passes them already)."""
+    kwargs = {
+        name: getattr(step_config, name)
+        for name in (
+            "loss_mode",
+            "sapo_tau_pos",
+            "sapo_tau_neg",
+            "dppo_delta_low",
+            "dppo_delta_high",
+            "dppo_max_weight",
+            "opsm_delta",
+        )
+    }
+    if step_config.opsm_delta is not None and not old_policy.corrects(step_config):
+        kwargs["rollout_logprobs"] = mb["sampler_logprobs"]
+    return kwargs
 
 
 def _pass_logprobs(step_config: StepConfig, group: int, params, mb):

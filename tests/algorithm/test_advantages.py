@@ -1,4 +1,5 @@
-"""Specifications of gspo_jax.advantages: GRPO group z-scores, reward normalisation modes,
+"""Specifications of gspo_jax.advantages: GRPO group z-scores, Dr. GRPO's mean-only
+baseline, RLOO's leave-one-out baseline, reward normalisation modes,
 order of operations, masking, running moments, token-level returns; parity with
 tests/np_reference.py."""
 
@@ -24,7 +25,7 @@ def _adv(rewards, **kwargs):
 
 
 def test_registries():
-    assert set(adv_lib.ADV_ESTIMATORS) == {"grpo", "reinforce"}
+    assert set(adv_lib.ADV_ESTIMATORS) == {"grpo", "reinforce", "rloo"}
     assert adv_lib.REWARD_NORMS == (None, "batch", "group", "running")
 
 
@@ -347,3 +348,62 @@ def test_token_advantages_without_token_rewards_equal_sequence_advantages():
     values = np.asarray(tok)[np.asarray(mask_BT)]
     assert values.mean() == pytest.approx(0.0, abs=1e-6)
     assert values.std(ddof=1) == pytest.approx(1.0, rel=1e-4)
+
+
+def test_rloo_hand_example():
+    # Group [1, 0, 0, 1]: baselines are the other three's means [1/3, 2/3, 2/3, 1/3]
+    #   -> [2/3, −2/3, −2/3, 2/3] (= 4/3 · (r − 0.5)).
+    # Group [3, 1, 2, nan(masked)]: n = 3, others' means [1.5, 2.5, 2] -> [1.5, −1.5, 0], 0.
+    rewards = [1, 0, 0, 1, 3, 1, 2, np.nan]
+    mask = jnp.array([1, 1, 1, 1, 1, 1, 1, 0], jnp.float32)
+    out, _ = _adv(rewards, group_size=4, adv_estimator="rloo", mask=mask)
+    np.testing.assert_allclose(out, [2 / 3, -2 / 3, -2 / 3, 2 / 3, 1.5, -1.5, 0, 0], rtol=1e-6)
+    # A member alone in its group has no baseline: 0, never NaN.
+    out, _ = _adv([5.0, 7.0], group_size=2, adv_estimator="rloo", mask=jnp.array([1.0, 0.0]))
+    assert out.tolist() == [0.0, 0.0]
+    # Identical rewards: exactly 0.
+    out, _ = _adv([0.3] * 4, group_size=4, adv_estimator="rloo")
+    assert (out == 0).all()
+
+
+def test_dr_grpo_hand_example():
+    # norm_adv_by_std_in_grpo=False: group mean only. [1, 0, 0, 1] -> ±0.5; [3, 1, 2, 2] ->
+    # [1, −1, 0, 0]; the z-score would give ±0.866 and ±1.2247 (test_grpo_hand_example).
+    out, _ = _adv(
+        [1, 0, 0, 1, 3, 1, 2, 2], group_size=4, adv_estimator="grpo", norm_adv_by_std_in_grpo=False
+    )
+    np.testing.assert_allclose(out, [0.5, -0.5, -0.5, 0.5, 1, -1, 0, 0], rtol=1e-6)
+    # Only "grpo" reads the flag.
+    a, _ = _adv([1.0, 0.0, 0.0, 2.0], group_size=4, adv_estimator="rloo")
+    b, _ = _adv(
+        [1.0, 0.0, 0.0, 2.0], group_size=4, adv_estimator="rloo", norm_adv_by_std_in_grpo=False
+    )
+    assert (a == b).all()
+
+
+def test_rloo_and_dr_grpo_parity_with_numpy_reference():
+    rng = np.random.default_rng(0)
+    for seed, g in enumerate((2, 3, 4, 8)):
+        rewards = rng.normal(size=4 * g).astype(np.float32)
+        valid = rng.random(4 * g) > 0.2
+        mask = jnp.asarray(valid.astype(np.float32))
+        got, _ = _adv(rewards, group_size=g, adv_estimator="rloo", mask=mask)
+        np.testing.assert_allclose(
+            got, ref.rloo_advantages(rewards, g, valid), rtol=1e-5, atol=1e-6
+        )
+        got, _ = _adv(
+            rewards, group_size=g, adv_estimator="grpo", mask=mask, norm_adv_by_std_in_grpo=False
+        )
+        want = ref.dr_grpo_advantages(rewards, g, valid)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=str(seed))
+    # Token-level form (in-reward KL): Dr. GRPO's baseline on the summed token score too.
+    rewards = jnp.array([1.0, 0.0, 0.0, 1.0])
+    out, _ = adv_lib.compute_token_advantages(
+        rewards,
+        jnp.zeros((4, 2)),
+        jnp.ones((4, 2)),
+        group_size=4,
+        adv_estimator="grpo",
+        norm_adv_by_std_in_grpo=False,
+    )
+    np.testing.assert_allclose(np.asarray(out), [[0.5] * 2, [-0.5] * 2, [-0.5] * 2, [0.5] * 2])

@@ -293,12 +293,79 @@ def test_gspo_with_grpo_sized_clip_warns_citing_the_paper():
     _validate_quietly(c)
 
 
-@pytest.mark.parametrize("mode", ["seq-mean-token-sum", "seq-mean-token-sum-norm"])
-def test_gspo_with_token_sum_aggregation_warns(mode):
+@pytest.mark.parametrize(
+    "importance_sampling,mode",
+    [("seq", "seq-mean-token-sum-norm"), ("seq_token", "seq-mean-token-sum")],
+)
+def test_gspo_with_token_sum_aggregation_warns_naming_luspo(importance_sampling, mode):
     c = base.get_config()
-    c.loss_agg_mode = mode
-    with pytest.warns(ConfigWarning, match="seq-mean-token-mean"):
+    c.importance_sampling, c.loss_agg_mode = importance_sampling, mode
+    with pytest.warns(ConfigWarning, match=r"seq-mean-token-mean.*LUSPO.*configs/luspo.py"):
         validate(c)
+
+
+def test_luspo_is_asked_for_by_name_and_does_not_warn():
+    """seq + seq-mean-token-sum is LUSPO (length-unbiased GSPO): a method, not a mistake."""
+    c = base.get_config()
+    c.importance_sampling, c.loss_agg_mode = "seq", "seq-mean-token-sum"
+    _validate_quietly(c)
+
+
+@pytest.mark.parametrize(
+    "fields,match",
+    [
+        ({"loss_mode": "ppo"}, r"config.loss_mode='ppo' is not one of \[.*'sapo'"),
+        ({"loss_mode": "sapo", "sapo_tau_pos": 0.0}, r"config.sapo_tau_pos=0.0 must be"),
+        ({"loss_mode": "sapo", "sapo_tau_neg": -1.0}, r"config.sapo_tau_neg=-1.0 must be"),
+        ({"loss_mode": "cispo", "clip_high": 0.0}, r"config.clip_high=0.0: loss_mode='cispo'"),
+        ({"dppo_max_weight": 0.0}, r"config.dppo_max_weight=0.0 must be"),
+        (
+            {"loss_mode": "gmpo", "importance_sampling": "seq"},
+            r"config.loss_mode='gmpo' needs token log-ratios, but config.importance_sampling='seq'",
+        ),
+        (
+            {"opsm_delta": 1e-4, "sampling.temperature": 0.0},
+            r"config.opsm_delta=0.0001 reads the sampler's log-probs",
+        ),
+        ({"opsm_delta": -1.0}, r"config.opsm_delta=-1.0 must be"),
+        ({"loss_mode": "sapo", "dual_clip_loss": True}, r"dual_clip_loss=True applies to"),
+        (
+            {"adv_estimator": "rloo", "num_return_sequences_in_group": 1},
+            r"adv_estimator='rloo'.*num_return_sequences_in_group >= 2 \(got 1\)",
+        ),
+    ],
+)
+def test_bad_loss_mode_settings_are_one_line_errors_naming_the_field(fields, match):
+    c = base.get_config()
+    c.num_mini_batches = 1
+    for field, value in fields.items():
+        *parents, leaf = field.split(".")
+        node = c
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    with pytest.raises(ConfigError, match=match) as info:
+        validate(c)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "field,value,switch,on",
+    [
+        ("sapo_tau_pos", 2.0, "loss_mode", "sapo"),
+        ("dppo_delta_high", 0.05, "loss_mode", "dppo_kl"),
+        ("norm_adv_by_std_in_grpo", False, "adv_estimator", "grpo"),
+    ],
+)
+def test_a_loss_mode_option_without_its_mode_warns(field, value, switch, on):
+    c = base.get_config()
+    c[field] = value
+    if switch == "adv_estimator":
+        c.adv_estimator = "reinforce"
+    with pytest.warns(ConfigWarning, match=rf"config.{field}=.* has no effect"):
+        validate(c)
+    c[switch] = on
+    _validate_quietly(c)
 
 
 def test_sampler_logprobs_with_filtering_warns_and_greedy_fails():

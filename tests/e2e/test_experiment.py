@@ -557,3 +557,38 @@ def test_specialise_trains_the_upcycled_moe_and_measures_it(tmp_path, monkeypatc
         )
     )
     assert moved > 0
+
+
+def test_the_gspo_family_arms_are_their_presets_and_run_only_when_named(tmp_path):
+    """dense/ and moe/ sapo, cispo, gmpo, luspo, dppo: each its configs/<name>.py (the MoE
+    ones on configs/moe_tiny.py's model) under the experiment's budget; the default arm set
+    stays GSPO vs GRPO."""
+    from experiments.gspo_vs_grpo import cli
+    from gspo_jax.config.validate import validate
+
+    keys = {a.key for a in gspo_vs_grpo.FAMILY_ARMS}
+    assert keys == {f"{m}/{n}" for m in ("dense", "moe") for n in gspo_vs_grpo.arms.FAMILY}
+    assert not keys & {a.key for a in gspo_vs_grpo.ARMS}
+    budget = gspo_vs_grpo.Budget(steps=4, seeds=1, prompts=4, eval_every=2, eval_prompts=8)
+    modes = {"sapo": "sapo", "cispo": "cispo", "gmpo": "gmpo", "luspo": "clip", "dppo": "dppo_tv"}
+    for arm in gspo_vs_grpo.FAMILY_ARMS:
+        c = gspo_vs_grpo.arm_config(arm, 0, budget, str(tmp_path))
+        assert c.loss_mode == modes[arm.name], arm.key
+        assert (c.model.arch == "qwen3_moe") == (arm.model == "moe"), arm.key
+        validate(c, num_devices=1)
+    with pytest.raises(ValueError, match="names none of"):
+        cli.main(["--arms=dense/ppo", f"--workdir={tmp_path}"])
+
+
+def test_a_family_arm_gets_a_row_in_the_results(tmp_path):
+    """--arms=dense/gspo,dense/sapo,dense/grpo: the SAPO arm's runs are read back and
+    reported beside GSPO's and GRPO's (same table, plot and paired statistics)."""
+    keys = ("dense/gspo", "dense/sapo", "dense/grpo")
+    arms = [a for a in gspo_vs_grpo.ALL_ARMS if a.key in keys]
+    for arm in arms:
+        _fake_run(tmp_path, arm, 0)
+    budget = gspo_vs_grpo.Budget(steps=4, seeds=1, prompts=4, eval_every=4, eval_prompts=8)
+    path = tmp_path / "results.md"
+    gspo_vs_grpo.write_results(str(path), str(tmp_path), arms, [0], budget, "cmd", 60.0, [], "c")
+    text = path.read_text()
+    assert "| SAPO (dense) | 1 | 0.100 | 0.200 |" in text and "$" not in text

@@ -255,3 +255,48 @@ def test_update_raises_positive_and_lowers_negative_advantage_responses(model, m
 @functools.cache
 def _sgd_small():
     return optax.sgd(1e-2)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"loss_mode": "sapo", "importance_sampling": "seq", "opsm_delta": 1e-4},
+        {"loss_mode": "gmpo", "importance_sampling": "token", "clip_low": 0.4, "clip_high": 0.4},
+    ],
+    ids=["sapo_seq_opsm", "gmpo"],
+)
+def test_a_loss_mode_is_invariant_to_micro_batches_and_the_mesh(model, overrides):
+    """The GSPO family (docs/objectives.md) goes through the same aggregation as the clip:
+    splitting a mini-batch into micro-batches, or sharding it 8 ways, leaves the step alone
+    (tolerances: test_micro_batching_does_not_change_the_step, test_sharding_8_ways_...)."""
+    cfg, params = model
+    tx = sgd()
+    sc = step_config_for(cfg, num_mini_batches=2, horizon=T, **overrides)
+    batch = train_batch(cfg, params, sc)
+    ref_state, ref_m = compiled_step(sc, tx)(train_state(params, tx), batch)
+    assert 0.0 <= float(ref_m["limited_frac"]) <= 1.0 and np.isfinite(float(ref_m["loss"]))
+    micro = dataclasses.replace(sc, micro_batch_size=2)
+    micro_state, micro_m = compiled_step(micro, tx)(train_state(params, tx), batch)
+    mesh = sharding.make_mesh({"data": 4, "fsdp": 2, "tensor": 1, "expert": 1})
+    abstract = models.abstract_params(cfg)
+    p_shard = sharding.tree_shardings(abstract, models.logical_axes(cfg), mesh)
+    shardings = TrainState(
+        step=sharding.replicated(mesh),
+        params=p_shard,
+        opt_state=sharding.optimizer_state_shardings(tx, abstract, p_shard, mesh),
+    )
+    fn = make_train_step(sc, tx, state_shardings=shardings, mesh=mesh, donate=False)
+    mesh_state, mesh_m = fn(
+        jax.device_put(train_state(params, tx), shardings),
+        jax.device_put(batch, sharding.batch_shardings(mesh, batch)),
+    )
+    n = (B // 2) * batch["tokens"].shape[1]
+    u = float(np.finfo(np.float32).eps) / 2
+    states = (train_state(params, tx), ref_state, micro_state, mesh_state)
+    for p0, a, b, c in zip(*(jax.tree.leaves(s.params) for s in states)):
+        scale = float(np.abs(p0).max() + np.abs(np.asarray(a) - np.asarray(p0)).max())
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(a, c, rtol=0, atol=n * u * scale)
+    for key in ("loss", "limited_frac", "weight_mean", "grad_norm"):
+        np.testing.assert_allclose(ref_m[key], micro_m[key], rtol=1e-4, atol=1e-6, err_msg=key)
+        np.testing.assert_allclose(ref_m[key], mesh_m[key], rtol=1e-4, atol=1e-6, err_msg=key)

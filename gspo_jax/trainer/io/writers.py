@@ -25,6 +25,10 @@ PLOT_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("held-out pass@k, maj@k (sampled)", ("eval/pass@*", "eval/maj@*")),
     ("clipped fraction (tokens, sequences)", ("policy/clipfrac", "policy/clipfrac_seq")),
     ("clipped fraction of sequences, per update", ("updates/clipfrac_seq/*",)),
+    (
+        "gradient limited (tokens, sequences), mean weight",  # every loss_mode
+        ("policy/limited_frac", "policy/limited_frac_seq", "policy/weight_mean"),
+    ),
     ("ratio min / max, per update", ("updates/ratio_min/*", "updates/ratio_max/*")),
     ("expert change rate, per update (MoE)", ("updates/expert_change/*",)),
     (
