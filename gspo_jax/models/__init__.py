@@ -16,7 +16,8 @@
                     prefill_shared / decode_step_shared (the sampler's), through the same
                     Decoder
     paged.py        the continuous sampler's paged KV pool: prompt_pages, ragged paged
-                    attention (XLA; the Pallas kernel on TPU), decode_step_paged
+                    attention (XLA; the Pallas kernel on TPU), decode_step_paged, int8
+                    pages (Int8Pages, quantize_int8, to_kv_dtype)
     lora.py         LoRA adapters: partition / combine (what trains), merged, PEFT export
     hf_io.py        load_pretrained / save_pretrained (safetensors, no torch); tokenizers load
                     with gspo_jax.data.load_tokenizer
@@ -90,11 +91,15 @@ from gspo_jax.models.kv_cache import (
 )
 from gspo_jax.models.layer_stack import layer_runs, split_layers
 from gspo_jax.models.paged import (
+    KV_DTYPES,
+    Int8Pages,
     copy_pages,
     decode_step_paged,
     paged_attention_impl,
     prompt_pages,
+    quantize_int8,
     ragged_paged_attention,
+    to_kv_dtype,
 )
 from gspo_jax.models.params import (
     abstract_params,
@@ -106,6 +111,8 @@ from gspo_jax.models.params import (
 )
 
 __all__ = [
+    "KV_DTYPES",
+    "Int8Pages",
     "ModelConfig",
     "PromptCache",
     "ResponseCache",
@@ -129,11 +136,13 @@ __all__ = [
     "positions_from_mask",
     "prefill_shared",
     "prompt_pages",
+    "quantize_int8",
     "ragged_paged_attention",
     "read_hf_config",
     "response_segments",
     "rollout_params",
     "save_pretrained",
     "split_layers",
+    "to_kv_dtype",
     "unembedding",
 ]

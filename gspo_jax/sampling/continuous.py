@@ -165,7 +165,14 @@ class EngineState:
 
 @functools.partial(
     jax.jit,
-    static_argnames=("model_config", "num_samples", "share_prefix", "page_size", "layout"),
+    static_argnames=(
+        "model_config",
+        "num_samples",
+        "share_prefix",
+        "page_size",
+        "layout",
+        "kv_dtype",
+    ),
 )
 @traced_under_layout
 def _prefill_pages(
@@ -178,9 +185,12 @@ def _prefill_pages(
     share_prefix,
     page_size,
     layout="trainer",
+    kv_dtype="auto",
 ):
     """(prompt pages per layer, prompt lengths [Q], last-position logits [Q, V], the prompts
-    repeated G times [B, P] and their mask). `layout`: the rules it is traced under."""
+    repeated G times [B, P] and their mask). `layout`: the rules it is traced under;
+    `kv_dtype`: the pages' storage (`models.KV_DTYPES`; int8 pages are quantised from the
+    prefill's compute-dtype keys and values)."""
     G = num_samples
     if layout == "tensor":
         params = models.for_decoding(model_config, params)  # a no-op on rollout_params
@@ -188,7 +198,8 @@ def _prefill_pages(
     mask_BP = jnp.repeat(mask_NP, G, axis=0)
     tokens_QP, mask_QP = (tokens_NP, mask_NP) if share_prefix else (tokens_BP, mask_BP)
     prompt, logits_QV, _ = models.prefill_shared(model_config, params, tokens_QP, mask_QP)
-    pages = tuple(_constrain_pool(x) for x in models.prompt_pages(prompt, page_size))
+    pages = models.prompt_pages(prompt, page_size)
+    pages = tuple(_constrain_pool(models.to_kv_dtype(x, kv_dtype)) for x in pages)
     return pages, prompt.length, logits_QV, tokens_BP, mask_BP.astype(jnp.int32)
 
 
@@ -196,27 +207,31 @@ def _constrain_pool(pool):
     """A page pool [pages, page_size, 2K, C] split over the kv heads as the rules in force
     split "kv_heads" (a chip keeps both keys and values of its heads); pages whole. Only
     where rows are whole (a replica of the engine, the tensor layout's prefill): otherwise
-    the pools keep the layout GSPMD gives them."""
+    the pools keep the layout GSPMD gives them. An int8 pool's scales [pages, page_size,
+    2K] follow its pages."""
     mesh = partition.context_mesh()
     if mesh is None or not partition.rows_whole():
         return pool
     heads = partition.spec(mesh, ("kv_heads",), (pool.shape[2] // 2,))[0]
-    spec = jax.sharding.PartitionSpec(None, None, heads, None)
-    return jax.lax.with_sharding_constraint(pool, spec)
+    spec = jax.sharding.PartitionSpec
+    return jax.tree.map(
+        lambda x: jax.lax.with_sharding_constraint(
+            x, spec(None, None, heads, *[None] * (x.ndim - 3))
+        ),
+        pool,
+    )
 
 
 def _init_state(prompt_pages, B: int, T: int, p: PagePlan) -> EngineState:
     """Every slot idle, every response page free, the queue full."""
     S, M, R = p.num_slots, p.table_width, p.num_pages
     first_free = 1 + prompt_pages[0].shape[0]
-    kv = tuple(
-        _constrain_pool(
-            jnp.concatenate(
-                [jnp.zeros((1, *x.shape[1:]), x.dtype), x, jnp.zeros((R, *x.shape[1:]), x.dtype)]
-            )
-        )
-        for x in prompt_pages
-    )
+
+    def with_free_pages(x):  # the trash page, the prompts' pages, R response pages
+        zeros = functools.partial(jnp.zeros, dtype=x.dtype)
+        return jnp.concatenate([zeros((1, *x.shape[1:])), x, zeros((R, *x.shape[1:]))])
+
+    kv = tuple(_constrain_pool(jax.tree.map(with_free_pages, x)) for x in prompt_pages)
     i32 = functools.partial(jnp.zeros, dtype=jnp.int32)
     return EngineState(
         kv=kv,
@@ -619,6 +634,7 @@ def run(cfg, params, tokens_NP, mask_NP, rng, eos_ids, pad_id, *, options: dict,
         share_prefix=options["share_prefix"],
         page_size=page_plan.page_size,
         layout=options.get("layout", "trainer"),
+        kv_dtype=options.get("kv_dtype", "auto"),
     )
     B = tokens_NP.shape[0] * G
     layout = options.get("layout", "trainer")
