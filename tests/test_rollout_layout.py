@@ -166,7 +166,7 @@ def test_the_decode_loop_moves_no_weight_and_no_logits():
     trainer = sharding.tree_shardings(models.abstract_params(cfg), models.logical_axes(cfg), mesh)
     params = jax.jit(lambda: models.init_params(cfg, jax.random.key(0)), out_shardings=trainer)()
     tokens = np.random.default_rng(0).integers(1, 500, (N, P)).astype(np.int32)
-    plan = continuous.plan(N * G, P, T, page_size=8)
+    plan = continuous.plan(N * G, P, T, num_slots=S, page_size=8)
 
     def loop_collectives(layout, p):
         with jax.set_mesh(mesh):
@@ -270,7 +270,7 @@ def test_layout_choices_and_errors(fixture_model):
 
 def test_replicas_divide_prompts_slots_and_pages():
     mesh = _mesh(8, data=2, fsdp=4)
-    plan = continuous.plan(32, 16, 12, page_size=4)  # 32 slots, 4 pages per sequence
+    plan = continuous.plan(32, 16, 12, num_slots=32, page_size=4)  # 4 pages per sequence
     assert continuous.replica_axes(mesh, "trainer", 8, plan) == (
         ("data", "fsdp"),
         dataclasses.replace(plan, num_slots=4, num_pages=plan.num_pages // 8),
@@ -279,7 +279,7 @@ def test_replicas_divide_prompts_slots_and_pages():
     # 6 prompts: 8 replicas do not divide them, 2 do.
     assert continuous.replica_axes(mesh, "trainer", 6, plan)[0] == ("data",)
     # A KV budget of 2 sequences' pages cannot be split 8 ways (each replica needs one).
-    small = continuous.plan(32, 16, 12, page_size=4, kv_budget_tokens=2 * 5 * 4)
+    small = continuous.plan(32, 16, 12, num_slots=32, page_size=4, kv_budget_tokens=2 * 5 * 4)
     assert continuous.replica_axes(mesh, "trainer", 8, small)[0] == ("data",)
     assert continuous.replica_axes(None, "trainer", 8, plan) == ((), plan)
 

@@ -120,6 +120,22 @@ def test_plan_sizes_and_errors():
         continuous.plan(16, 20, 12, num_slots=2.5)
 
 
+def test_default_slots_follow_the_budget_and_the_platform():
+    """`num_slots=None`: every sequence its own slot while a decode step costs about the
+    same for that many rows (TPU: up to 256), about a quarter of the sequences (a queue
+    behind each slot) past that, and never more than the KV budget holds at full length."""
+    slots = continuous.default_num_slots
+    assert slots(64, 4, 16, None, "tpu") == 64
+    assert slots(512, 4, 16, None, "tpu") == 256
+    assert slots(2048, 4, 16, None, "tpu") == 512
+    assert [slots(b, 4, 16, None, "cpu") for b in (8, 64, 100, 128)] == [8, 16, 32, 32]
+    # A budget of 10 full-length sequences (and a bit): 10 slots, so no row ever waits.
+    assert slots(512, 4, 16, 16 * 4 * 10 + 15, "tpu") == 10
+    p = continuous.plan(64, 16, 48, page_size=16, platform="cpu")
+    assert (p.num_slots, p.num_pages) == (16, 16 * 4)
+    assert continuous.plan(64, 16, 48, page_size=16, platform="tpu").num_slots == 64
+
+
 def test_row_keys_depend_on_sequence_and_position_only():
     rng = jax.random.key(3)
     keys = draw.row_keys(rng, jnp.array([5, 5, 2]), jnp.array([1, 1, 1]))

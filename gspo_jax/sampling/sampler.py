@@ -523,8 +523,11 @@ def sample(
         continuous.py) or "static" (every row decodes until the last one ends; faster on
         CPU for small models and short, even lengths). Both give the same tokens for the
         same rng and log-probs equal to float rounding.
-      num_slots: continuous decode rows S (None: one per sequence, N·G); fewer slots than
-        sequences make a queue that finished slots take from.
+      num_slots: continuous decode rows S; fewer slots than sequences make a queue that
+        finished slots take from. None: `continuous.default_num_slots` (one per sequence up
+        to the rows a step costs about the same for on the platform, 256 on TPU and 16 on
+        CPU, else about a quarter of the sequences; never more than kv_budget_tokens holds
+        at full length).
       page_size: tokens per KV page (continuous).
       kv_budget_tokens: response tokens the page pool holds at once (continuous); None =
         every slot at full length. A smaller budget makes rows wait or be preempted and
