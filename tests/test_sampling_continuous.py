@@ -204,14 +204,16 @@ def test_continuous_equals_static_with_queue_waits_and_preemption(model_and_prom
     assert continuous.drain_widths(5, 2) == (5, 2, 1) and continuous.drain_widths(1, 2) == (1,)
 
 
-def test_the_page_pools_stay_in_place_in_the_compiled_loop(model_and_prompts):
+@pytest.mark.parametrize("kv_dtype", ["auto", "int8"])
+def test_the_page_pools_stay_in_place_in_the_compiled_loop(model_and_prompts, kv_dtype):
     """Every pool write of a step (the admissions' page copies, each layer's new token)
     comes before the decode's attention loops read the pools: a write after those reads
     made XLA copy every layer's whole pool twice per decoded token (1.5x the wall time of
     benchmarks/sampler_longtail.py's long tail). The optimised program must hold no copy
     of a pool-shaped array (with a table of one block of pages, XLA hoists the page reads out
     of the attention loops and fuses the write into them, which copies again: a toy-size
-    case, not checked)."""
+    case, not checked). int8 pools: neither do their scales, and no float pool exists (the
+    XLA path reads the int8 pages, never a dequantised copy)."""
     cfg, params, tokens, mask = model_and_prompts
     plan = continuous.plan(4 * G, BUCKET, T, num_slots=5, page_size=2)
     assert plan.table_width > 8  # more than one block of pages: the attention loops loop
@@ -223,6 +225,7 @@ def test_the_page_pools_stay_in_place_in_the_compiled_loop(model_and_prompts):
         num_samples=G,
         share_prefix=True,
         page_size=plan.page_size,
+        kv_dtype=kv_dtype,
     )
     compiled = continuous._engine.lower(
         cfg,
@@ -247,6 +250,12 @@ def test_the_page_pools_stay_in_place_in_the_compiled_loop(model_and_prompts):
     assert f"[{pool}]" in text  # the pools are where we look for them
     copies = re.findall(rf"= \w+\[{pool}\]\{{[0-9,]+\}} copy\(", text)
     assert not copies, f"{len(copies)} copies of a page pool in the compiled engine"
+    if kv_dtype == "int8":
+        assert isinstance(pages[0], models.Int8Pages)
+        assert f"s8[{pool}]" in text and f"f32[{pool}]" not in text
+        scales = ",".join(str(d) for d in (pool_rows, *pages[0].scale.shape[1:]))
+        copies = re.findall(rf"= \w+\[{scales}\]\{{[0-9,]+\}} copy\(", text)
+        assert not copies, f"{len(copies)} copies of a scale pool in the compiled engine"
 
 
 def test_the_continuous_engine_is_the_default_of_sample_and_of_the_rl_loop():
