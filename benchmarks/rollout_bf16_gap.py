@@ -17,11 +17,19 @@ for one device, the engine over GSPMD on 2 devices (replicas off), and one engin
 per device (the "trainer" layout's default on a data-parallel mesh), and the same three in
 f32 as the control. Position 0 comes from the prefill, which is the trainer's arithmetic.
 
-    python benchmarks/rollout_bf16_gap.py      # ~1 min on 2 CPU cores
+`--kv_dtype` (comma-separated `sampling.kv_dtype` values) stores the sampler's KV pages in
+each in turn, one row each: "auto" (the default) keeps them in the compute dtype, "int8"
+quantises them (a scale per token and kv head). The trainer's pass is the same for all, so
+the rows compare the sampler's log-probs through the gap (the tokens differ once a draw
+flips, so sampler-to-sampler differences per position would mean nothing).
+
+    python benchmarks/rollout_bf16_gap.py                       # ~1 min on 2 CPU cores
+    python benchmarks/rollout_bf16_gap.py --kv_dtype auto,int8  # and int8 KV pages (~4 min)
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import os
@@ -56,7 +64,7 @@ def no_replicas():
         continuous.replica_axes = original
 
 
-def measure(cfg, params, tokens, devices: int, replicas: bool) -> dict:
+def measure(cfg, params, tokens, devices: int, replicas: bool, kv_dtype: str = "auto") -> dict:
     mesh = sharding.make_mesh(
         {"data": devices, "fsdp": 1, "tensor": 1, "expert": 1}, jax.devices()[:devices]
     )
@@ -76,7 +84,7 @@ def measure(cfg, params, tokens, devices: int, replicas: bool) -> dict:
         rollout = sampling.RolloutLayout(cfg, mesh, "trainer")(tp)
         out = sampling.sample(
             cfg, rollout, tok, msk, jax.random.key(7), num_samples=G, max_new_tokens=T,
-            eos_ids=(), buckets=(P,), layout="trainer",
+            eos_ids=(), buckets=(P,), layout="trainer", kv_dtype=kv_dtype,
         )  # fmt: skip
         full = jnp.concatenate([out.prompt_tokens, out.tokens], 1)
         mask = jnp.concatenate([out.prompt_mask, out.mask], 1)
@@ -95,24 +103,32 @@ def measure(cfg, params, tokens, devices: int, replicas: bool) -> dict:
 
 
 def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kv_dtype", default="auto", help="comma-separated sampling.kv_dtype values")
+    kv_dtypes = ap.parse_args().kv_dtype.split(",")
+    for kv in kv_dtypes:
+        if kv not in models.KV_DTYPES:
+            ap.error(f"--kv_dtype {kv!r}: expected values of {models.KV_DTYPES}")
     cfg, params = models.load_pretrained(FIXTURE)
     tokens = np.random.default_rng(0).integers(1, 250, (N, P)).astype(np.int32)
     runs = [("1 device", 1, False), ("2 devices, one engine (GSPMD)", 2, False)]
     runs.append(("2 devices, one replica per device", 2, True))
     print(
-        "| compute | engine | gap mean | gap max | gap, position 0 | gap, positions 1+ "
+        "| compute | KV | engine | gap mean | gap max | gap, position 0 | gap, positions 1+ "
         "| sampler vs f32 | trainer vs f32 |"
     )
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for dtype in ("bfloat16", "float32"):
         c = dataclasses.replace(cfg, dtype=dtype)
-        for name, devices, replicas in runs:
-            r = measure(c, params, tokens, devices, replicas)
-            print(
-                f"| {dtype} | {name} | {r['gap_mean']:.1e} | {r['gap_max']:.1e} "
-                f"| {r['gap_pos0']:.1e} | {r['gap_pos1+']:.1e} | {r['sampler_vs_f32']:.1e} "
-                f"| {r['trainer_vs_f32']:.1e} |"
-            )
+        for kv_dtype in kv_dtypes:
+            for name, devices, replicas in runs:
+                r = measure(c, params, tokens, devices, replicas, kv_dtype)
+                kv = dtype if kv_dtype == "auto" else kv_dtype
+                print(
+                    f"| {dtype} | {kv} | {name} | {r['gap_mean']:.1e} | {r['gap_max']:.1e} "
+                    f"| {r['gap_pos0']:.1e} | {r['gap_pos1+']:.1e} "
+                    f"| {r['sampler_vs_f32']:.1e} | {r['trainer_vs_f32']:.1e} |"
+                )
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ sequence in the same step; greedy list scheduling) at full size: lognormal(mean 
 capped at 8192) lengths, B sequences on S slots, against the static engine's B rows.
 
     python benchmarks/sampler_longtail.py               # B=64, S=16, mean 48, T=192; ~2-4 min
+    python benchmarks/sampler_longtail.py --slots 0 --drain-levels -1 --continuous-only
+                                        # `sample`'s defaults (num_slots, drain_levels None)
     python benchmarks/sampler_longtail.py --simulate    # plus the full-size simulation
 
 Benchmark model: benchmarks/sampler.py's (Qwen3-style, d = 256, 4 layers, vocab 4096).
@@ -144,12 +146,14 @@ def measure(args) -> dict:
         "T": args.max_new_tokens,
         "tail_mean": float(tail.mean()),
         "tail_max": int(tail.max()),
+        "default_slots": continuous.plan(
+            args.batch, args.prompt_len, args.max_new_tokens, page_size=16
+        ).num_slots,
     }
-    for engine, slots in (
-        ("continuous", args.slots),
-        ("static", None),
-        ("static-chunks", args.slots),
-    ):
+    engines = [("continuous", args.slots or None)]
+    if not args.continuous_only:
+        engines += [("static", None), ("static-chunks", args.slots or report["default_slots"])]
+    for engine, slots in engines:
         for name, lengths in (("tail", tail), ("uniform", uniform)):
             tokens, mask = prompts_for(lengths, args.prompt_len)
             seconds, got = run_engine(
@@ -168,21 +172,23 @@ def measure(args) -> dict:
         report[f"{engine}/tail_over_uniform"] = (
             report[f"{engine}/tail_tokens_per_s"] / report[f"{engine}/uniform_tokens_per_s"]
         )
-    report["continuous_over_static_B"] = report["static/tail_s"] / report["continuous/tail_s"]
-    report["continuous_over_static_S"] = (
-        report["static-chunks/tail_s"] / report["continuous/tail_s"]
-    )
-    report["continuous/tail_efficiency_measured"] = measured_efficiency(params, tail, args)
-    row_steps = simulate_continuous(tail, args.slots, args.drain_levels)
+    if not args.continuous_only:
+        report["continuous_over_static_B"] = report["static/tail_s"] / report["continuous/tail_s"]
+        report["continuous_over_static_S"] = (
+            report["static-chunks/tail_s"] / report["continuous/tail_s"]
+        )
+    slots = args.slots or report["default_slots"]
+    report["continuous/tail_efficiency_measured"] = measured_efficiency(params, tail, args, slots)
+    row_steps = simulate_continuous(tail, slots, args.drain_levels)
     report["continuous/tail_efficiency_simulated"] = float(tail.sum() / row_steps)
     report["static/tail_efficiency"] = float(tail.sum() / (tail.max() * len(tail)))
     return report
 
 
-def measured_efficiency(params, lengths, args) -> float:
+def measured_efficiency(params, lengths, args, slots: int) -> float:
     """Σ L_b / the engine's own row-step count (`continuous.run`'s EngineStats)."""
     tokens, mask = prompts_for(lengths, args.prompt_len)
-    plan = continuous.plan(len(lengths), args.prompt_len, args.max_new_tokens, num_slots=args.slots)
+    plan = continuous.plan(len(lengths), args.prompt_len, args.max_new_tokens, num_slots=slots)
     options = {
         "num_samples": 1,
         "max_new_tokens": args.max_new_tokens,
@@ -258,16 +264,18 @@ def simulate_full(args) -> dict:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--slots", type=int, default=16)
+    ap.add_argument("--slots", type=int, default=16, help="0: sample's default (None)")
+    ap.add_argument("--continuous-only", action="store_true", help="skip the static engine")
     ap.add_argument("--mean", type=float, default=48.0)
     ap.add_argument("--sigma", type=float, default=1.0)
     ap.add_argument("--max-new-tokens", type=int, default=192)
     ap.add_argument("--prompt-len", type=int, default=16)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--drain-levels", type=int, default=2)
+    ap.add_argument("--drain-levels", type=int, default=2, help="-1: sample's default (None)")
     ap.add_argument("--simulate", action="store_true")
     ap.add_argument("--simulate-only", action="store_true")
     args = ap.parse_args()
+    args.drain_levels = None if args.drain_levels < 0 else args.drain_levels
     report = {} if args.simulate_only else measure(args)
     if args.simulate or args.simulate_only:
         report.update(simulate_full(args))

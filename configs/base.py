@@ -166,10 +166,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # KV cache); "static": every row decodes until the last one ends (cheaper per step on CPU
     # for small models and short, even lengths). Same samples for the same seed (README,
     # "Rollout engines")
-    c.sampling.num_slots = _placeholder(int)  # continuous decode rows (None: one per sequence)
+    c.sampling.num_slots = _placeholder(int)  # continuous decode rows (None: one per sequence
+    # up to the rows a decode step costs about the same for, 256 on TPU / 16 on CPU, else
+    # ~1/4 of the sequences, within kv_budget_tokens: sampling/continuous.default_num_slots)
     c.sampling.page_size = 16  # tokens per KV page (continuous)
     c.sampling.kv_budget_tokens = _placeholder(int)  # response tokens the KV pages hold at
     # once (None: every slot at full length); below that, rows wait or are preempted and rerun
+    c.sampling.kv_dtype = "auto"  # storage of the decode's keys/values: "auto" (the compute
+    # dtype, model.dtype), "bfloat16", "float32", or "int8" (continuous engine only: int8 pages
+    # with an f32 scale per token and kv head, ~0.52x a bf16 pool at head_dim 128; the sampler's
+    # log-probs then carry the quantisation, docs/benchmarks.md). Sampler log-probs feed only
+    # old_logprobs_source="sampler" and rollout_correction; the default pi_old is recomputed
     c.sampling.rollout_layout = "auto"  # how the rollout lays the policy out on the mesh,
     # remade from the trainer's params once per RL step: "tensor" (weights in the compute
     # dtype, heads / MLP / KV heads / vocabulary split over mesh.fsdp x mesh.tensor, rows

@@ -138,6 +138,7 @@ class SamplerSpec:
     page_size: int = 16
     kv_budget_tokens: int | None = None
     layout: str = "auto"
+    kv_dtype: str = "auto"
 
     def greedy(self) -> SamplerSpec:
         """One temperature-0 response per prompt (held-out evaluation)."""
@@ -391,6 +392,7 @@ def sampler_spec(c) -> SamplerSpec:
         page_size=s.page_size,
         kv_budget_tokens=s.kv_budget_tokens,
         layout=s.rollout_layout,
+        kv_dtype=s.kv_dtype,
     )
 
 

@@ -527,11 +527,18 @@ def _eval_lora_wandb_pairs(config) -> list[tuple]:
 
 
 def _sampling_engine(config) -> None:
-    """sampling.engine and the continuous engine's slots, page size and KV budget (which
-    must hold one full-length response: ⌈response_length / page_size⌉ + 1 pages)."""
+    """sampling.engine, the KV dtype (int8 only with the continuous engine) and the
+    continuous engine's slots, page size and KV budget (which must hold one full-length
+    response: ⌈response_length / page_size⌉ + 1 pages)."""
     s = config.sampling
     _choice("sampling.engine", s.engine, ("continuous", "static"))
     _choice("sampling.rollout_layout", s.rollout_layout, sharding_lib.ROLLOUT_LAYOUTS)
+    _choice("sampling.kv_dtype", s.kv_dtype, models.KV_DTYPES)
+    if s.kv_dtype == "int8" and s.engine != "continuous":
+        raise ConfigError(
+            f'config.sampling.kv_dtype="int8" needs sampling.engine="continuous" (int8 KV '
+            f"pages), not {s.engine!r}"
+        )
     _int(config, "sampling.num_slots", minimum=1, allow_none=True)
     page = _int(config, "sampling.page_size", minimum=1)
     budget = _int(config, "sampling.kv_budget_tokens", minimum=1, allow_none=True)

@@ -71,11 +71,15 @@ from gspo_jax.models.kv_cache import (
 )
 from gspo_jax.models.layer_stack import layer_runs, split_layers
 from gspo_jax.models.paged import (
+    KV_DTYPES,
+    Int8Pages,
     copy_pages,
     decode_step_paged,
     paged_attention_impl,
     prompt_pages,
+    quantize_int8,
     ragged_paged_attention,
+    to_kv_dtype,
 )
 from gspo_jax.models.params import (
     abstract_params,
@@ -87,6 +91,8 @@ from gspo_jax.models.params import (
 )
 
 __all__ = [
+    "KV_DTYPES",
+    "Int8Pages",
     "ModelConfig",
     "PromptCache",
     "ResponseCache",
@@ -110,11 +116,13 @@ __all__ = [
     "positions_from_mask",
     "prefill_shared",
     "prompt_pages",
+    "quantize_int8",
     "ragged_paged_attention",
     "read_hf_config",
     "response_segments",
     "rollout_params",
     "save_pretrained",
     "split_layers",
+    "to_kv_dtype",
     "unembedding",
 ]

@@ -15,6 +15,16 @@ so the TPU path hands the pool to the kernel as it is):
                table[s, i // page_size] at offset i % page_size
     kv_lens    int32 [S]: context positions 0 .. kv_len − 1 of row s are real
 
+KV dtype (`kv_dtype`, `KV_DTYPES`): pages in a float dtype, or `Int8Pages`: int8 pages
+with one f32 scale per token and combined head ([num_pages, page_size, 2K]), absmax
+quantisation x ≈ q · scale, scale = max_c |x_c| / 127, so every element is within scale/2
+of its value (`quantize_int8`; tests/sampling/test_sampling_continuous.py derives the bound). The
+XLA path folds the scales into the arithmetic (key scales multiply the scores, value scales
+the probabilities) and never materialises dequantised pages; the Pallas kernel of the
+pinned jax takes int8 pages with one static float scale for all of K and one for all of V,
+not per-token scales, so on that path the pool is dequantised to the compute dtype before
+the kernel (a one-layer temporary: the pools' memory halves, their HBM reads do not).
+
 A row's context is its prompt's real tokens (left padding dropped, position 0 first) then
 its own response tokens; a group's G rows share the pages of their prompt (the table
 entries point at the same pages), and only a prompt's partly filled last page is copied
@@ -39,6 +49,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 from gspo_jax.models import partition
 from gspo_jax.models.attention import target_platform
@@ -49,6 +60,60 @@ from gspo_jax.models.params import merge
 F32 = jnp.float32
 MASK_VALUE = -0.7 * float(jnp.finfo(F32).max)  # the Pallas kernel's DEFAULT_MASK_VALUE
 PAGED_IMPLS = ("xla", "pallas")
+KV_DTYPES = ("auto", "bfloat16", "float32", "int8")  # "auto": the model's compute dtype
+INT8_MAX = 127.0
+
+
+@struct.dataclass
+class Int8Pages:
+    """A page pool stored in int8: element [p, o, h, c] ≈ q[p, o, h, c] · scale[p, o, h].
+
+    q      int8 [num_pages, page_size, 2K, C]   the float pool's layout
+    scale  f32 [num_pages, page_size, 2K]       one per token and combined head (keys and
+                                                values of a kv head scaled apart)
+    """
+
+    q: jax.Array
+    scale: jax.Array
+
+    @property
+    def shape(self):
+        return self.q.shape
+
+    @property
+    def dtype(self):
+        return self.q.dtype
+
+
+def quantize_int8(x_xC):
+    """(q int8 [..., C], scale f32 [...]): absmax over the last axis, scale = absmax / 127,
+    q = round(x / scale) (0 where the vector is 0). |q·scale − x| ≤ scale/2 up to f32
+    rounding: with u = 2⁻²⁴, y = fl(x/scale) = (x/scale)(1 + δ₁), q = round(y), fl(q·scale)
+    = q·scale(1 + δ₂) give |error| ≤ scale/2 + u(|x| + 127·scale) ≤ scale·(1/2 + 254u)."""
+    x = x_xC.astype(F32)
+    scale = jnp.max(jnp.abs(x), axis=-1) / INT8_MAX
+    safe = jnp.where(scale > 0, scale, 1.0)
+    q = jnp.clip(jnp.round(x / safe[..., None]), -INT8_MAX, INT8_MAX).astype(jnp.int8)
+    return q, scale
+
+
+def dequantize(pool, dtype):
+    """The pool's values in `dtype` (a float pool is cast; `Int8Pages` multiplied out)."""
+    if isinstance(pool, Int8Pages):
+        return (pool.q.astype(F32) * pool.scale[..., None]).astype(dtype)
+    return pool.astype(dtype)
+
+
+def to_kv_dtype(pages, kv_dtype: str):
+    """Float pages [..., 2K, C] in the pool's storage: `Int8Pages` for "int8", else the float
+    dtype (`KV_DTYPES`; "auto" keeps the pages' own)."""
+    if kv_dtype == "int8":
+        return Int8Pages(*quantize_int8(pages))
+    if kv_dtype == "auto":
+        return pages
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"kv_dtype={kv_dtype!r}: expected one of {KV_DTYPES}")
+    return pages.astype(kv_dtype)
 
 
 def paged_attention_impl(
@@ -78,7 +143,8 @@ def ragged_paged_attention(
     scores and finds each row's score maximum and softmax denominator (f32); the second
     reads the values and multiplies them by the normalised probabilities cast to the value
     dtype — the arithmetic of `attention.attend` (what the trainer recomputes log-probs
-    with), so that in bf16 the sampler's log-probs stay as close to the trainer's as the
+    with; an `Int8Pages` pool: its scales multiply the scores and the probabilities, which
+    are then cast to q's dtype, the int8 keys and values converted exactly), so that in bf16 the sampler's log-probs stay as close to the trainer's as the
     dense cache's; a context within one block gives `attend`'s numbers exactly up to the
     order of the additions. Each page's keys and values are read once (the scores of the
     context, [S, H, M · page_size] f32, are kept between the loops). `split_S` (int32 [S],
@@ -87,6 +153,8 @@ def ragged_paged_attention(
     shared-prompt attention (`attention.attend_shared_prompt`) does."""
     S, H, C = q_SHC.shape
     _, page_size, K2, _ = kv_pages.shape
+    quantized = isinstance(kv_pages, Int8Pages)
+    value_dtype = q_SHC.dtype if quantized else kv_pages.dtype
     K = K2 // 2
     M = page_table_SM.shape[1]
     bp = max(1, min(int(block_pages), M))
@@ -102,18 +170,28 @@ def ragged_paged_attention(
     # one of the two by index (not a stride-2 slice of the 2K axis) keeps a pool split over
     # kv heads (the rollout's tensor layout) where it is: a strided slice across the shards
     # made GSPMD all-reduce every gathered block.
-    pool_5 = kv_pages.reshape(kv_pages.shape[0], page_size, K, 2, C)
+    # An int8 pool's scales [pages, page_size, K, 2] are read the same way.
+    pool_5 = (kv_pages.q if quantized else kv_pages).reshape(-1, page_size, K, 2, C)
+    scale_4 = kv_pages.scale.reshape(-1, page_size, K, 2) if quantized else None
 
     def half(j, which):
-        """Keys (which 0) or values (1) [S, W, K, C] of block j."""
+        """Keys (which 0) or values (1) [S, W, K, C] of block j, and for an int8 pool their
+        scales transposed to [S, K, 1, W] (else None)."""
         pages_Sb = jax.lax.dynamic_slice_in_dim(table, j * bp, bp, axis=1)
-        return pool_5[pages_Sb, :, :, which].reshape(S, W, K, C)
+        x_SWKC = pool_5[pages_Sb, :, :, which].reshape(S, W, K, C)
+        if scale_4 is None:
+            return x_SWKC, None
+        scale_SWK = scale_4[pages_Sb, :, :, which].reshape(S, W, K)
+        return x_SWKC, scale_SWK.transpose(0, 2, 1)[:, :, None, :]
 
     def stats(carry):
         j, m_SKR, l_SKR, s_all = carry
+        k_SWKC, k_scale = half(j, 0)
         s_SKRW = jnp.einsum(
-            "skrc,swkc->skrw", q_SKRC, half(j, 0).astype(q_SHC.dtype), preferred_element_type=F32
+            "skrc,swkc->skrw", q_SKRC, k_SWKC.astype(q_SHC.dtype), preferred_element_type=F32
         )
+        if k_scale is not None:  # q·(k_q·scale) = (q·k_q)·scale: the scale after the product
+            s_SKRW = s_SKRW * k_scale
         s_SKRW = s_SKRW * sm_scale
         live_SW = (j * W + jnp.arange(W, dtype=jnp.int32))[None, :] < kv_lens_S[:, None]
         s_SKRW = jnp.where(live_SW[:, None, None, :], s_SKRW, MASK_VALUE)
@@ -125,8 +203,11 @@ def ragged_paged_attention(
     def output(carry):
         j, acc_SKRC = carry
         s_SKRW = jax.lax.dynamic_slice_in_dim(s_all, j * W, W, axis=3)
-        v_SWKC = half(j, 1)
-        p_SKRW = (jnp.exp(s_SKRW - m_SKR[..., None]) / l_SKR[..., None]).astype(v_SWKC.dtype)
+        v_SWKC, v_scale = half(j, 1)
+        p_SKRW = jnp.exp(s_SKRW - m_SKR[..., None]) / l_SKR[..., None]
+        if v_scale is not None:  # Σ p·(v_q·scale) = Σ (p·scale)·v_q
+            p_SKRW = p_SKRW * v_scale
+        p_SKRW = p_SKRW.astype(value_dtype)
         v_SWKC = v_SWKC.astype(q_SHC.dtype)
         if split_S is None:
             o_SKRC = jnp.einsum("skrw,swkc->skrc", p_SKRW, v_SWKC)
@@ -157,7 +238,9 @@ def ragged_paged_attention(
 
 
 def _pallas_paged_attention(q_SHC, kv_pages, kv_lens_S, page_table_SM, *, sm_scale):
-    """jax's Pallas TPU kernel with one query per row (decode)."""
+    """jax's Pallas TPU kernel with one query per row (decode). An `Int8Pages` pool is
+    dequantised first: the pinned kernel's k_scale / v_scale are one static float each, not
+    per-token scales."""
     from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
 
     S = q_SHC.shape[0]
@@ -166,7 +249,7 @@ def _pallas_paged_attention(q_SHC, kv_pages, kv_lens_S, page_table_SM, *, sm_sca
     # the target's when compiling ahead of time): ~512 keys per block, 32 queries.
     return ragged_paged_attention(
         q_SHC,
-        kv_pages.astype(q_SHC.dtype),
+        dequantize(kv_pages, q_SHC.dtype),
         kv_lens_S.astype(jnp.int32),
         page_table_SM.astype(jnp.int32),
         jnp.arange(S + 1, dtype=jnp.int32),
@@ -183,6 +266,7 @@ def paged_attention(
     """`ragged_paged_attention` ("xla", with `split_S`) or the Pallas kernel ("pallas",
     one product over the whole context)."""
     if impl == "pallas":
+        kv_pages = dequantize(kv_pages, q_SHC.dtype)  # no-op for a pool in q's dtype
         kernel = functools.partial(_pallas_paged_attention, sm_scale=sm_scale)
         mesh = partition.context_mesh()
         axes = () if mesh is None else partition.auto_axes(mesh)
@@ -218,7 +302,10 @@ def copy_pages(pool, src_S, dst_S):
     page-indexed scatter's pool out page-offset-minor, unlike the Pallas kernel's layout,
     and copied every pool out of and back into the kernel's layout on every decode step:
     two pool copies per layer in the engine's temporaries (v5e, Qwen3-0.6B widths; row
-    writes leave the temporaries at the pools alone)."""
+    writes leave the temporaries at the pools alone). An `Int8Pages` pool: its int8 pages
+    and their scales alike."""
+    if isinstance(pool, Int8Pages):
+        return Int8Pages(copy_pages(pool.q, src_S, dst_S), copy_pages(pool.scale, src_S, dst_S))
     R, ps = pool.shape[:2]
     offsets = jnp.arange(ps, dtype=jnp.int32)
     rows = pool.reshape(R * ps, *pool.shape[2:])
@@ -231,6 +318,18 @@ def kv_entry(k_SKC, v_SKC, dtype):
     """Keys and values of one token per row interleaved as the pool's [S, 2K, C]."""
     S, K, C = k_SKC.shape
     return jnp.stack([k_SKC, v_SKC], axis=2).reshape(S, 2 * K, C).astype(dtype)
+
+
+def write_entry(pool, page_S, offset_S, k_SKC, v_SKC):
+    """`pool` with one token per row written at (page_S[s], offset_S[s]) (quantised first
+    for an `Int8Pages` pool)."""
+    if isinstance(pool, Int8Pages):
+        q_SHC, scale_SH = quantize_int8(kv_entry(k_SKC, v_SKC, F32))
+        return Int8Pages(
+            pool.q.at[page_S, offset_S].set(q_SHC),
+            pool.scale.at[page_S, offset_S].set(scale_SH),
+        )
+    return pool.at[page_S, offset_S].set(kv_entry(k_SKC, v_SKC, pool.dtype))
 
 
 def prompt_pages(prompt, page_size: int):
@@ -270,9 +369,9 @@ class _PagedAttention:
     layer_data = None  # per-layer pools are indexed by layer (unrolled decoder)
 
     def __call__(self, layer: int, q_BLHC, k_BLKC, v_BLKC):
-        pool = self.kv[layer]
-        entry = kv_entry(k_BLKC[:, 0], v_BLKC[:, 0], pool.dtype)
-        pool = pool.at[self.write_page, self.write_offset].set(entry)
+        pool = write_entry(
+            self.kv[layer], self.write_page, self.write_offset, k_BLKC[:, 0], v_BLKC[:, 0]
+        )
         C = q_BLHC.shape[-1]
         out = paged_attention(
             self.impl,
@@ -332,13 +431,20 @@ def decode_step_paged(
 
 
 __all__ = [
+    "INT8_MAX",
+    "KV_DTYPES",
     "MASK_VALUE",
     "PAGED_IMPLS",
+    "Int8Pages",
     "copy_pages",
     "decode_step_paged",
+    "dequantize",
     "kv_entry",
     "paged_attention",
     "paged_attention_impl",
     "prompt_pages",
+    "quantize_int8",
     "ragged_paged_attention",
+    "to_kv_dtype",
+    "write_entry",
 ]

@@ -29,6 +29,10 @@ never below DRAIN_MIN_WIDTH rows: a decode step of fewer rows costs about as muc
 weights are read either way), and each level is one more compiled copy of the decode
 step (on CPU ~4 s of compilation for a small model), so small batches get none.
 
+Slots: `num_slots` None picks `default_num_slots` (the slots a KV budget holds at full
+length, at least the rows a decode step costs about the same for on the platform, at most
+about a quarter of the sequences once that is more: a queue behind every slot).
+
 Memory is budgeted in tokens in flight: a pool of `num_pages` response pages of
 `page_size` tokens (`kv_budget_tokens` / page_size; default: every slot at full length)
 next to the prompts' pages. A page is taken from the free list when a row crosses a page
@@ -64,6 +68,7 @@ from flax import struct
 
 from gspo_jax import models, sharding
 from gspo_jax.models import partition
+from gspo_jax.models.attention import target_platform
 from gspo_jax.sampling.draw import next_token, row_keys
 from gspo_jax.sampling.layout import traced_under_layout
 
@@ -93,6 +98,45 @@ class PagePlan:
         return self.prompt_pages + self.seq_pages
 
 
+# Decode rows below which a step costs about the same per platform (`default_num_slots`):
+# a dense decode step reads every weight once and multiplies it by every row (2 FLOPs per
+# weight and row), so it is bound by the weight read until rows ≈ peak FLOP/s × bytes per
+# weight / (2 × memory bandwidth): bf16 v5e 197e12 × 2 / (2 × 819e9) ≈ 240, v5p ≈ 166, v6e
+# ≈ 560, H100 ≈ 295; f32 on a 2-core AVX-512 CPU ≈ 180e9 × 4 / (2 × ~20e9) ≈ 18 (measured:
+# 16 of 64 slots on benchmarks/sampler_longtail.py's long tail, docs/benchmarks.md).
+FLAT_ROWS = {"tpu": 256, "gpu": 256, "cuda": 256, "rocm": 256, "cpu": 16}
+QUEUE_DEPTH = 4  # sequences per slot, on average, that the default keeps queued
+SLOT_MULTIPLE = 8  # the default's slots are a multiple of this (replicas divide them)
+
+
+def default_num_slots(
+    num_sequences: int,
+    seq_pages: int,
+    page_size: int,
+    kv_budget_tokens=None,
+    platform: str | None = None,
+) -> int:
+    """Decode slots when `num_slots` is None:
+
+        S = min(B, S_kv, max(FLAT_ROWS[platform], ⌈B / QUEUE_DEPTH⌉ rounded up to 8))
+
+    S_kv: the slots whose full-length sequences fit `kv_budget_tokens` (⌊pages /
+    seq_pages⌋; B without a budget), so no row waits for a page. Below FLAT_ROWS rows a
+    step costs about what it costs with fewer (the weight read dominates), so fewer slots
+    save nothing and only lengthen the run: with B ≤ FLAT_ROWS every sequence gets a slot
+    (the run then takes as many steps as the longest response, the least possible). Above
+    it a step costs per row, so slots should stay full: B / QUEUE_DEPTH slots keep ~3/4 of
+    the sequences queued at the start and the queue non-empty for most of the decode (the
+    drain, `drain_widths`, narrows the loop once it is empty). On a TPU (256) this is one
+    slot per sequence up to 256 sequences, then B/4; on CPU (16), B/4 from 64 sequences."""
+    B = int(num_sequences)
+    platform = platform or target_platform()
+    fit = B if kv_budget_tokens is None else int(kv_budget_tokens) // page_size // seq_pages
+    queued = -(-B // QUEUE_DEPTH)
+    queued = -(-queued // SLOT_MULTIPLE) * SLOT_MULTIPLE
+    return max(1, min(B, fit, max(FLAT_ROWS.get(platform, FLAT_ROWS["cpu"]), queued)))
+
+
 def plan(
     num_sequences: int,
     prompt_width: int,
@@ -101,18 +145,23 @@ def plan(
     num_slots=None,
     page_size: int = 16,
     kv_budget_tokens=None,
+    platform: str | None = None,
 ) -> PagePlan:
-    """The page plan, checked (ValueError naming the option): num_slots None = one per
-    sequence (capped at the sequence count); kv_budget_tokens None = every slot at full
-    length (no row ever waits), else ⌊budget / page_size⌋ pages, at least one full-length
-    sequence's."""
+    """The page plan, checked (ValueError naming the option): num_slots None =
+    `default_num_slots` for `platform` (default: the one compiled for), else capped at the
+    sequence count; kv_budget_tokens None = every slot at full length (no row ever waits),
+    else ⌊budget / page_size⌋ pages, at least one full-length sequence's."""
     for name, value in (("num_slots", num_slots), ("kv_budget_tokens", kv_budget_tokens)):
         if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
             raise ValueError(f"{name} must be None or an int >= 1, got {value!r}")
     if isinstance(page_size, bool) or int(page_size) != page_size or page_size < 1:
         raise ValueError(f"page_size must be an int >= 1, got {page_size!r}")
-    S = min(int(num_slots or num_sequences), num_sequences)
     seq_pages = -(-max_new_tokens // page_size) + 1
+    if num_slots is None:
+        num_slots = default_num_slots(
+            num_sequences, seq_pages, page_size, kv_budget_tokens, platform
+        )
+    S = min(int(num_slots), num_sequences)
     if kv_budget_tokens is None:
         num_pages = S * seq_pages
     else:
@@ -165,7 +214,14 @@ class EngineState:
 
 @functools.partial(
     jax.jit,
-    static_argnames=("model_config", "num_samples", "share_prefix", "page_size", "layout"),
+    static_argnames=(
+        "model_config",
+        "num_samples",
+        "share_prefix",
+        "page_size",
+        "layout",
+        "kv_dtype",
+    ),
 )
 @traced_under_layout
 def _prefill_pages(
@@ -178,9 +234,12 @@ def _prefill_pages(
     share_prefix,
     page_size,
     layout="trainer",
+    kv_dtype="auto",
 ):
     """(prompt pages per layer, prompt lengths [Q], last-position logits [Q, V], the prompts
-    repeated G times [B, P] and their mask). `layout`: the rules it is traced under."""
+    repeated G times [B, P] and their mask). `layout`: the rules it is traced under;
+    `kv_dtype`: the pages' storage (`models.KV_DTYPES`; int8 pages are quantised from the
+    prefill's compute-dtype keys and values)."""
     G = num_samples
     if layout == "tensor":
         params = models.for_decoding(model_config, params)  # a no-op on rollout_params
@@ -188,7 +247,8 @@ def _prefill_pages(
     mask_BP = jnp.repeat(mask_NP, G, axis=0)
     tokens_QP, mask_QP = (tokens_NP, mask_NP) if share_prefix else (tokens_BP, mask_BP)
     prompt, logits_QV, _ = models.prefill_shared(model_config, params, tokens_QP, mask_QP)
-    pages = tuple(_constrain_pool(x) for x in models.prompt_pages(prompt, page_size))
+    pages = models.prompt_pages(prompt, page_size)
+    pages = tuple(_constrain_pool(models.to_kv_dtype(x, kv_dtype)) for x in pages)
     return pages, prompt.length, logits_QV, tokens_BP, mask_BP.astype(jnp.int32)
 
 
@@ -196,27 +256,31 @@ def _constrain_pool(pool):
     """A page pool [pages, page_size, 2K, C] split over the kv heads as the rules in force
     split "kv_heads" (a chip keeps both keys and values of its heads); pages whole. Only
     where rows are whole (a replica of the engine, the tensor layout's prefill): otherwise
-    the pools keep the layout GSPMD gives them."""
+    the pools keep the layout GSPMD gives them. An int8 pool's scales [pages, page_size,
+    2K] follow its pages."""
     mesh = partition.context_mesh()
     if mesh is None or not partition.rows_whole():
         return pool
     heads = partition.spec(mesh, ("kv_heads",), (pool.shape[2] // 2,))[0]
-    spec = jax.sharding.PartitionSpec(None, None, heads, None)
-    return jax.lax.with_sharding_constraint(pool, spec)
+    spec = jax.sharding.PartitionSpec
+    return jax.tree.map(
+        lambda x: jax.lax.with_sharding_constraint(
+            x, spec(None, None, heads, *[None] * (x.ndim - 3))
+        ),
+        pool,
+    )
 
 
 def _init_state(prompt_pages, B: int, T: int, p: PagePlan) -> EngineState:
     """Every slot idle, every response page free, the queue full."""
     S, M, R = p.num_slots, p.table_width, p.num_pages
     first_free = 1 + prompt_pages[0].shape[0]
-    kv = tuple(
-        _constrain_pool(
-            jnp.concatenate(
-                [jnp.zeros((1, *x.shape[1:]), x.dtype), x, jnp.zeros((R, *x.shape[1:]), x.dtype)]
-            )
-        )
-        for x in prompt_pages
-    )
+
+    def with_free_pages(x):  # the trash page, the prompts' pages, R response pages
+        zeros = functools.partial(jnp.zeros, dtype=x.dtype)
+        return jnp.concatenate([zeros((1, *x.shape[1:])), x, zeros((R, *x.shape[1:]))])
+
+    kv = tuple(_constrain_pool(jax.tree.map(with_free_pages, x)) for x in prompt_pages)
     i32 = functools.partial(jnp.zeros, dtype=jnp.int32)
     return EngineState(
         kv=kv,
@@ -619,6 +683,7 @@ def run(cfg, params, tokens_NP, mask_NP, rng, eos_ids, pad_id, *, options: dict,
         share_prefix=options["share_prefix"],
         page_size=page_plan.page_size,
         layout=options.get("layout", "trainer"),
+        kv_dtype=options.get("kv_dtype", "auto"),
     )
     B = tokens_NP.shape[0] * G
     layout = options.get("layout", "trainer")

@@ -185,6 +185,7 @@ def _auto_segments(T: int) -> int:
         "max_new_tokens",
         "segments",
         "layout",
+        "kv_dtype",
     ),
 )
 @traced_under_layout
@@ -200,10 +201,12 @@ def _prefill(
     max_new_tokens,
     segments=1,
     layout="trainer",
+    kv_dtype="auto",
 ):
     """Prompt cache, initial state (nothing generated yet) and the first-token logits
     ([N, V] shared, [B, V] not shared), plus the prompts repeated G times. `layout`: the
-    rules the stage is traced under (`sharding.layout_rules`)."""
+    rules the stage is traced under (`sharding.layout_rules`); `kv_dtype`: the caches'
+    float dtype ("auto": the compute dtype)."""
     if layout == "tensor":
         params = models.for_decoding(model_config, params)  # a no-op on rollout_params
     cfg, G, T = model_config, num_samples, max_new_tokens
@@ -211,7 +214,8 @@ def _prefill(
     tokens_BP = jnp.repeat(tokens_NP, G, axis=0)
     mask_BP = jnp.repeat(mask_NP, G, axis=0)
     tokens_QP, mask_QP = (tokens_NP, mask_NP) if share_prefix else (tokens_BP, mask_BP)
-    prompt, logits_QV, _ = models.prefill_shared(cfg, params, tokens_QP, mask_QP)
+    dtype = None if kv_dtype == "auto" else kv_dtype
+    prompt, logits_QV, _ = models.prefill_shared(cfg, params, tokens_QP, mask_QP, dtype=dtype)
     state = SamplerState(
         step=jnp.zeros((), jnp.int32),
         tokens=jnp.zeros((B, T), jnp.int32),
@@ -220,7 +224,7 @@ def _prefill(
         length=jnp.zeros((B,), jnp.int32),
         last=jnp.zeros((B,), jnp.int32),
         rng=rng,
-        cache=models.init_response_cache(cfg, B, T, segments=segments),
+        cache=models.init_response_cache(cfg, B, T, segments=segments, dtype=dtype),
     )
     return prompt, state, logits_QV, tokens_BP, mask_BP.astype(jnp.int32)
 
@@ -452,6 +456,7 @@ def sample(
     kv_budget_tokens: int | None = None,
     drain_levels: int | None = None,
     layout: str = "trainer",
+    kv_dtype: str = "auto",
 ) -> SampleOutput:
     """Samples `num_samples` (G) responses for each of N left-padded prompts.
 
@@ -485,8 +490,11 @@ def sample(
         continuous.py) or "static" (every row decodes until the last one ends; faster on
         CPU for small models and short, even lengths). Both give the same tokens for the
         same rng and log-probs equal to float rounding.
-      num_slots: continuous decode rows S (None: one per sequence, N·G); fewer slots than
-        sequences make a queue that finished slots take from.
+      num_slots: continuous decode rows S; fewer slots than sequences make a queue that
+        finished slots take from. None: `continuous.default_num_slots` (one per sequence up
+        to the rows a step costs about the same for on the platform, 256 on TPU and 16 on
+        CPU, else about a quarter of the sequences; never more than kv_budget_tokens holds
+        at full length).
       page_size: tokens per KV page (continuous).
       kv_budget_tokens: response tokens the page pool holds at once (continuous); None =
         every slot at full length. A smaller budget makes rows wait or be preempted and
@@ -505,6 +513,10 @@ def sample(
         call reshards. A mesh with mesh.data or mesh.expert > 1 rejects "tensor". "auto"
         picks "tensor" on a mesh without those axes, else "trainer". Results are the same
         either way, to the float rounding of the tensor-parallel sums.
+      kv_dtype: how the decode's keys and values are stored (`models.KV_DTYPES`): "auto"
+        (the compute dtype), "bfloat16", "float32", or "int8" (continuous engine only: int8
+        pages with a scale per token and kv head, `models.Int8Pages`, about half a bf16
+        pool's bytes; the log-probs then carry the quantisation error, docs/benchmarks.md).
 
     Returns `SampleOutput`. `logprobs[b, t]` = log softmax(logits_t / τ)[token_t] in f32, the
     UNFILTERED tempered distribution — what the trainer recomputes with the same τ
@@ -521,7 +533,8 @@ def sample(
     max_prompt_length; bucket + max_new_tokens beyond the cache limit; num_samples < 1,
     max_new_tokens < 1, temperature < 0, top_k < 1, top_p outside (0, 1], eos / pad ids
     outside the vocabulary, an unknown engine, bad num_slots / page_size / drain_levels, a
-    kv_budget_tokens below one full-length response.
+    kv_budget_tokens below one full-length response, an unknown kv_dtype or "int8" with the
+    static engine.
     """
     cfg = model_config
     eos_ids = _check_options(
@@ -556,6 +569,7 @@ def sample(
         "share_prefix": bool(share_prefix),
         "drain_levels": _drain_levels(drain_levels),
         "layout": _layout(layout, cfg.num_kv_heads),
+        "kv_dtype": _kv_dtype(kv_dtype, engine),
     }
     B = np.shape(prompt_tokens)[0] * int(num_samples)
     page_plan = _page_plan(engine, B, bucket, options, num_slots, page_size, kv_budget_tokens)
@@ -614,6 +628,19 @@ def _layout(layout, kv_heads: int) -> str:
     return sharding.resolve_rollout_layout(layout, dict(mesh.shape), "layout", kv_heads)
 
 
+def _kv_dtype(kv_dtype, engine) -> str:
+    """`kv_dtype` checked: one of `models.KV_DTYPES`; "int8" only for the continuous engine
+    (the static engine's dense caches have no scales)."""
+    if kv_dtype not in models.KV_DTYPES:
+        raise ValueError(f"kv_dtype={kv_dtype!r}: expected one of {models.KV_DTYPES}")
+    if kv_dtype == "int8" and engine == "static":
+        raise ValueError(
+            'kv_dtype="int8" needs engine="continuous" (int8 KV pages); the static engine '
+            "stores its caches in a float dtype"
+        )
+    return kv_dtype
+
+
 def _drain_levels(drain_levels) -> int | None:
     if drain_levels is None:
         return None
@@ -656,6 +683,7 @@ def _sample_static(cfg, params, tokens_NP, mask_NP, rng, eos_E, pad_id, options,
         max_new_tokens=options["max_new_tokens"],
         segments=segments,
         layout=options["layout"],
+        kv_dtype=options["kv_dtype"],
     )
     state, mask, truncated = _decode(
         cfg,

@@ -10,6 +10,7 @@ from helpers import main_command
 
 from configs import base, common, default, grpo_paper, gspo_paper
 from gspo_jax import sampling
+from gspo_jax.config import specs
 from gspo_jax.config.specs import batch_sizes
 from gspo_jax.config.validate import ConfigError, ConfigWarning, mesh_shape, validate
 
@@ -480,6 +481,7 @@ def test_multi_process_prompt_batches_must_split_over_devices():
         ("kl_loss_coef", float("nan"), r"kl_loss_coef=nan"),
         ("sampling.prompt_buckets", (32, 0), r"prompt_buckets=\(32, 0\)"),
         ("sampling.engine", "fast", r"sampling.engine='fast' is not one of"),
+        ("sampling.kv_dtype", "fp8", r"sampling.kv_dtype='fp8' is not one of"),
         ("sampling.num_slots", 0, r"sampling.num_slots=0 must be a positive integer"),
         ("sampling.page_size", 0, r"sampling.page_size=0 must be a positive integer"),
         ("sampling.kv_budget_tokens", 16, r"kv_budget_tokens=16 holds 1 pages of sampling.page"),
@@ -502,6 +504,21 @@ def test_values_that_cannot_be_meant_are_named_errors(field, value, match):
         node[leaf] = value
     with pytest.raises(ConfigError, match=match):
         validate(c)
+
+
+def test_int8_kv_with_the_static_engine_names_the_engine():
+    """int8 KV pages exist only in the continuous engine: the static one is refused at
+    start-up (its float kv_dtype choices are accepted)."""
+    c = default.get_config()
+    c.sampling.engine = "static"
+    c.sampling.kv_dtype = "bfloat16"
+    validate(c)
+    c.sampling.kv_dtype = "int8"
+    with pytest.raises(ConfigError, match=r'kv_dtype="int8" needs sampling.engine="continuous"'):
+        validate(c)
+    c.sampling.engine = "continuous"
+    validate(c)
+    assert specs.sampler_spec(c).kv_dtype == "int8"
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ import pytest
 from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ref_ragged_paged_attention
 
 from gspo_jax import models, sampling
+from gspo_jax.models import paged
 from gspo_jax.sampling import continuous, draw
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "models"
@@ -119,6 +120,22 @@ def test_plan_sizes_and_errors():
         continuous.plan(16, 20, 12, num_slots=2.5)
 
 
+def test_default_slots_follow_the_budget_and_the_platform():
+    """`num_slots=None`: every sequence its own slot while a decode step costs about the
+    same for that many rows (TPU: up to 256), about a quarter of the sequences (a queue
+    behind each slot) past that, and never more than the KV budget holds at full length."""
+    slots = continuous.default_num_slots
+    assert slots(64, 4, 16, None, "tpu") == 64
+    assert slots(512, 4, 16, None, "tpu") == 256
+    assert slots(2048, 4, 16, None, "tpu") == 512
+    assert [slots(b, 4, 16, None, "cpu") for b in (8, 64, 100, 128)] == [8, 16, 32, 32]
+    # A budget of 10 full-length sequences (and a bit): 10 slots, so no row ever waits.
+    assert slots(512, 4, 16, 16 * 4 * 10 + 15, "tpu") == 10
+    p = continuous.plan(64, 16, 48, page_size=16, platform="cpu")
+    assert (p.num_slots, p.num_pages) == (16, 16 * 4)
+    assert continuous.plan(64, 16, 48, page_size=16, platform="tpu").num_slots == 64
+
+
 def test_row_keys_depend_on_sequence_and_position_only():
     rng = jax.random.key(3)
     keys = draw.row_keys(rng, jnp.array([5, 5, 2]), jnp.array([1, 1, 1]))
@@ -187,14 +204,16 @@ def test_continuous_equals_static_with_queue_waits_and_preemption(model_and_prom
     assert continuous.drain_widths(5, 2) == (5, 2, 1) and continuous.drain_widths(1, 2) == (1,)
 
 
-def test_the_page_pools_stay_in_place_in_the_compiled_loop(model_and_prompts):
+@pytest.mark.parametrize("kv_dtype", ["auto", "int8"])
+def test_the_page_pools_stay_in_place_in_the_compiled_loop(model_and_prompts, kv_dtype):
     """Every pool write of a step (the admissions' page copies, each layer's new token)
     comes before the decode's attention loops read the pools: a write after those reads
     made XLA copy every layer's whole pool twice per decoded token (1.5x the wall time of
     benchmarks/sampler_longtail.py's long tail). The optimised program must hold no copy
     of a pool-shaped array (with a table of one block of pages, XLA hoists the page reads out
     of the attention loops and fuses the write into them, which copies again: a toy-size
-    case, not checked)."""
+    case, not checked). int8 pools: neither do their scales, and no float pool exists (the
+    XLA path reads the int8 pages, never a dequantised copy)."""
     cfg, params, tokens, mask = model_and_prompts
     plan = continuous.plan(4 * G, BUCKET, T, num_slots=5, page_size=2)
     assert plan.table_width > 8  # more than one block of pages: the attention loops loop
@@ -206,6 +225,7 @@ def test_the_page_pools_stay_in_place_in_the_compiled_loop(model_and_prompts):
         num_samples=G,
         share_prefix=True,
         page_size=plan.page_size,
+        kv_dtype=kv_dtype,
     )
     compiled = continuous._engine.lower(
         cfg,
@@ -230,6 +250,12 @@ def test_the_page_pools_stay_in_place_in_the_compiled_loop(model_and_prompts):
     assert f"[{pool}]" in text  # the pools are where we look for them
     copies = re.findall(rf"= \w+\[{pool}\]\{{[0-9,]+\}} copy\(", text)
     assert not copies, f"{len(copies)} copies of a page pool in the compiled engine"
+    if kv_dtype == "int8":
+        assert isinstance(pages[0], models.Int8Pages)
+        assert f"s8[{pool}]" in text and f"f32[{pool}]" not in text
+        scales = ",".join(str(d) for d in (pool_rows, *pages[0].scale.shape[1:]))
+        copies = re.findall(rf"= \w+\[{scales}\]\{{[0-9,]+\}} copy\(", text)
+        assert not copies, f"{len(copies)} copies of a scale pool in the compiled engine"
 
 
 def test_the_continuous_engine_is_the_default_of_sample_and_of_the_rl_loop():
@@ -276,3 +302,121 @@ def test_copy_pages_copies_whole_pages_and_touches_nothing_else():
     want = np.asarray(pool).copy()
     want[5], want[2] = want[1], want[3]
     np.testing.assert_array_equal(got[1:], want[1:])
+
+
+# ------------------------------------------------------------------------ int8 KV pages
+
+U32 = 2.0**-24  # f32 unit roundoff
+
+
+def test_int8_round_trip_is_within_half_a_scale():
+    """absmax per token and head: scale = max|x| / 127, q = round(x / scale), so
+    |q·scale − x| ≤ scale/2 from the rounding, plus f32 rounding of the division and the
+    product: ≤ scale·(1/2 + 254u), u = 2⁻²⁴ (`paged.quantize_int8`'s docstring). Vectors of
+    very different magnitudes, and an all-zero one (scale 0, exact)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((6, 4, 8, 16)).astype(np.float32)
+    x *= 10.0 ** rng.integers(-3, 4, (6, 4, 8, 1))
+    x[0, 0, 0] = 0.0
+    q, scale = models.quantize_int8(jnp.asarray(x))
+    assert q.dtype == jnp.int8 and scale.shape == x.shape[:-1]
+    assert int(jnp.max(jnp.abs(q.astype(jnp.int32)))) == 127  # the absmax maps to ±127
+    back = np.asarray(q, np.float64) * np.asarray(scale, np.float64)[..., None]
+    err = np.abs(back - x)
+    bound = np.asarray(scale, np.float64)[..., None] * (0.5 + 254 * U32)
+    assert np.all(err <= bound)
+    assert err.max() / bound.max() > 0.1  # the bound is not vacuous
+    assert np.all(back[0, 0, 0] == 0)
+
+
+def test_ragged_paged_attention_on_int8_pages():
+    """Paged attention over int8 pages (`models.Int8Pages`):
+
+    - equals, to f32 rounding, the float path on the dequantised pages (the scales are
+      folded into the scores and the probabilities: the same products, reassociated), and
+      jax's reference of the Pallas kernel on them (what the TPU path runs);
+    - is within the quantisation's bound of the float path on the original pages: keys off
+      by ≤ s_k/2 move a score by δ ≤ sm_scale·‖q‖₁·max s_k/2, so each probability moves
+      by a factor within e^{±2δ} and Σ|Δp| ≤ e^{2δ} − 1; values off by ≤ s_v/2 then give
+      |Δout| ≤ max s_v/2 + (e^{2δ} − 1)·max|v|."""
+    rng = np.random.default_rng(1)
+    S, H, K, C, ps, pages = 4, 4, 2, 8, 4, 12
+    q = rng.standard_normal((S, H, C)).astype(np.float32)
+    kv = rng.standard_normal((pages, ps, 2 * K, C)).astype(np.float32)
+    table = jnp.asarray(
+        [[3, 7, 1, 0, 0, 0], [3, 7, 2, 9, 4, 11], [5, 0, 0, 0, 0, 0], [3, 8, 6, 10, 0, 0]],
+        jnp.int32,
+    )
+    lens = jnp.array([9, 24, 1, 14], jnp.int32)
+    scale = C**-0.5
+    int8 = models.to_kv_dtype(jnp.asarray(kv), "int8")
+    assert isinstance(int8, models.Int8Pages) and int8.q.dtype == jnp.int8
+
+    def attend(pool, **kw):
+        return np.asarray(
+            models.ragged_paged_attention(
+                jnp.asarray(q), pool, lens, table, sm_scale=scale, block_pages=2, **kw
+            ),
+            np.float64,
+        )
+
+    got = attend(int8)
+    dequantized = paged.dequantize(int8, jnp.float32)
+    np.testing.assert_allclose(got, attend(dequantized), atol=2e-6, rtol=1e-5)
+    split = attend(int8, split_S=jnp.array([3, 10, 1, 0], jnp.int32))
+    np.testing.assert_allclose(split, got, atol=2e-6, rtol=1e-5)
+    kernel_ref = ref_ragged_paged_attention(
+        jnp.asarray(q),
+        dequantized,
+        lens,
+        table,
+        jnp.arange(S + 1, dtype=jnp.int32),
+        jnp.array([S], jnp.int32),
+        sm_scale=scale,
+    )
+    np.testing.assert_allclose(got, np.asarray(kernel_ref), atol=2e-6, rtol=1e-5)
+
+    s = np.asarray(int8.scale).reshape(pages, ps, K, 2)
+    s_k, s_v = s[..., 0].max(), s[..., 1].max()
+    delta = scale * np.abs(q).sum(-1).max() * s_k / 2
+    bound = s_v / 2 + np.expm1(2 * delta) * np.abs(kv[:, :, 1::2]).max()
+    err = np.abs(got - attend(jnp.asarray(kv))).max()
+    assert 0 < err <= bound, (err, bound)
+
+
+def test_write_entry_quantises_the_token_it_writes():
+    """A decode step's token goes into an int8 pool quantised (its scale beside it); the
+    other entries are untouched."""
+    rng = np.random.default_rng(2)
+    pool = models.to_kv_dtype(jnp.asarray(rng.standard_normal((5, 4, 4, 8)), jnp.float32), "int8")
+    k, v = (jnp.asarray(rng.standard_normal((2, 2, 8)), jnp.float32) for _ in range(2))
+    new = paged.write_entry(pool, jnp.array([3, 1]), jnp.array([2, 0]), k, v)
+    want_q, want_scale = models.quantize_int8(paged.kv_entry(k, v, jnp.float32))
+    np.testing.assert_array_equal(new.q[3, 2], want_q[0])
+    np.testing.assert_array_equal(new.scale[1, 0], want_scale[1])
+    keep = np.ones((5, 4), bool)
+    keep[3, 2] = keep[1, 0] = False
+    np.testing.assert_array_equal(np.asarray(new.q)[keep], np.asarray(pool.q)[keep])
+    copied = models.copy_pages(new, jnp.array([3, 0]), jnp.array([4, 0]))
+    np.testing.assert_array_equal(copied.q[4], new.q[3])
+    np.testing.assert_array_equal(copied.scale[4], new.scale[3])
+
+
+def test_sampler_with_int8_kv_gives_the_bf16_kv_greedy_tokens(model_and_prompts):
+    """Greedy decoding of the Qwen3 fixture (f32 compute) with int8 KV pages: the same 48
+    tokens as with bf16 pages, and log-probs within 0.05 of them (measured: max 0.025 from
+    the f32 pages, 0.008 for bf16; benchmarks/rollout_bf16_gap.py --kv_dtype int8 measures
+    the gap against the trainer). The static engine refuses int8 KV, naming the engine."""
+    cfg, params, tokens, mask = model_and_prompts
+    key = jax.random.key(0)
+    kw = {"num_samples": 1, "max_new_tokens": T, "eos_ids": (), "buckets": (BUCKET,)}
+    kw["temperature"] = 0.0
+    bf16 = sampling.sample(cfg, params, tokens, mask, key, kv_dtype="bfloat16", **kw)
+    int8 = sampling.sample(cfg, params, tokens, mask, key, kv_dtype="int8", **kw)
+    np.testing.assert_array_equal(int8.tokens, bf16.tokens)
+    gap = np.abs(np.asarray(int8.logprobs) - np.asarray(bf16.logprobs))
+    assert 0 < gap.max() < 0.05
+    with pytest.raises(ValueError, match=r'kv_dtype="int8" needs engine="continuous"'):
+        sampling.sample(cfg, params, tokens, mask, key, kv_dtype="int8", engine="static", **kw)
+    with pytest.raises(ValueError, match=r"kv_dtype='fp8': expected one of"):
+        sampling.sample(cfg, params, tokens, mask, key, kv_dtype="fp8", **kw)
