@@ -290,9 +290,34 @@ def _trip_count(comps, caller: str, ins: _Instr) -> int | None:
     return max(min(trips), 0) if trips else None
 
 
-def _call_graph(comps, unknown: int = 1) -> dict[str, list[tuple[str, int]]]:
+def _unknown_bodies(comps) -> set[str]:
+    """Computations run inside a while loop of unknown trip count (its body and condition
+    and everything they call), through the call graph."""
+    edges: dict[str, set[str]] = {}
+    roots = set()
+    for caller, instrs in comps.items():
+        for ins in instrs:
+            callees = {c for _, c in _CALLEES.findall(ins.rest)}
+            for branches in _BRANCHES.findall(ins.rest):
+                callees |= set(re.findall(r"%?([\w.\-]+)", branches))
+            edges.setdefault(caller, set()).update(callees)
+            if ins.opcode == "while" and _trip_count(comps, caller, ins) is None:
+                roots |= {c for role, c in _CALLEES.findall(ins.rest) if role in ("body", "condition")}
+    seen, todo = set(), list(roots)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        todo.extend(edges.get(name, ()))
+    return seen
+
+
+def _call_graph(comps, unknown: int = 1, inner: int | None = None) -> dict[str, list[tuple[str, int]]]:
     """{callee: [(caller, executions of the callee per execution of the caller)]}; a while
-    whose trip count is unknown runs `unknown` times."""
+    whose trip count is unknown runs `unknown` times, or `inner` times when it is itself
+    inside such a loop (None: `unknown` too)."""
+    nested = _unknown_bodies(comps) if inner is not None else set()
     callers: dict[str, list[tuple[str, int]]] = {}
     for caller, instrs in comps.items():
         for ins in instrs:
@@ -301,7 +326,8 @@ def _call_graph(comps, unknown: int = 1) -> dict[str, list[tuple[str, int]]]:
             n = 1
             if ins.opcode == "while":
                 n = _trip_count(comps, caller, ins)
-                n = unknown if n is None else n
+                if n is None:
+                    n = inner if caller in nested else unknown
             for role, callee in _CALLEES.findall(ins.rest):
                 times = n if role == "body" else (n + 1 if role == "condition" else 1)
                 callers.setdefault(callee, []).append((caller, times))
@@ -311,9 +337,9 @@ def _call_graph(comps, unknown: int = 1) -> dict[str, list[tuple[str, int]]]:
     return callers
 
 
-def _counts(comps, entry, unknown: int = 1) -> dict[str, int]:
+def _counts(comps, entry, unknown: int = 1, inner: int | None = None) -> dict[str, int]:
     """Executions of every computation per call of the program."""
-    callers = _call_graph(comps, unknown)
+    callers = _call_graph(comps, unknown, inner)
 
     @functools.cache
     def count(name: str) -> int:
@@ -453,7 +479,7 @@ def _async_bytes(types: dict[str, str], ins: _Instr) -> int:
 def _instr_bytes(comps, types: dict[str, str], ins: _Instr) -> int:
     """HBM bytes one execution of `ins` reads and writes: its operands and its result, each
     when XLA placed it in HBM (not VMEM: `_spaced`); an in-place dynamic-update-slice
-    (alone or as a fusion's root) moves only its update, a gather or dynamic-slice reads
+    or scatter (alone or as a fusion's root) moves only its update, a gather or dynamic-slice reads
     only what it takes, an async copy or slice what it moves (`_async_bytes`)."""
     if ins.opcode.endswith("-start"):
         return _async_bytes(types, ins)
@@ -470,6 +496,11 @@ def _instr_bytes(comps, types: dict[str, str], ins: _Instr) -> int:
         i = full.index(out_full)  # the buffer updated in place: its update written into it
         rest = operands[:i] + operands[i + 1 :]
         written = sum(n for op in rest for n, _ in op) if out else 0
+        return sum(_hbm(op) for op in rest) + written
+    if "scatter" in (ins.opcode, root) and out_full in full and len(operands) > 2:
+        i = full.index(out_full)  # scattered in place (a KV cache's page writes): the
+        rest = operands[:i] + operands[i + 1 :]  # indices and updates read, updates written
+        written = sum(n for n, _ in operands[-1]) if out else 0
         return sum(_hbm(op) for op in rest) + written
     if {"gather", "dynamic-slice"} & {ins.opcode, root} and operands:
         i = full.index(max(full))  # reads only the rows it takes
@@ -691,13 +722,18 @@ def _kernel_name(ins: _Instr) -> str:
     return re.sub(r"(\.\d+)+$", "", re.sub(r"\.clone.*$", "", ins.name))
 
 
-def op_costs(hlo_text: str, *, vocab: int = 0, unknown_trip_count: int = 1) -> list[OpCost]:
+def op_costs(
+    hlo_text: str, *, vocab: int = 0, unknown_trip_count: int = 1, inner_trip_count=None
+) -> list[OpCost]:
     """Every instruction of the program that computes or moves HBM bytes (collectives
     left to `collectives`), with its executed matmul FLOPs (dots and convolutions, those in
     its fusion body included) and HBM bytes, per device. `vocab` (> 0): a matmul with a
-    dimension of that size is a "vocab matmul" (the unembedding and its gradients)."""
+    dimension of that size is a "vocab matmul" (the unembedding and its gradients). A loop
+    of unknown trip count runs `unknown_trip_count` times, or `inner_trip_count` times
+    inside another such loop (e.g. paged attention's block loops inside the decode loop;
+    None: `unknown_trip_count`)."""
     comps, entry = _parse(hlo_text)
-    counts = _counts(comps, entry, unknown_trip_count)
+    counts = _counts(comps, entry, unknown_trip_count, inner_trip_count)
     out = []
     for comp in sorted(set(comps) - _fusion_bodies(comps)):
         if not counts[comp]:
