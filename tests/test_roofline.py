@@ -190,3 +190,11 @@ def test_fsdp_traffic_against_the_textbook_count():
     assert f"{6 * 10 * n / 4 / 1e9:.2f} GB per micro-batch per chip (4 micro-batches)" in line
     assert line.endswith(": 1.50x") and f"textbook FSDP {10 * n / 1e9:.2f} GB" in line
     assert aot.fsdp_traffic(c, cfg, [aot.Report("logprobs", 1.0)]) is None
+
+
+def test_splash_kernel_of_one_row_comes_without_its_batch_dimension():
+    # a micro-batch of one row: q [heads, L, C], k/v [kv heads, L, C]
+    q, kv = "bf16[16,9216,128]{2,1,0}", "bf16[8,9216,128]{2,1,0}"
+    op = _op("kernel", 0.0, 0, op="kernel:splash_mha_dkv_segmented", operands=(q, kv, kv))
+    n = 9216 // 512
+    assert roofline.kernel_cost(op)[0] == pytest.approx(8 * 16 * 128 * 9216**2 * (n + 1) / (2 * n))

@@ -173,15 +173,16 @@ def collective_time(chip: Chip, c, dims: tuple[int, ...]) -> tuple[float, float,
 # ------------------------------------------------------------------- Pallas kernels
 
 
-def _float4d(types) -> list[tuple[tuple[int, ...], int]]:
-    """(shape, bytes per element) of the 4-d floating-point operands of a kernel."""
+def _qkv_arrays(types) -> list[tuple[tuple[int, ...], int]]:
+    """([B, heads, L, C], bytes per element) of a kernel's floating-point operands of 3 or
+    4 dimensions (a micro-batch of one row comes as [heads, L, C])."""
     from gspo_jax.sharding import hlo_stats
 
     out = []
     for t in types:
         for d, s in hlo_stats._arrays(t):
-            if len(s) == 4 and d in ("bf16", "f32", "f16"):
-                out.append((s, hlo_stats._DTYPE_BYTES[d]))
+            if len(s) in (3, 4) and d in ("bf16", "f32", "f16"):
+                out.append(((1,) * (4 - len(s)) + tuple(s), hlo_stats._DTYPE_BYTES[d]))
     return out
 
 
@@ -192,7 +193,8 @@ _SPLASH_FLOPS = {"fwd": 4, "dq": 6, "dkv": 8}
 
 def kernel_cost(op) -> tuple[float, float]:
     """(FLOPs, HBM bytes) of one execution of a Pallas kernel op (hlo_stats.OpCost with
-    cls "kernel"): splash attention's from its operand shapes [B, heads, L, C] and block
+    cls "kernel"): splash attention's from its operand shapes [B, heads, L, C] ([heads, L,
+    C] for one row) and block
     size (attention._splash_block: the causal mask skips blocks above the diagonal, so
     (n + 1) / 2n of the n x n blocks run, each in full; K and V are re-read for each query
     block); any other kernel: no FLOPs, the HLO's bytes."""
@@ -202,7 +204,7 @@ def kernel_cost(op) -> tuple[float, float]:
     from gspo_jax.models.attention import _splash_block
 
     kind = next((k for k in ("dkv", "dq", "fwd") if f"_{k}" in name), "fwd")
-    arrays = _float4d(op.operands)
+    arrays = _qkv_arrays(op.operands)
     if not arrays:
         return 0.0, float(op.bytes)
     (B, H, L, C), _ = max(arrays, key=lambda a: a[0][1])
