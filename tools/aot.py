@@ -209,6 +209,9 @@ class Report:
     unknown_loops: int = 0  # while loops of unknown trip count (counted loop_trips times)
     # where hlo_bytes comes from: hlo_stats.HbmUse, largest first (--hbm_top prints them)
     hbm_uses: list = dataclasses.field(default_factory=list, repr=False)
+    # each instruction's executed matmul FLOPs and HBM bytes (hlo_stats.OpCost): the
+    # roofline's input; the continuous decode's are analytic (`_engine_ops`)
+    ops: list = dataclasses.field(default_factory=list, repr=False)
 
     @property
     def hbm(self) -> float:
@@ -283,9 +286,13 @@ def _hbm_needed(message: str) -> int | None:
     return None
 
 
-def _compile(name, fn, *args, resident=0, flops=0.0, loop_trips=1, **kwargs) -> tuple[Report, Any]:
-    """Compiles `fn` for `args`; its Report (memory, FLOPs, the collectives of its HLO: a
-    loop of unknown trip count runs `loop_trips` times) and the compiled function."""
+def _compile(
+    name, fn, *args, resident=0, flops=0.0, loop_trips=1, vocab=0, **kwargs
+) -> tuple[Report, Any]:
+    """Compiles `fn` for `args`; its Report (memory, model FLOPs, the collectives and the
+    executed FLOPs and HBM bytes of each op of its HLO: a loop of unknown trip count runs
+    `loop_trips` times; a matmul with a dimension of size `vocab` is a vocab matmul) and
+    the compiled function."""
     t0 = time.perf_counter()
     try:
         compiled = fn.lower(*args, **kwargs).compile()
@@ -315,6 +322,7 @@ def _compile(name, fn, *args, resident=0, flops=0.0, loop_trips=1, **kwargs) -> 
     report.collectives = hlo_stats.collectives(hlo, unknown_trip_count=loop_trips)
     report.hbm_uses = hlo_stats.hbm_uses(hlo, unknown_trip_count=loop_trips)
     report.hlo_bytes = float(sum(u.total for u in report.hbm_uses))
+    report.ops = hlo_stats.op_costs(hlo, vocab=vocab, unknown_trip_count=loop_trips)
     report.unknown_loops = len(hlo_stats.unknown_trip_loops(hlo))
     return report, compiled
 
@@ -492,6 +500,7 @@ def _compile_sampler(a: _Abstract, functions) -> list[Report]:
         key,
         resident=a.idle,
         flops=_forward_flops(cfg, N, P, 1) / a.chips,
+        vocab=cfg.vocab_size,
         **prefill_kwargs,
     )
     if "prefill" in functions:
@@ -522,6 +531,7 @@ def _compile_sampler(a: _Abstract, functions) -> list[Report]:
         top_p=a.c.sampling.top_p,
         resident=a.idle,
         flops=per_token * a.B * T / a.chips,
+        vocab=cfg.vocab_size,
         loop_trips=T,  # the token loop stops early when every row ended: T at worst
     )
     reports.append(report)
@@ -560,6 +570,7 @@ def _compile_continuous(a: _Abstract, functions) -> list[Report]:
         tokens_NP,
         resident=a.idle,
         flops=_forward_flops(cfg, N, P, 1) / a.chips,
+        vocab=cfg.vocab_size,
         num_samples=G,
         share_prefix=True,
         page_size=page_size,
@@ -601,6 +612,7 @@ def _compile_continuous(a: _Abstract, functions) -> list[Report]:
         jax.ShapeDtypeStruct((), jnp.int32, sharding=a.rep),  # pad id
         resident=a.idle,
         flops=_decode_flops_per_token(cfg, P, T) * a.B * T / a.chips,
+        vocab=cfg.vocab_size,
         loop_trips=waves * T,
         num_sequences=N * G,
         max_new_tokens=T,
@@ -619,6 +631,7 @@ def _compile_continuous(a: _Abstract, functions) -> list[Report]:
         out = jax.eval_shape(lambda p: models.rollout_params(cfg, p), a.abstract)
         held = _sds(out, sampling.rollout_shardings(cfg, out, a.mesh, layout))
         report.hlo_bytes = _engine_hbm_bytes(cfg, held, pages[0], local, P, T, waves)
+        report.ops = _engine_ops(cfg, report, held, pages[0], local, P, T, waves, a.B / a.chips)
     reports.append(report)
     return reports
 
@@ -636,6 +649,25 @@ def _engine_hbm_bytes(cfg, params, pool, local, P: int, T: int, waves: int) -> f
     return float(waves * T * (weights + context))
 
 
+def _engine_ops(cfg, report, params, pool, local, P, T, waves, rows_per_chip) -> list:
+    """The engine loop's ops for the roofline, analytic (as `_engine_hbm_bytes`): per
+    step, the weights' matmuls (the HLO's matmul FLOPs; bytes: the chip's weights once)
+    and the ragged paged attention kernel (FLOPs: q·k and p·v over each row's P + T/2
+    positions; bytes: its slots' real context), waves x T steps."""
+    steps = waves * T
+    weights = float(_per_chip(params))
+    context = _engine_hbm_bytes(cfg, params, pool, local, P, T, waves) / steps - weights
+    matmul = sum(op.flops * op.count for op in report.ops) / steps
+    attention = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * (P + T / 2)
+    attention *= rows_per_chip * T / steps
+    return [
+        hlo_stats.OpCost("weights", "decode weights (analytic)", "matmul", matmul,
+                         int(weights), steps, "engine", "-"),
+        hlo_stats.OpCost("attention", "kernel:ragged_paged_attention (analytic)", "kernel",
+                         attention, int(context), steps, "engine", "-"),
+    ]  # fmt: skip
+
+
 def _compile_logprobs(a: _Abstract) -> Report:
     tokens_BL = _batch_sds(a.mesh, (a.B, a.L), jnp.int32)
     report, _ = _compile(
@@ -647,6 +679,7 @@ def _compile_logprobs(a: _Abstract) -> Report:
         a.T,
         resident=a.idle,
         flops=_forward_flops(a.cfg, a.B, a.L, a.T) / a.chips,
+        vocab=a.cfg.vocab_size,
     )
     return report
 
@@ -666,6 +699,30 @@ def _compile_advantages(a: _Abstract) -> Report:
     return report
 
 
+def train_step_model_flops(a: _Abstract) -> float:
+    """Model FLOPs of one train step, all chips: 3 forwards (forward + backward) per update
+    over ppo_epochs passes of the rollout, plus 1 forward for the step's own π_old pass
+    when it runs one (old_policy.runs_pass: recomputed π_old, a rollout correction, MoE
+    routing)."""
+    forward = _forward_flops(a.cfg, a.B, a.L, a.T)
+    return (3 * a.c.ppo_epochs + runs_old_pass(a.step_config)) * forward
+
+
+def runs_old_pass(step_config) -> bool:
+    from gspo_jax.algorithm import old_policy
+
+    return old_policy.runs_pass(step_config)
+
+
+def logprob_calls(config) -> int:
+    """How often one RL step calls the log-prob function (rollout.py): π_ref with a KL
+    term, and π_old for the token-level KL reward when it is recomputed; the train step's
+    own π_old pass is inside the train step."""
+    needs_ref = bool(config.use_kl_loss or config.add_token_level_kl)
+    old = bool(config.add_token_level_kl) and config.old_logprobs_source == "recompute"
+    return int(needs_ref) + int(old)
+
+
 def _compile_train_step(a: _Abstract) -> Report:
     """The train step on a train state whose params and optimizer state it donates; π_ref
     (a KL term) is what else stays resident."""
@@ -677,7 +734,7 @@ def _compile_train_step(a: _Abstract) -> Report:
         opt_state=a.opt_state,
     )
     batch = _train_batch(a.step_config, a.mesh, a.B, a.L, a.T)
-    flops = 3 * a.c.ppo_epochs * _forward_flops(a.cfg, a.B, a.L, a.T) / a.chips
+    flops = train_step_model_flops(a) / a.chips
     report, _ = _compile(
         "train step",
         make_train_step(a.step_config, a.tx, state_shardings=state_sh, mesh=a.mesh),
@@ -685,6 +742,7 @@ def _compile_train_step(a: _Abstract) -> Report:
         batch,
         resident=_per_chip(a.params) if a.needs_ref else 0,
         flops=flops,
+        vocab=a.cfg.vocab_size,
     )
     return report
 
@@ -894,7 +952,17 @@ def main(argv) -> int:
     decoded = config.rollout_batch_size * config.num_return_sequences_in_group
     decoded *= config.response_length / len(devices)
     chip = roofline.chip_for(_TOPOLOGY.value)
-    print("\n" + roofline.format_estimates(reports, chip, decoded_tokens=decoded))
+    dims = roofline.torus_dims(_TOPOLOGY.value)
+    calls = logprob_calls(config)
+    step_config = specs.step_config(config, cfg)
+    notes = [
+        "train step model FLOPs: 3 forwards per update x ppo_epochs"
+        + (" + 1 forward for its own π_old pass" if runs_old_pass(step_config) else "")
+        + f"; the log-prob function runs {calls} time(s) per RL step"
+        + (" (π_old is the train step's own pass)" if not calls else "")
+    ]
+    kwargs = {"decoded_tokens": decoded, "logprob_calls": calls, "dims": dims}
+    print("\n" + roofline.format_estimates(reports, chip, notes=notes, **kwargs))
     traffic = fsdp_traffic(config, cfg, reports)
     if traffic:
         print(traffic)
@@ -902,16 +970,17 @@ def main(argv) -> int:
         tokens = {"sampler decode": config.response_length}
         print("\n" + format_hbm_top(reports, _HBM_TOP.value, tokens))
     if _JSON.value:
+        out = roofline.json_summary(reports, chip, **kwargs)
+        for r in reports:  # memory and where the HBM bytes go, beside the estimate
+            row = out["functions"].setdefault(r.name, {"model_flops": r.flops})
+            row["error"] = r.error
+            row["compile_s"] = r.compile_s
+            row["memory"] = {
+                k: getattr(r, k) for k in ("args", "temp", "out", "alias", "resident", "total")
+            }
+            row["hbm_uses"] = [dataclasses.asdict(u) for u in r.hbm_uses[: _HBM_TOP.value]]
         with open(_JSON.value, "w") as f:
-            est = {r.name: e for r, e in roofline.estimates(reports, chip)}
-            rows = [
-                dataclasses.asdict(r)
-                | {"total": r.total, "hbm": r.hbm}
-                | {"hbm_uses": [dataclasses.asdict(u) for u in r.hbm_uses[: _HBM_TOP.value]]}
-                | ({"estimate": est[r.name].as_dict()} if r.name in est else {})
-                for r in reports
-            ]
-            json.dump(rows, f, indent=2)
+            json.dump(out, f, indent=2)
     problems = shortfalls(reports, capacity)
     for p in problems:
         print(f"DOES NOT FIT: {p}", file=sys.stderr)

@@ -290,9 +290,38 @@ def _trip_count(comps, caller: str, ins: _Instr) -> int | None:
     return max(min(trips), 0) if trips else None
 
 
-def _call_graph(comps, unknown: int = 1) -> dict[str, list[tuple[str, int]]]:
+def _unknown_bodies(comps) -> set[str]:
+    """Computations run inside a while loop of unknown trip count (its body and condition
+    and everything they call), through the call graph."""
+    edges: dict[str, set[str]] = {}
+    roots = set()
+    for caller, instrs in comps.items():
+        for ins in instrs:
+            callees = {c for _, c in _CALLEES.findall(ins.rest)}
+            for branches in _BRANCHES.findall(ins.rest):
+                callees |= set(re.findall(r"%?([\w.\-]+)", branches))
+            edges.setdefault(caller, set()).update(callees)
+            if ins.opcode == "while" and _trip_count(comps, caller, ins) is None:
+                roots |= {
+                    c for role, c in _CALLEES.findall(ins.rest) if role in ("body", "condition")
+                }
+    seen, todo = set(), list(roots)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        todo.extend(edges.get(name, ()))
+    return seen
+
+
+def _call_graph(
+    comps, unknown: int = 1, inner: int | None = None
+) -> dict[str, list[tuple[str, int]]]:
     """{callee: [(caller, executions of the callee per execution of the caller)]}; a while
-    whose trip count is unknown runs `unknown` times."""
+    whose trip count is unknown runs `unknown` times, or `inner` times when it is itself
+    inside such a loop (None: `unknown` too)."""
+    nested = _unknown_bodies(comps) if inner is not None else set()
     callers: dict[str, list[tuple[str, int]]] = {}
     for caller, instrs in comps.items():
         for ins in instrs:
@@ -301,7 +330,8 @@ def _call_graph(comps, unknown: int = 1) -> dict[str, list[tuple[str, int]]]:
             n = 1
             if ins.opcode == "while":
                 n = _trip_count(comps, caller, ins)
-                n = unknown if n is None else n
+                if n is None:
+                    n = inner if caller in nested else unknown
             for role, callee in _CALLEES.findall(ins.rest):
                 times = n if role == "body" else (n + 1 if role == "condition" else 1)
                 callers.setdefault(callee, []).append((caller, times))
@@ -311,9 +341,9 @@ def _call_graph(comps, unknown: int = 1) -> dict[str, list[tuple[str, int]]]:
     return callers
 
 
-def _counts(comps, entry, unknown: int = 1) -> dict[str, int]:
+def _counts(comps, entry, unknown: int = 1, inner: int | None = None) -> dict[str, int]:
     """Executions of every computation per call of the program."""
-    callers = _call_graph(comps, unknown)
+    callers = _call_graph(comps, unknown, inner)
 
     @functools.cache
     def count(name: str) -> int:
@@ -453,7 +483,7 @@ def _async_bytes(types: dict[str, str], ins: _Instr) -> int:
 def _instr_bytes(comps, types: dict[str, str], ins: _Instr) -> int:
     """HBM bytes one execution of `ins` reads and writes: its operands and its result, each
     when XLA placed it in HBM (not VMEM: `_spaced`); an in-place dynamic-update-slice
-    (alone or as a fusion's root) moves only its update, a gather or dynamic-slice reads
+    or scatter (alone or as a fusion's root) moves only its update, a gather or dynamic-slice reads
     only what it takes, an async copy or slice what it moves (`_async_bytes`)."""
     if ins.opcode.endswith("-start"):
         return _async_bytes(types, ins)
@@ -470,6 +500,11 @@ def _instr_bytes(comps, types: dict[str, str], ins: _Instr) -> int:
         i = full.index(out_full)  # the buffer updated in place: its update written into it
         rest = operands[:i] + operands[i + 1 :]
         written = sum(n for op in rest for n, _ in op) if out else 0
+        return sum(_hbm(op) for op in rest) + written
+    if "scatter" in (ins.opcode, root) and out_full in full and len(operands) > 2:
+        i = full.index(out_full)  # scattered in place (a KV cache's page writes): the
+        rest = operands[:i] + operands[i + 1 :]  # indices and updates read, updates written
+        written = sum(n for n, _ in operands[-1]) if out else 0
         return sum(_hbm(op) for op in rest) + written
     if {"gather", "dynamic-slice"} & {ins.opcode, root} and operands:
         i = full.index(max(full))  # reads only the rows it takes
@@ -566,3 +601,185 @@ def hbm_bytes(hlo_text: str, *, unknown_trip_count: int = 1) -> int:
     ConcatBitcast of the slices, moves nothing). Collectives are left to `collectives`
     (ICI). `hbm_uses` says which instructions the bytes come from."""
     return sum(u.total for u in hbm_uses(hlo_text, unknown_trip_count=unknown_trip_count))
+
+
+# ------------------------------------------------------------------- executed FLOPs
+
+_WINDOW = re.compile(r"\bwindow=\{([^}]*)\}")
+_DIM_LABELS = re.compile(r"\bdim_labels=([\w]+)_([\w]+)->([\w]+)")
+
+
+def _dims(text: str, key: str) -> list[int]:
+    m = re.search(rf"\b{key}=\{{([0-9,]*)\}}", text)
+    return [int(x) for x in m.group(1).split(",") if x] if m else []
+
+
+def _window_field(window: str, key: str, n: int, default: int) -> list[int]:
+    m = re.search(rf"\b{key}=([0-9x_]+)", window)
+    if not m:
+        return [default] * n
+    return [int(x) for x in m.group(1).split("x")]
+
+
+def _valid_taps(size: int, window: int, out: int, stride: int, pad_lo: int, lhs_dil: int,
+                rhs_dil: int) -> int:  # fmt: skip
+    """Multiply-adds along one spatial dimension of a convolution: over its `out` output
+    positions, the kernel taps that land on the input rather than its padding (XLA:TPU
+    writes a dot's batch dimensions as windows over padded spatial dimensions, so most
+    taps are padding there)."""
+    import numpy as np
+
+    o = np.arange(out, dtype=np.int64)[:, None]
+    if out * window <= 4_000_000:
+        k = np.arange(window, dtype=np.int64)[None, :]
+        pos = o * stride + k * rhs_dil - pad_lo
+        ok = (pos >= 0) & (pos <= (size - 1) * lhs_dil) & (pos % lhs_dil == 0)
+        return int(ok.sum())
+    lo = np.maximum(0, -(-(pad_lo - o * stride) // rhs_dil))
+    hi = np.minimum(window - 1, ((size - 1) * lhs_dil + pad_lo - o * stride) // rhs_dil)
+    return int(np.maximum(hi - lo + 1, 0).sum()) // lhs_dil
+
+
+def _conv_flops(ins: _Instr, types: dict[str, str]) -> float:
+    """2 x multiply-adds of a convolution (XLA:TPU's form of every matmul): output
+    batch x output features x input features per group x valid kernel taps per spatial
+    dimension (`_valid_taps`), as XLA's HloCostAnalysis counts them."""
+    labels = _DIM_LABELS.search(ins.rest)
+    ops = _operands(ins)
+    if not labels or len(ops) < 2:
+        return 0.0
+    lhs_l, rhs_l, out_l = labels.groups()
+    lhs, rhs = (_arrays(types.get(o, "")) for o in ops[:2])
+    out = _arrays(ins.type_str)
+    if not lhs or not rhs or not out:
+        return 0.0
+    lhs_s, rhs_s, out_s = lhs[0][1], rhs[0][1], out[0][1]
+    spatial = sorted(c for c in out_l if c.isdigit())
+    window = _WINDOW.search(ins.rest)
+    window = window.group(1) if window else ""
+    n = len(spatial)
+    sizes = _window_field(window, "size", n, 1)
+    strides = _window_field(window, "stride", n, 1)
+    lhs_dil = _window_field(window, "lhs_dilate", n, 1)
+    rhs_dil = _window_field(window, "rhs_dilate", n, 1)
+    pads = re.search(r"\bpad=([0-9_x-]+)", window)
+    pad_lo = [int(p.split("_")[0]) for p in pads.group(1).split("x")] if pads else [0] * n
+    taps = 1
+    for j, d in enumerate(spatial):
+        taps *= _valid_taps(
+            lhs_s[lhs_l.index(d)], sizes[j], out_s[out_l.index(d)], strides[j], pad_lo[j],
+            lhs_dil[j], rhs_dil[j],
+        )  # fmt: skip
+    outer = out_s[out_l.index("b")] * out_s[out_l.index("f")]
+    return 2.0 * outer * rhs_s[rhs_l.index("i")] * taps
+
+
+def _dot_flops(ins: _Instr, types: dict[str, str]) -> float:
+    """2 x output elements x the contracted size."""
+    ops = _operands(ins)
+    lhs = _arrays(types.get(ops[0], "")) if ops else []
+    out = _arrays(ins.type_str)
+    if not lhs or not out:
+        return 0.0
+    contracted = math.prod(lhs[0][1][i] for i in _dims(ins.rest, "lhs_contracting_dims"))
+    return 2.0 * math.prod(out[0][1]) * contracted
+
+
+def _matmuls(comps, comp: str, depth: int = 0):
+    """(flops, the largest dimension any operand or result has) of each dot / convolution
+    of `comp` and the fusions it calls."""
+    types = {i.name: i.type_str for i in comps.get(comp, [])}
+    for ins in comps.get(comp, []):
+        if ins.opcode in ("dot", "convolution"):
+            f = _dot_flops(ins, types) if ins.opcode == "dot" else _conv_flops(ins, types)
+            shapes = [_arrays(ins.type_str)] + [_arrays(types.get(o, "")) for o in _operands(ins)]
+            dims = [d for arrays in shapes for _, s in arrays for d in s]
+            yield f, dims
+        elif ins.opcode == "fusion" and depth < 8:
+            callee = re.search(r"calls=%?([\w.\-]+)", ins.rest)
+            if callee:
+                yield from _matmuls(comps, callee.group(1), depth + 1)
+
+
+_KERNEL = re.compile(r'custom_call_target="tpu_custom_call"')
+
+
+@dataclasses.dataclass(frozen=True)
+class OpCost:
+    """One instruction outside fusions (a fusion with its body), per device per execution:
+    its matmul FLOPs, its HBM bytes (as hbm_bytes counts them) and its class."""
+
+    name: str
+    op: str  # as HbmUse.op; a Pallas kernel as "kernel:<its name>", e.g. "kernel:splash_mha_dq"
+    cls: str  # "matmul", "vocab matmul", "kernel" (Pallas: FLOPs 0 here) or "elementwise"
+    flops: float  # dot and convolution FLOPs (XLA reports none for Pallas kernels)
+    bytes: int  # HBM read + written
+    count: int  # executions per call of the program
+    computation: str
+    shape: str  # the result
+    operands: tuple = ()  # the operands' types (a kernel's shapes, for its analytic FLOPs)
+    source: str = ""
+
+
+def _kernel_name(ins: _Instr) -> str:
+    """A Pallas kernel's name without XLA's numeric suffix: its instruction name."""
+    return re.sub(r"(\.\d+)+$", "", re.sub(r"\.clone.*$", "", ins.name))
+
+
+def op_costs(
+    hlo_text: str, *, vocab: int = 0, unknown_trip_count: int = 1, inner_trip_count=None
+) -> list[OpCost]:
+    """Every instruction of the program that computes or moves HBM bytes (collectives
+    left to `collectives`), with its executed matmul FLOPs (dots and convolutions, those in
+    its fusion body included) and HBM bytes, per device. `vocab` (> 0): a matmul with a
+    dimension of that size is a "vocab matmul" (the unembedding and its gradients). A loop
+    of unknown trip count runs `unknown_trip_count` times, or `inner_trip_count` times
+    inside another such loop (e.g. paged attention's block loops inside the decode loop;
+    None: `unknown_trip_count`)."""
+    comps, entry = _parse(hlo_text)
+    counts = _counts(comps, entry, unknown_trip_count, inner_trip_count)
+    out = []
+    for comp in sorted(set(comps) - _fusion_bodies(comps)):
+        if not counts[comp]:
+            continue
+        types = {i.name: i.type_str for i in comps[comp]}
+        for ins in comps[comp]:
+            if ins.opcode in _FREE or ins.opcode in _OPCODES or ins.opcode.endswith("-done"):
+                continue
+            if ins.opcode in ("dot", "convolution"):
+                f = _dot_flops(ins, types) if ins.opcode == "dot" else _conv_flops(ins, types)
+                dims = [d for a in [_arrays(ins.type_str)] for _, s in a for d in s]
+                dims += [d for o in _operands(ins) for _, s in _arrays(types.get(o, "")) for d in s]
+                found = [(f, dims)]
+            elif ins.opcode == "fusion":
+                callee = re.search(r"calls=%?([\w.\-]+)", ins.rest)
+                found = list(_matmuls(comps, callee.group(1))) if callee else []
+            else:
+                found = []
+            flops = sum(f for f, _ in found)
+            nbytes = _instr_bytes(comps, types, ins)
+            kernel = ins.opcode == "custom-call" and _KERNEL.search(ins.rest)
+            if not flops and not nbytes and not kernel:
+                continue
+            if kernel:
+                cls, op = "kernel", f"kernel:{_kernel_name(ins)}"
+            elif flops:
+                is_vocab = vocab and any(vocab in dims for _, dims in found)
+                cls, op = ("vocab matmul" if is_vocab else "matmul"), _op(comps, ins, types)
+            else:
+                cls, op = "elementwise", _op(comps, ins, types)
+            out.append(
+                OpCost(
+                    ins.name, op, cls, flops, nbytes, counts[comp], comp,
+                    _show(_arrays(ins.type_str)),
+                    tuple(types.get(o, "") for o in _operands(ins)), _source(ins),
+                )
+            )  # fmt: skip
+    return out
+
+
+def executed_flops(hlo_text: str, *, unknown_trip_count: int = 1) -> float:
+    """Matmul FLOPs one call of the program executes, per device: every dot and
+    convolution x its execution count (loop bodies x their trip counts; Pallas kernels,
+    whose FLOPs XLA does not know, left out: tools/roofline.py adds them)."""
+    return sum(c.flops * c.count for c in op_costs(hlo_text, unknown_trip_count=unknown_trip_count))

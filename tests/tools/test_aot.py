@@ -3,7 +3,9 @@
 - the whole RL step of configs/default.py (sampler prefill and decode, log-probs,
   advantages, train step) compiles for v5e:2x2 (4 chips) with the splash kernel, fits,
   and the command prints its table and exits 0, with a roofline estimate for every
-  function whose phases add up to the RL step's total (tools/roofline.py);
+  function (`--json`: model and executed FLOPs, HBM and wire bytes, seconds) whose passes,
+  each counted once, add up to the RL step's total (tools/roofline.py);
+- full remat raises the train step's executed FLOPs and leaves its model FLOPs alone;
 - a configuration that does not fit (the einsum attention at a 32k-token response) exits
   1 with a message naming the function and the shortfall.
 
@@ -61,46 +63,76 @@ def _python(env, *argv, timeout=1200):
 
 def _aot(env, tmp_path, *args):
     out = tmp_path / "reports.json"
+    out.unlink(missing_ok=True)
     proc = _python(env, "-m", "tools.aot", *args, f"--json={out}")
     reports = json.loads(out.read_text()) if out.exists() else None
     return proc, reports
 
 
 def test_tiny_rl_step_compiles_for_a_tpu_slice(env, tmp_path):
-    proc, reports = _aot(env, tmp_path, *TINY, "--hbm_top=3")
+    proc, out = _aot(env, tmp_path, *TINY, "--hbm_top=3")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    names = [r["name"] for r in reports]
+    assert out["chip"] == "TPU v5e"
+    functions = out["functions"]
+    names = list(functions)
     assert names == ["sampler prefill", "sampler decode", "logprobs", "advantages", "train step"]
-    for r in reports:
-        assert r["error"] is None and r["compile_s"] > 0, r
-        assert 0 < r["total"] < 16 * GiB, r  # a v5e chip
-    train = reports[-1]
-    assert train["alias"] > 0 and train["flops"] > 0  # the train state is donated
+    for name, f in functions.items():
+        assert f["error"] is None and f["compile_s"] > 0, f
+        assert 0 < f["memory"]["total"] < 16 * GiB, f  # a v5e chip
+        lo, hi = f["est_seconds"]
+        assert 0 < lo <= hi, (name, f["est_seconds"])
+        assert lo >= f["executed_flops"] / 197e12  # never faster than the peak allows
+    train = functions["train step"]
+    assert train["memory"]["alias"] > 0  # the train state is donated
+    assert train["model_flops"] > 0 and train["executed_flops"] > 0 and train["hbm_bytes"] > 0
     assert "attention splash" in proc.stdout and "| train step |" in proc.stdout
     assert "fits: peak" in proc.stdout
-    # the roofline estimate: every function's, positive; the RL step's total is their sum
-    est = [r["estimate"] for r in reports]
-    assert all(0 < e["overlapped_s"] <= e["serial_s"] for e in est), est
-    assert train["estimate"]["compute_s"] > 0 and train["hbm"] > 0 and train["xla_flops"] > 0
+    # splash attention's FLOPs are added analytically (XLA reports none for the kernel)
+    assert train["by_class"]["attention kernel"]["flops"] > 0
     # mesh data=4: the train step all-reduces its gradients across the 4 chips
-    assert train["estimate"]["ici_bytes"].get("all-reduce", 0) > 0, train["estimate"]
-    total = re.search(r"\| RL step \| (\S+) to (\S+) \|", proc.stdout)
-    assert total and "ESTIMATED" in proc.stdout and "train step MFU (est.)" in proc.stdout
-    assert float(total[1]) == pytest.approx(sum(e["overlapped_s"] for e in est), rel=0.01)
-    assert float(total[2]) == pytest.approx(sum(e["serial_s"] for e in est), rel=0.01)
+    assert train["ici_wire_bytes"] > 0
+    # the RL step: each pass once; the log-prob function is not called (no KL term, π_old
+    # recomputed by the train step itself)
+    assert functions["logprobs"]["calls_per_rl_step"] == 0
+    rl = out["rl_step"]
+    for i in (0, 1):
+        total = sum(f["calls_per_rl_step"] * f["est_seconds"][i] for f in functions.values())
+        assert rl["est_seconds"][i] == pytest.approx(total)
+    assert 0 < rl["train_step_mfu"][0] <= rl["train_step_mfu"][1] < 1
+    assert rl["train_step_hfu"][1] > rl["train_step_mfu"][1]  # remat, π_old pass, ...
+    assert rl["decode_tokens_per_s_per_chip"][0] > 0
+    assert "ESTIMATED" in proc.stdout and "train step (est.): MFU" in proc.stdout
     # --hbm_top=3: each function's three largest HBM contributors, printed and in the JSON
-    for r in reports:
-        uses = r["hbm_uses"]
+    for name, f in functions.items():
+        uses = f["hbm_uses"]
         assert 1 <= len(uses) <= 3 and sum(
             u["bytes"] * u["count"] * u["instructions"] for u in uses
         )
-        if r["name"] != "sampler decode":  # the engine's bytes are analytic (aot.py:
-            # `_engine_hbm_bytes`), its HLO uses count the kernel's whole page pools
-            assert uses[0]["bytes"] * uses[0]["count"] * uses[0]["instructions"] <= r["hbm"], r
-        assert f"HBM traffic of {r['name']}: " in proc.stdout
+        if name != "sampler decode":  # the engine's bytes are analytic (aot.py:
+            # `_engine_ops`), its HLO uses count the kernel's whole page pools
+            top = uses[0]["bytes"] * uses[0]["count"] * uses[0]["instructions"]
+            assert top <= f["hbm_bytes"], f
+        assert f"HBM traffic of {name}: " in proc.stdout
     assert re.search(
         r"HBM traffic of sampler decode: \S+ GB per chip per call, \S+ GB per token", proc.stdout
     )
+
+
+def test_remat_raises_executed_flops_not_model_flops(env, tmp_path):
+    """Full remat recomputes each layer's forward in the backward pass: more executed
+    FLOPs (read from the compiled HLO), the same model FLOPs; neither estimate is below
+    executed FLOPs at peak."""
+    train = {}
+    for remat in ("none", "full"):
+        proc, out = _aot(
+            env, tmp_path, *TINY, "--functions=train_step", f"--config.model.remat={remat}"
+        )
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+        train[remat] = out["functions"]["train step"]
+        assert out["rl_step"]["est_seconds"][0] >= train[remat]["executed_flops"] / 197e12
+    assert train["full"]["model_flops"] == train["none"]["model_flops"]
+    # the layers' matmuls run once more forward (and splash's forward once more)
+    assert train["full"]["executed_flops"] > 1.1 * train["none"]["executed_flops"]
 
 
 def test_a_config_that_does_not_fit_names_function_and_shortfall(env, tmp_path):

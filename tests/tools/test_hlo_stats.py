@@ -413,3 +413,99 @@ def test_a_compiled_scan_gathers_its_weight_every_iteration():
     ]
     assert hlo_stats.collective_bytes(hlo)["all-gather"] == n * d * d * 4
     np.testing.assert_equal(hlo_stats.collective_bytes(hlo)["all-to-all"], 0)
+
+
+# ------------------------------------------------------------------- executed FLOPs
+
+# XLA:TPU's form of a [448, 64] x [64, 64] matmul: the 4 output columns' blocks of 16 laid
+# out as a spatial dimension with a window of 4 over a padded input of size 1, so only one
+# of the 4 taps of each output position lands on the input (HloCostAnalysis counts those).
+CONV = """HloModule c
+
+%fused (param_0: f32[8,56,64,1], param_1: bf16[4,16,64,1]) -> f32[8,56,4,16] {
+  %param_0 = f32[8,56,64,1]{2,1,3,0} parameter(0)
+  %param_1 = bf16[4,16,64,1]{2,1,0,3} parameter(1)
+  ROOT %convolution.1 = f32[8,56,4,16]{1,3,2,0} convolution(%param_0, %param_1), window={size=1x4 pad=0_0x3_3 rhs_reversal=0x1}, dim_labels=0bf1_1oi0->0b1f
+}
+
+%body (p: (s32[], f32[8,56,64,1])) -> (s32[], f32[8,56,64,1]) {
+  %p = (s32[], f32[8,56,64,1]{2,1,3,0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = f32[8,56,64,1]{2,1,3,0} get-tuple-element(%p), index=1
+  %w = bf16[4,16,64,1]{2,1,0,3} constant({...})
+  %f = f32[8,56,4,16]{1,3,2,0} fusion(%x, %w), kind=kOutput, calls=%fused
+  %d = f32[8,56,64,1]{2,1,3,0} dot(%x, %x), lhs_batch_dims={0,1}, lhs_contracting_dims={3}, rhs_batch_dims={0,1}, rhs_contracting_dims={3}
+  ROOT %t = (s32[], f32[8,56,64,1]{2,1,3,0}) tuple(%i, %x)
+}
+
+%cond (p: (s32[], f32[8,56,64,1])) -> pred[] {
+  %p = (s32[], f32[8,56,64,1]{2,1,3,0}) parameter(0)
+  ROOT %c = pred[] constant(true)
+}
+
+ENTRY %main (a: f32[8,56,64,1]) -> f32[8,56,64,1] {
+  %a = f32[8,56,64,1]{2,1,3,0} parameter(0)
+  %z = s32[] constant(0)
+  %s = (s32[], f32[8,56,64,1]{2,1,3,0}) tuple(%z, %a)
+  %w = (s32[], f32[8,56,64,1]{2,1,3,0}) while(%s), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"5"}}
+  ROOT %r = f32[8,56,64,1]{2,1,3,0} get-tuple-element(%w), index=1
+}
+"""
+
+
+def test_convolution_and_dot_flops_by_hand():
+    ops = {o.name: o for o in hlo_stats.op_costs(CONV, vocab=56)}
+    # 2 x (8 x 56 rows) x 64 contracted x (4 x 16) columns; one valid tap of the 4
+    assert ops["f"].flops == 2 * 8 * 56 * 64 * 64 and ops["f"].count == 5
+    assert ops["f"].cls == "vocab matmul"  # a dimension of 56: the "vocabulary" here
+    # a batched dot: 2 x output elements (8 x 56 x 64 x 1) x contracted 1
+    assert ops["d"].flops == 2 * 8 * 56 * 64 * 1
+    total = 5 * (2 * 8 * 56 * 64 * 64 + 2 * 8 * 56 * 64)
+    assert hlo_stats.executed_flops(CONV) == total
+    assert hlo_stats._valid_taps(4, 3, 2, 1, 0, 1, 1) == 6  # no padding: every tap counts
+    assert hlo_stats._valid_taps(1, 4, 4, 1, 3, 1, 1) == 4  # one tap per output position
+
+
+def test_executed_flops_of_compiled_programs_match_the_matmuls():
+    """On the CPU (dots) and through a scan (trip counts): 2mnk per matmul per iteration."""
+    x = jnp.ones((64, 128), jnp.float32)
+    w = jnp.ones((7, 128, 128), jnp.float32)
+
+    def f(x, w):
+        return jax.lax.scan(lambda h, wi: (jnp.tanh(h @ wi), None), x, w)[0]
+
+    text = jax.jit(f).lower(x, w).compile().as_text()
+    assert hlo_stats.executed_flops(text) == 7 * 2 * 64 * 128 * 128
+
+
+UNKNOWN_IN_UNKNOWN = """HloModule u
+
+%inner_body (p: f32[8,8]) -> f32[8,8] {
+  %p = f32[8,8]{1,0} parameter(0)
+  ROOT %d = f32[8,8]{1,0} dot(%p, %p), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%cond (p: f32[8,8]) -> pred[] {
+  %p = f32[8,8]{1,0} parameter(0)
+  ROOT %c = pred[] constant(true)
+}
+
+%outer_body (p: f32[8,8]) -> f32[8,8] {
+  %p = f32[8,8]{1,0} parameter(0)
+  ROOT %w = f32[8,8]{1,0} while(%p), condition=%cond, body=%inner_body
+}
+
+ENTRY %main (a: f32[8,8]) -> f32[8,8] {
+  %a = f32[8,8]{1,0} parameter(0)
+  ROOT %w = f32[8,8]{1,0} while(%a), condition=%cond, body=%outer_body
+}
+"""
+
+
+def test_inner_loops_of_unknown_trip_count_take_their_own_count():
+    """A decode loop (unknown: max_new_tokens) around paged attention's block loops
+    (unknown: the context's blocks): the inner count is the caller's to give."""
+    (dot,) = hlo_stats.op_costs(UNKNOWN_IN_UNKNOWN, unknown_trip_count=10, inner_trip_count=3)
+    assert dot.count == 30 and dot.flops == 2 * 8 * 8 * 8
+    (dot,) = hlo_stats.op_costs(UNKNOWN_IN_UNKNOWN, unknown_trip_count=10)
+    assert dot.count == 100  # as before: every unknown loop runs unknown_trip_count times

@@ -1,0 +1,290 @@
+"""Check the roofline estimator (tools/roofline.py) against this CPU: predicted vs measured.
+
+tools.aot estimates TPU times that nobody here can measure. This script runs the same
+estimator code where it can be checked: it measures this machine's matmul FLOP/s and memory
+bandwidth, then for three functions of the RL step at two model sizes each
+
+    train step   train_step.make_train_step (π_old pass + the updates, remat as configured)
+    logprobs     train_step.make_logprobs_fn (the whole-batch log-prob pass)
+    decode       the continuous engine (sampling.continuous._engine): `--response_length`
+                 decode steps of `--batch` x group sequences, after a paged prefill
+
+compiles the program for the CPU (normal optimisation, not the tests' -O0), predicts its
+time from its optimised HLO (`hlo_stats.op_costs` -> `roofline.estimate`) with this CPU as
+the chip (peak = the measured matmul rate, HBM = the measured bandwidth, every efficiency 1:
+the measured figures are achieved rates), and measures it (median of `--reps` calls).
+
+    python benchmarks/calibrate_roofline.py                       # a few minutes on 2 cores
+    python benchmarks/calibrate_roofline.py --hidden_size=128 --num_layers=1 \\
+        --response_length=32 --batch=1 --json=/tmp/cal.json      # seconds (smoke test)
+
+Prints a table and writes `--json`: {"cpu": {...}, "rows": [{"function", "predicted_s",
+"measured_s", ...}]}. Target: every predicted / measured within [0.67, 1.5]. The machine may
+be shared: the CPU figures are measured in the same run, and `uptime`'s load is recorded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/ is not installed
+from configs import default
+from gspo_jax import models
+from gspo_jax.config import specs
+from gspo_jax.sampling import continuous
+from gspo_jax.train_step import TrainState, make_logprobs_fn, make_train_step
+from tools import aot, hlo_stats, roofline
+
+
+def load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def _median_s(call, reps: int) -> float:
+    """Median wall seconds of `call()` (a function returning arrays) after one warm-up."""
+    jax.block_until_ready(call())
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(call())
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure_cpu(reps: int) -> dict:
+    """This machine's f32 matmul FLOP/s (a 2048^2 matmul) and memory bandwidth (an
+    elementwise pass over 256 MB in place, its buffer donated: read + write; a fresh
+    output buffer each call would time the page faults of its first touch instead)."""
+    n = 2048
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+    mm = jax.jit(lambda x, y: x @ y).lower(a, a).compile()
+    matmul = 2 * n**3 / _median_s(lambda: mm(a, a), reps)
+    box = [jnp.ones((64 * 2**20,), jnp.float32)]  # 256 MB
+    stream = jax.jit(lambda v: v * 0.5 + 1.0, donate_argnums=0)
+
+    def step():
+        box[0] = stream(box[0])
+        return box[0]
+
+    bandwidth = 2 * box[0].nbytes / _median_s(step, max(reps, 5))
+    return {"matmul_flops": matmul, "bandwidth": bandwidth, "load": load()}
+
+
+def cpu_chip(cpu: dict) -> roofline.Chip:
+    return roofline.Chip(
+        "this CPU (measured)",
+        peak_flops=cpu["matmul_flops"],
+        hbm_gib=0,
+        hbm_bw=cpu["bandwidth"],
+        link_bw=1.0,
+        torus_axes=0,
+        source="benchmarks/calibrate_roofline.py",
+        hop_s=0.0,
+        efficiency=dict.fromkeys(roofline.EFFICIENCY, 1.0),
+    )
+
+
+def run_config(hidden: int, layers: int, args):
+    """configs/default.py at this size: f32 (the CPU's matmul rate is f32's), XLA
+    attention, one micro-batch of `batch` x group responses."""
+    c = default.get_config()
+    m = c.model
+    m.hidden_size, m.intermediate_size, m.num_layers = hidden, 3 * hidden, layers
+    m.num_heads = m.num_kv_heads = max(1, hidden // 64)
+    m.head_dim = 64
+    m.attention_impl, m.dtype, m.param_dtype, m.remat = "xla", "float32", "float32", args.remat
+    c.rollout_batch_size, c.num_return_sequences_in_group = args.batch, args.group
+    c.num_mini_batches, c.micro_batch_size = 1, args.batch * args.group
+    c.mesh.data, c.mesh.fsdp = 1, -1
+    c.prompt_length, c.sampling.prompt_buckets = args.prompt_length, (args.prompt_length,)
+    c.response_length, c.eval.batch_size = args.response_length, args.batch * args.group
+    c.warm_start.steps = 0
+    cfg = specs.scratch_model_config(c, vocab_size=args.vocab, eos_token_ids=(1,), pad_token_id=0)
+    return c, cfg
+
+
+TOP = 0  # --top: print the N ops predicted to take longest
+
+
+def _predict(chip, compiled, vocab: int, loop_trips=1, inner_trips=None) -> tuple[float, dict]:
+    ops = hlo_stats.op_costs(
+        compiled.as_text(),
+        vocab=vocab,
+        unknown_trip_count=loop_trips,
+        inner_trip_count=inner_trips,
+    )
+    e = roofline.estimate(chip, ops)
+    if TOP:
+        timed = [(o.count * roofline.op_time(chip, o.cls if o.cls != "kernel" else "matmul",
+                                             o.flops, o.bytes), o) for o in ops]  # fmt: skip
+        for s, o in sorted(timed, key=lambda x: -x[0])[:TOP]:
+            print(
+                f"    {s:.4f} s  {o.count:g} x {o.op} {o.shape} {o.flops / 1e6:.1f} MFLOP "
+                f"{o.bytes / 1e6:.2f} MB  {o.source[-50:]}"
+            )
+    return e.high_s, e
+
+
+def _calibrated(function, size, compiled, call, args, vocab, **trips) -> dict:
+    """Measures `call` (median of args.reps) between two measurements of this CPU's matmul
+    rate and bandwidth, and predicts `compiled`'s time with their mean (the machine is
+    shared: its speed drifts with the other jobs' load)."""
+    before = measure_cpu(args.reps)
+    measured = _median_s(call, args.reps)
+    after = measure_cpu(args.reps)
+    cpu = {k: (before[k] + after[k]) / 2 for k in ("matmul_flops", "bandwidth")}
+    predicted, e = _predict(cpu_chip(cpu), compiled, vocab, **trips)
+    row = {
+        "function": function,
+        "size": size,
+        "predicted_s": predicted,
+        "measured_s": measured,
+        "ratio": predicted / measured,
+        "executed_flops": e.executed_flops,
+        "hbm_bytes": e.hbm_bytes,
+        "by_class_s": {k: v["s"] for k, v in e.classes.items()},
+        "cpu": cpu | {"load": load()},
+    }
+    print(_line(row), flush=True)
+    return row
+
+
+def calibrate_size(hidden: int, layers: int, args) -> list[dict]:
+    c, cfg = run_config(hidden, layers, args)
+    a = aot._abstract_run(c, cfg, jax.devices()[:1], num_processes=1)
+    size = f"d={hidden} x {layers} layers"
+    B, L, T, V = a.B, a.L, a.T, cfg.vocab_size
+    rng = np.random.default_rng(0)
+    params = jax.jit(models.init_params, static_argnums=0)(a.cfg, jax.random.key(0))
+    tokens = jnp.asarray(rng.integers(2, V, (B, L)), jnp.int32)
+    mask = jnp.ones((B, L), jnp.int32)
+    rows = []
+
+    # train step (one micro-batch: the π_old pass and one update)
+    state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=a.tx.init(params))
+    batch = {
+        "tokens": tokens,
+        "attention_mask": mask,
+        "response_mask": jnp.ones((B, T), jnp.float32),
+        "sampler_logprobs": jnp.full((B, T), -3.0, jnp.float32),
+        "ref_logprobs": jnp.full((B, T), -3.0, jnp.float32),
+        "advantages": jnp.asarray(rng.normal(size=(B,)), jnp.float32),
+    }
+    batch = {k: batch[k] for k in aot.batch_ndims(a.step_config)}
+    step = make_train_step(a.step_config, a.tx, donate=False)
+    compiled = step.lower(state, batch).compile()
+    rows.append(_calibrated("train step", size, compiled, lambda: compiled(state, batch), args, V))
+
+    # log-prob pass
+    fn = make_logprobs_fn(a.step_config)
+    compiled_lp = fn.lower(params, tokens, mask, T).compile()
+    call = lambda: compiled_lp(params, tokens, mask)
+    rows.append(_calibrated("logprobs", size, compiled_lp, call, args, V))
+
+    # continuous engine: prefill into pages, then T decode steps of every sequence
+    N, G, P = a.N, a.G, a.P
+    ps = int(c.sampling.page_size)
+    tokens_NP = tokens[:N, :P]
+    mask_NP = jnp.ones((N, P), jnp.int32)
+    opts = {"num_samples": G, "share_prefix": True, "page_size": ps, "layout": "trainer"}
+    pages, plen, logits = continuous._prefill_pages(a.cfg, params, tokens_NP, mask_NP, **opts)[:3]
+    plan = continuous.plan(N * G, P, T, num_slots=N * G, page_size=ps)
+    static = {
+        "num_sequences": N * G,
+        "max_new_tokens": T,
+        "page_plan": plan,
+        "temperature": 1.0,
+        "top_k": None,
+        "top_p": None,
+        "impl": "xla",
+        "drain_levels": 0,
+        "layout": "trainer",
+    }
+    key = jax.random.key(1)
+    eos = jnp.asarray([-1], jnp.int32)  # never sampled: every sequence decodes T tokens
+    pad = jnp.asarray(0, jnp.int32)
+    engine_args = (a.cfg, params, pages, plen, logits, key, eos, pad)
+    compiled = continuous._engine.lower(*engine_args, **static).compile()
+    # XLA's paged attention reads the pages in blocks of 8 (models/paged.py), in two while
+    # loops per layer up to the longest row: ceil(context / (8 x page_size)) trips, the
+    # context growing from P + 1 to P + T over the decode.
+    blocks = float(np.mean([-(-(P + t) // (8 * ps)) for t in range(1, T + 1)]))
+    run_args = engine_args[1:]
+    steps = int(compiled(*run_args)[5])
+    if steps != T:
+        print(f"  (decode ran {steps} loop steps, predicted for {T})")
+    call = lambda: compiled(*run_args)
+    trips = {"loop_trips": T, "inner_trips": blocks}
+    rows.append(_calibrated(f"decode ({T} steps)", size, compiled, call, args, V, **trips))
+    return rows
+
+
+def _line(r: dict) -> str:
+    by = ", ".join(f"{k} {v:.3g}" for k, v in r["by_class_s"].items())
+    return (
+        f"| {r['function']} | {r['size']} | {r['predicted_s']:.4g} | {r['measured_s']:.4g} "
+        f"| {r['ratio']:.2f} | {r['executed_flops'] / 1e9:.2f} | {r['hbm_bytes'] / 1e9:.2f} "
+        f"| {by} | {r['cpu']['matmul_flops'] / 1e9:.0f} / {r['cpu']['bandwidth'] / 1e9:.1f} "
+        f"| {r['cpu']['load'][0]} |"
+    )
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--hidden_size", default="256,512", help="model widths, comma-separated")
+    p.add_argument("--num_layers", default="2,4", help="layers per width, comma-separated")
+    p.add_argument("--response_length", type=int, default=256)
+    p.add_argument("--prompt_length", type=int, default=64)
+    p.add_argument("--batch", type=int, default=2, help="prompts (x --group responses)")
+    p.add_argument("--group", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--remat", default="full")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--json", default=None, help="write the results to this file")
+    p.add_argument("--top", type=int, default=0, help="print each function's N longest ops")
+    args = p.parse_args()
+    global TOP
+    TOP = args.top
+    hidden = [int(x) for x in str(args.hidden_size).split(",")]
+    layers = [int(x) for x in str(args.num_layers).split(",")]
+    if len(layers) == 1:
+        layers *= len(hidden)
+    cpu = measure_cpu(args.reps)
+    print(
+        f"this CPU: matmul {cpu['matmul_flops'] / 1e9:.1f} GFLOP/s (f32), memory "
+        f"{cpu['bandwidth'] / 1e9:.2f} GB/s; load average {cpu['load']}; jax "
+        f"{jax.__version__}, {os.cpu_count()} cores",
+        flush=True,
+    )
+    print(
+        "| function | size | predicted s | measured s | predicted / measured | executed "
+        "GFLOP | HBM GB | predicted s by class | CPU GFLOP/s / GB/s (mean of before and "
+        "after) | load |\n|---|---|---|---|---|---|---|---|---|---|",
+        flush=True,
+    )
+    rows = []
+    for h, n in zip(hidden, layers, strict=True):
+        rows += calibrate_size(h, n, args)
+    ratios = [r["ratio"] for r in rows]
+    inside = sum(0.67 <= x <= 1.5 for x in ratios)
+    print(
+        f"predicted / measured: {min(ratios):.2f} to {max(ratios):.2f}; {inside} of "
+        f"{len(ratios)} within [0.67, 1.5]; load average now {load()}"
+    )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"cpu": cpu, "args": vars(args), "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
