@@ -158,6 +158,7 @@ def validate(config, *, num_devices: int | None = None, num_processes: int = 1) 
     _check_model(config)
     _check_data(config)
     _check_rewards(config)
+    _check_reward_meaning(config)
     _check_sampled_eval(config)
     _check_wandb(config)
     _check_pi_old(config)
@@ -816,6 +817,28 @@ def _check_rewards(config) -> None:
                 "script is not a module on sys.path). Move it into an importable module, or "
                 "score in-process with config.reward.num_workers=0 (no timeout)"
             )
+
+
+def _check_reward_meaning(config) -> None:
+    """reward.accuracy is a 0/1 score reported as a fraction: one term of weight 1 (a weight
+    or a sum makes the held-out "accuracy" exceed 1). A reward spec whose weights are all 0 is
+    constant: every group is dead and nothing trains."""
+    from gspo_jax import rewards
+
+    accuracy = rewards.build_reward(config.reward.accuracy)
+    if len(accuracy.names) != 1 or accuracy.weights[0] != 1.0:
+        raise ConfigError(
+            f"config.reward.accuracy={config.reward.accuracy!r} must name one 0/1 reward "
+            "without a weight (e.g. 'math'): it is reported as a fraction of correct "
+            "answers, and a weight or a sum can make it exceed 1. Weights belong in "
+            "config.reward.spec"
+        )
+    spec = rewards.build_reward(config.reward.spec)
+    if all(w == 0 for w in spec.weights):
+        raise ConfigError(
+            f"config.reward.spec={config.reward.spec!r}: every weight is 0, so the reward is "
+            "constant and no group has a signal (nothing would train)"
+        )
 
 
 WANDB_MODES = ("online", "offline", "disabled")

@@ -34,6 +34,8 @@ units-free decorations: a trailing `.` (end of sentence, also after `$..$`), a
 trailing `%`/`\\%` (so `50%` == `50`, *not* 0.5, because GSM8K references state
 percentages as bare numbers) and a trailing degree sign (`^\\circ`, `^{\\circ}`, `°`).
 Strings longer than `MAX_ANSWER_CHARS` are not parsed (bounds the work per item).
+Every pass over a completion is linear or bounded (`MAX_BOX_UNWRAP` levels of a box
+wrapping a box; non-numeric answers up to `MAX_TEXT_ANSWER_CHARS`): no text stalls a step.
 
 Answer values (`answer_value`, what `math` compares): `parse_number` of the whole
 answer; else of the part after the last `=` (`x = 5`); else a single leading number
@@ -58,6 +60,12 @@ from fractions import Fraction
 # Longest answer string we try to parse as a number: bounds the cost of a
 # pathological completion (huge digit strings make int() and Fraction slow).
 MAX_ANSWER_CHARS = 200
+# Every pass over a completion is linear or bounded, so no text can stall a step (a 40 KB
+# response of 5,000 nested `\boxed{` used to take 13-58 s): a box wrapping a box is
+# unwrapped at most MAX_BOX_UNWRAP times (deeper wrapping is no answer), and a non-numeric
+# answer longer than MAX_TEXT_ANSWER_CHARS is not normalised or matched.
+MAX_BOX_UNWRAP = 8
+MAX_TEXT_ANSWER_CHARS = 1000
 
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)")
 _BARE_TOKEN_RE = re.compile(r"[^\s$]+")
@@ -255,8 +263,9 @@ def top_level_boxes(text: str) -> list[tuple[int, str | None]]:
 
 
 def _unwrap_box(content: str) -> str:
-    """`\\boxed{\\boxed{5}}` -> `5`: a box whose whole content is one box."""
-    while True:
+    """`\\boxed{\\boxed{5}}` -> `5`: a box whose whole content is one box (at most
+    MAX_BOX_UNWRAP levels: each is a linear scan)."""
+    for _ in range(MAX_BOX_UNWRAP):
         stripped = content.strip()
         boxes = top_level_boxes(stripped)
         if len(boxes) != 1 or boxes[0][0] != 0 or boxes[0][1] is None:
@@ -265,6 +274,7 @@ def _unwrap_box(content: str) -> str:
         if end != len(stripped):
             return content
         content = boxes[0][1]
+    return content
 
 
 def _hash_segment(text: str, start: int) -> str:
@@ -332,8 +342,12 @@ def normalize_answer_text(answer: str) -> str:
     """Light textual normalisation for non-numeric answers (not a CAS).
 
     Removes whitespace, `\\left`/`\\right`, spacing commands, math delimiters,
-    `\\text{}` wrappers and one trailing `.`; maps `\\dfrac`/`\\tfrac` to `\\frac`.
+    `\\text{}` wrappers and one trailing `.`; maps `\\dfrac`/`\\tfrac` to `\\frac`. An answer longer than
+    MAX_TEXT_ANSWER_CHARS normalises to "" (no answer): stripping nested wrappers is
+    quadratic in their depth.
     """
+    if len(answer) > MAX_TEXT_ANSWER_CHARS:
+        return ""
     s = _TEXT_CMD_RE.sub(r"\1", answer)
     s = _NOISE_RE.sub("", s)
     s = re.sub(r"\\[dt]frac", r"\\frac", s)

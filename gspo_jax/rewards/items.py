@@ -24,9 +24,30 @@ STATUS_NONFINITE = 3
 STATUS_NONNUMERIC = 4
 STATUS_NAMES = ("ok", "error", "timeout", "nonfinite", "nonnumeric")
 
+# Rewards travel as float32 (scoring.score_batch -> advantages): a value beyond its range is
+# finite in Python but inf after the cast, and would surface steps later as a non-finite
+# update blamed on the loss coefficients. It is counted as non-finite here, at the source.
+FLOAT32_MAX = 3.4028234663852886e38
+
 # Messages kept per batch and their length: enough to debug, bounded for logs.
 MAX_MESSAGES = 16
 MAX_MESSAGE_CHARS = 500
+
+
+class SignalStop(SystemExit):
+    """The trainer's own stop at a second signal (trainer/preemption.py), raised wherever the
+    main thread is, a verifier scored in-process included: never a verifier failure."""
+
+
+class SignalInterrupt(KeyboardInterrupt):
+    """A real Ctrl-C (SIGINT) that reached a verifier scored in-process: the trainer's second
+    SIGINT, or the first one while no stop-at-the-step-boundary handler is installed. A
+    verifier that raises KeyboardInterrupt itself is a verifier error like any other."""
+
+
+# What `evaluate_item` lets through: the interrupts that belong to the process, not to the
+# verifier. Everything else a verifier raises (SystemExit, KeyboardInterrupt) is its failure.
+PROCESS_STOPS = (SignalStop, SignalInterrupt)
 
 
 def check_value(value: object) -> tuple[int, float, str | None]:
@@ -42,6 +63,12 @@ def check_value(value: object) -> tuple[int, float, str | None]:
         return STATUS_NONNUMERIC, 0.0, f"returned a value float() rejects: {e}"
     if not math.isfinite(result):
         return STATUS_NONFINITE, 0.0, f"returned a non-finite value: {result}"
+    if abs(result) > FLOAT32_MAX:
+        return (
+            STATUS_NONFINITE,
+            0.0,
+            f"returned {result!r}, beyond float32's range (rewards are float32)",
+        )
     return STATUS_OK, result, None
 
 
@@ -64,7 +91,9 @@ def evaluate_item(
             raw = reward.term_values(prompt, completion, reference)
         else:
             raw = (reward(prompt, completion, reference),)
-    except (Exception, SystemExit) as e:  # noqa: BLE001 - a verifier failure is data
+    except PROCESS_STOPS:
+        raise
+    except (Exception, SystemExit, KeyboardInterrupt) as e:  # noqa: BLE001 - a verifier failure is data
         return STATUS_ERROR, 0.0, zeros, _truncate(f"{type(e).__name__}: {e}")
     values = []
     for k, value in enumerate(raw):
@@ -80,4 +109,7 @@ def evaluate_item(
         total = values[0]
     if not math.isfinite(total):
         return STATUS_NONFINITE, 0.0, zeros, f"weighted sum is not finite: {total}"
+    if abs(total) > FLOAT32_MAX:
+        text = f"weighted sum {total!r} is beyond float32's range (rewards are float32)"
+        return STATUS_NONFINITE, 0.0, zeros, text
     return STATUS_OK, total, tuple(values), None

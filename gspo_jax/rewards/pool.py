@@ -103,16 +103,19 @@ def _worker_main(fd: int, parent_pid: int) -> None:
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     conn = multiprocessing.connection.Connection(fd)
     try:
-        sys.path[:] = conn.recv()
+        _serve(conn)
     except (EOFError, OSError):
+        # The parent is gone (it exited, died or closed the pool): nothing to report to,
+        # and a traceback from each worker would bury the parent's own one-line error.
         return
+
+
+def _serve(conn) -> None:
+    sys.path[:] = conn.recv()
     conn.send(("ready", os.getpid()))
     rewards: dict[tuple[str, tuple[str, ...]], Reward] = {}
     while True:
-        try:
-            message = conn.recv()
-        except (EOFError, OSError):
-            return
+        message = conn.recv()
         if message is None:
             return
         spec, modules, items = message

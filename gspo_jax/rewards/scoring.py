@@ -25,8 +25,11 @@ Two modes:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import signal
+import threading
 import time
 from collections.abc import Sequence
 
@@ -41,6 +44,7 @@ from gspo_jax.rewards.items import (
     STATUS_NONNUMERIC,
     STATUS_OK,
     STATUS_TIMEOUT,
+    SignalInterrupt,
     evaluate_item,
 )
 from gspo_jax.rewards.pool import RewardPool, get_default_pool
@@ -180,6 +184,32 @@ def _check_batch(prompts, completions, references, timeout_s, use_processes, fai
 
 def _score_in_process(target, num_terms, prompts, completions, references):
     """(status [B], totals [B], per-term values [B, K], messages) scored in this process."""
+    with _ctrl_c_is_not_the_verifiers():
+        return _score_items(target, num_terms, prompts, completions, references)
+
+
+@contextlib.contextmanager
+def _ctrl_c_is_not_the_verifiers():
+    """While Python's default SIGINT handler is installed (no trainer handler: start-up, the
+    first evaluation, a library call), a Ctrl-C raises `SignalInterrupt`, which
+    `evaluate_item` lets through, instead of a KeyboardInterrupt it would count as the
+    verifier's error (only the main thread can install a handler)."""
+    main = threading.current_thread() is threading.main_thread()
+    if not main or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise SignalInterrupt
+
+    signal.signal(signal.SIGINT, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _score_items(target, num_terms, prompts, completions, references):
     num_items = len(completions)
     status_B = np.zeros(num_items, np.int8)
     totals_B = np.zeros(num_items, np.float64)

@@ -85,10 +85,46 @@ class DeadGroupWatch:
     padding it could not replace (`rollout/groups_short`). Those groups have zero advantage,
     so most (at 1.0: all) of the batch trains nothing, and no loss value says so."""
 
-    def __init__(self, *, threshold: float = 0.8, patience: int = 5, dynamic: bool = False):
+    def __init__(
+        self,
+        *,
+        threshold: float = 0.8,
+        patience: int = 5,
+        dynamic: bool = False,
+        constant_steps: int = 2,
+    ):
         self.threshold, self.patience, self.dynamic = threshold, patience, dynamic
         self.in_a_row = 0
         self.warned = False
+        # A reward with one value over the whole batch in each of the run's first steps is
+        # more likely a broken verifier or a data/reward mismatch than hard prompts: said
+        # after `constant_steps` steps, before the dead-group warning's `patience`.
+        self.constant_steps = constant_steps
+        self.constant_in_a_row = 0
+        self.constant_value = None
+        self.constant_warned = False
+
+    def constant_reward(self, step: int, metrics: dict) -> str | None:
+        """The warning's text when every response of each of the run's first
+        `constant_steps` RL steps (1, 2, ...) had one reward value (also logged), else None."""
+        std, mean = metrics.get("reward/std"), metrics.get("reward/mean")
+        if self.constant_warned or std is None or step > self.constant_steps:
+            return None
+        same = std == 0 and (self.constant_in_a_row == 0 or mean == self.constant_value)
+        self.constant_in_a_row = self.constant_in_a_row + 1 if same else int(std == 0)
+        self.constant_value = mean
+        if self.constant_in_a_row < self.constant_steps:
+            return None
+        self.constant_warned = True
+        message = (
+            f"RL step {step}: the reward was {mean:g} for every response of each of the "
+            f"first {self.constant_in_a_row} RL steps (reward/std = 0): nothing trains while "
+            "it stays constant. Check that config.reward.spec scores this task's answers "
+            "(the verifier, the data's reference format) and that the model can get some "
+            "right. Warned once per run."
+        )
+        log.warning("%s", message)
+        return message
 
     def dead_fraction(self, metrics: dict) -> float | None:
         if not self.dynamic:
@@ -97,13 +133,15 @@ class DeadGroupWatch:
         return None if short is None else short / max(short + kept, 1)
 
     def after_step(self, step: int, metrics: dict) -> str | None:
-        """The warning's text the first time the condition holds (also logged), else None."""
+        """The warning's text the first time the condition holds (also logged), else None;
+        a reward constant over the first steps is said first (`constant_reward`)."""
+        constant = self.constant_reward(step, metrics)
         frac = self.dead_fraction(metrics)
         if frac is None or self.warned:
-            return None
+            return constant
         self.in_a_row = self.in_a_row + 1 if frac >= self.threshold else 0
         if self.in_a_row < self.patience:
-            return None
+            return constant
         self.warned = True
         if self.dynamic:
             what = f"rollout/groups_short = {frac:.0%} of the batch, after dynamic sampling"

@@ -30,6 +30,7 @@ import threading
 from typing import Self
 
 from gspo_jax import sharding as sharding_lib
+from gspo_jax.rewards.items import SignalInterrupt, SignalStop
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +69,11 @@ class StopOnSignal:
         if self.received:
             log.warning("%s received again: stopping now, without a checkpoint", name)
             self.__exit__()
+            # Their own types, so that a verifier scored in-process (rewards/items.py), which
+            # counts a SystemExit or KeyboardInterrupt as its failure, lets them through.
             if signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            raise SystemExit(128 + signum)
+                raise SignalInterrupt
+            raise SignalStop(128 + signum)
         self.received = signum
         log.warning(
             "%s received: stopping after the current RL step, with a checkpoint (send it "
