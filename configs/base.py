@@ -168,7 +168,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # "Rollout engines")
     c.sampling.num_slots = _placeholder(int)  # continuous decode rows (None: one per sequence
     # up to the rows a decode step costs about the same for, 256 on TPU / 16 on CPU, else
-    # ~1/4 of the sequences, within kv_budget_tokens: sampling/continuous.default_num_slots)
+    # ~1/4 of the sequences, within kv_budget_tokens: gspo_jax.sampling.continuous.default_num_slots)
     c.sampling.page_size = 16  # tokens per KV page (continuous)
     c.sampling.kv_budget_tokens = _placeholder(int)  # response tokens the KV pages hold at
     # once (None: every slot at full length); below that, rows wait or are preempted and rerun

@@ -715,7 +715,7 @@ def runs_old_pass(step_config) -> bool:
 
 
 def logprob_calls(config) -> int:
-    """How often one RL step calls the log-prob function (rollout.py): π_ref with a KL
+    """How often one RL step calls the log-prob function (rollout/stage.py): π_ref with a KL
     term, and π_old for the token-level KL reward when it is recomputed; the train step's
     own π_old pass is inside the train step."""
     needs_ref = bool(config.use_kl_loss or config.add_token_level_kl)
