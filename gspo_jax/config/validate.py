@@ -22,21 +22,29 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
-import math
-import numbers
 import os
 import sys
-import warnings
 
 from gspo_jax import models
 from gspo_jax import sharding as sharding_lib
 from gspo_jax.algorithm import advantages, objectives, old_policy
+from gspo_jax.config import advice, ranges
+from gspo_jax.config.errors import (  # noqa: F401 (validate.* names)
+    ConfigError,
+    ConfigWarning,
+    _bool,
+    _choice,
+    _int,
+    _number,
+    _positive_int,
+)
+from gspo_jax.config.errors import get as _get
+from gspo_jax.config.errors import warn as _warn
 from gspo_jax.config.specs import (
     batch_sizes,
     checkpoint_dir,
     lora_fields,
     normalize_reward_norm,
-    pass_k,
     scratch_model_config,
 )
 from gspo_jax.data.build import DATASETS
@@ -51,95 +59,7 @@ from gspo_jax.models.config import (
 )
 from gspo_jax.train_step import optim
 
-
-class ConfigError(ValueError):
-    """A config field has a value the trainer cannot run with."""
-
-
-class ConfigWarning(UserWarning):
-    """A config is legal but departs from the paper's settings in a way worth knowing."""
-
-
 INVALID_REWARD_RULES = ("mask", "zero")
-# GSPO's paper clip range is 3e-4 / 4e-4 (§5.1); anything this large is GRPO-sized.
-GSPO_CLIP_WARN = 0.01
-
-
-def _choice(name: str, value, valid) -> None:
-    valid = tuple(valid)
-    if value not in valid:
-        raise ConfigError(f"config.{name}={value!r} is not one of {list(valid)}")
-
-
-def _positive_int(config, name: str) -> int:
-    return _int(config, name, minimum=1)
-
-
-def _int(config, name: str, *, minimum: int, allow_none: bool = False) -> int | None:
-    """An int >= minimum (bools are not ints here)."""
-    value = _get(config, name)
-    if value is None and allow_none:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        kind = {0: "a non-negative integer", 1: "a positive integer"}.get(
-            minimum, f"an integer >= {minimum}"
-        )
-        raise ConfigError(f"config.{name}={value!r} must be {kind}")
-    return value
-
-
-def _number(
-    config,
-    name: str,
-    *,
-    low: float | None = None,
-    high: float | None = None,
-    low_open: bool = False,
-    high_open: bool = False,
-    allow_none: bool = False,
-) -> float | None:
-    """A finite real number within [low, high] (an end open where asked). NaN and inf
-    fail every check, so they are named here rather than turned into NaN losses later."""
-    value = _get(config, name)
-    if value is None and allow_none:
-        return None
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
-    ok = ok and math.isfinite(value)
-    if ok and low is not None:
-        ok = value > low if low_open else value >= low
-    if ok and high is not None:
-        ok = value < high if high_open else value <= high
-    if not ok:
-        if low is not None and high is not None:
-            where = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-        elif low is not None:
-            where = f"{'>' if low_open else '>='} {low:g}"
-        elif high is not None:
-            where = f"{'<' if high_open else '<='} {high:g}"
-        else:  # no range: "a finite number" says it all
-            where = ""
-        none = " (or None)" if allow_none else ""
-        message = " ".join(f"must be a finite number {where}{none}".split())
-        raise ConfigError(f"config.{name}={value!r} {message}")
-    return float(value)
-
-
-def _bool(config, name: str) -> bool:
-    value = _get(config, name)
-    if not isinstance(value, bool):
-        raise ConfigError(f"config.{name}={value!r} must be True or False")
-    return value
-
-
-def _warn(message: str) -> None:
-    warnings.warn(message, ConfigWarning, stacklevel=3)
-
-
-def _get(config, dotted: str):
-    node = config
-    for part in dotted.split("."):
-        node = node[part]
-    return node
 
 
 def validate(config, *, num_devices: int | None = None, num_processes: int = 1) -> None:
@@ -154,7 +74,7 @@ def validate(config, *, num_devices: int | None = None, num_processes: int = 1) 
     _check_deprecated_names(config)
     _check_names(config)
     _check_sizes(config, num_devices, num_processes)
-    _ranges(config)
+    ranges.check_ranges(config)
     _check_model(config)
     _check_data(config)
     _check_rewards(config)
@@ -164,9 +84,9 @@ def validate(config, *, num_devices: int | None = None, num_processes: int = 1) 
     _check_pi_old(config)
     _check_loss_mode(config)
     _check_dapo(config)
-    _warn_far_from_paper(config)
-    _warn_warmup_longer_than_the_run(config)
-    _warn_options_without_switch(config, normalize_reward_norm(config.reward_norm))
+    advice.warn_far_from_paper(config)
+    advice.warn_warmup_longer_than_the_run(config)
+    advice.warn_options_without_switch(config, normalize_reward_norm(config.reward_norm))
 
 
 def _check_imports(config) -> None:
@@ -345,315 +265,6 @@ def _check_loss_mode(config) -> None:
             "greedy decoding (sampling.temperature=0) does not keep: there is no sampling "
             "distribution mu to mask against"
         )
-
-
-def _warn_far_from_paper(config) -> None:
-    """Legal settings far from the paper's, each with the paper's value."""
-    g = config.num_return_sequences_in_group
-    if config.importance_sampling in objectives.sequence_level_modes():
-        clip_mode = config.loss_mode == "clip"
-        if clip_mode and max(config.clip_low, config.clip_high) >= GSPO_CLIP_WARN:
-            _warn(
-                f"GSPO (importance_sampling={config.importance_sampling!r}) with clip range "
-                f"({config.clip_low}, {config.clip_high}): sequence ratios sit within ~1e-3 of "
-                "1, so a GRPO-sized range almost never clips. The paper uses "
-                "clip_low=3e-4, clip_high=4e-4 (§5.1)."
-            )
-        luspo = config.importance_sampling == "seq" and (
-            config.loss_agg_mode == "seq-mean-token-sum"
-        )
-        if luspo:
-            pass  # LUSPO (length-unbiased GSPO, arXiv 2602.05261): asked for by name
-        elif config.loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-sum-norm"):
-            _warn(
-                f"GSPO (importance_sampling={config.importance_sampling!r}) with "
-                f"loss_agg_mode={config.loss_agg_mode!r} weights each sequence by its length; "
-                "the paper's objective (§4.1) averages sequences with 1/|y_i| length "
-                "normalisation: loss_agg_mode='seq-mean-token-mean'. Length-weighted GSPO "
-                "on purpose is LUSPO (length-unbiased GSPO, arXiv 2602.05261): "
-                "importance_sampling='seq' with loss_agg_mode='seq-mean-token-sum' "
-                "(configs/luspo.py)."
-            )
-        if config.loss_agg_mode == "token-mean":
-            _warn(
-                "GSPO with loss_agg_mode='token-mean' weights each sequence's ratio term by "
-                "its number of tokens (a mean over the batch's tokens), which is not the "
-                "paper's objective (§4.1: (1/G) Σ_i over sequences): longer responses pull "
-                "harder. Use loss_agg_mode='seq-mean-token-mean'."
-            )
-    if config.sampling.temperature == 0 and g > 1:
-        _warn(
-            f"sampling.temperature=0 samples greedily: the {g} responses of a prompt are "
-            "identical, so group advantages are 0 and nothing is learned"
-        )
-    if config.use_kl_loss and config.kl_loss_coef == 0:
-        _warn("use_kl_loss=True with kl_loss_coef=0 adds nothing")
-    if config.add_token_level_kl and config.token_level_kl_coef == 0:
-        _warn("add_token_level_kl=True with token_level_kl_coef=0 adds nothing")
-
-
-def _warn_warmup_longer_than_the_run(config) -> None:
-    """The schedule (train_step/optim.py) counts optimizer updates, not RL steps: a warm-up
-    longer than the run's updates never reaches the set learning rate."""
-    updates = config.num_steps * config.ppo_epochs * config.num_mini_batches
-    if config.optim.warmup_steps > updates:
-        _warn(
-            f"config.optim.warmup_steps={config.optim.warmup_steps} is longer than the run: "
-            f"num_steps x ppo_epochs x num_mini_batches = {config.num_steps} x "
-            f"{config.ppo_epochs} x {config.num_mini_batches} = {updates} optimizer updates "
-            "(the warm-up counts updates, not RL steps), so the learning rate never reaches "
-            f"optim.learning_rate={config.optim.learning_rate:g}"
-        )
-
-
-# An option -> (the switch that makes it matter, a test of whether the switch is on, its
-# value when unused). Setting the option while its switch is off changes nothing, which is
-# worth a word: the reverse case (a switch on with a zero coefficient) warns too. Warnings,
-# not errors: ROLL / verl yamls routinely carry kl_loss_coef: 0.001 with use_kl_loss: false.
-def _warn_options_without_switch(config, reward_norm) -> None:
-    pairs = [
-        ("kl_loss_coef", config.kl_loss_coef != 0, "use_kl_loss", config.use_kl_loss),
-        (
-            "token_level_kl_coef",
-            config.token_level_kl_coef != 0,
-            "add_token_level_kl",
-            config.add_token_level_kl,
-        ),
-        ("reward_shift", config.reward_shift, "reward_norm", reward_norm is not None),
-        ("reward_scale", config.reward_scale, "reward_norm", reward_norm is not None),
-        (
-            "dual_clip_ratio",
-            config.dual_clip_ratio != _default("dual_clip_ratio"),
-            "dual_clip_loss",
-            config.dual_clip_loss,
-        ),
-        (
-            "kl_estimator",
-            config.kl_estimator != "k3",
-            "use_kl_loss or add_token_level_kl",
-            config.use_kl_loss or config.add_token_level_kl,
-        ),
-        (
-            "dynamic_sampling_max_rounds",
-            config.dynamic_sampling_max_rounds != _default("dynamic_sampling_max_rounds"),
-            "dynamic_sampling",
-            config.dynamic_sampling,
-        ),
-        (
-            "overlong_penalty_factor",
-            config.overlong_penalty_factor != _default("overlong_penalty_factor"),
-            "overlong_buffer_len > 0",
-            config.overlong_buffer_len > 0,
-        ),
-        *(
-            (name, config[name] != _default(name), "loss_mode='sapo'", config.loss_mode == "sapo")
-            for name in SAPO_OPTIONS
-        ),
-        *(
-            (
-                name,
-                config[name] != _default(name),
-                "loss_mode='dppo_tv' or 'dppo_kl'",
-                config.loss_mode in ("dppo_tv", "dppo_kl"),
-            )
-            for name in DPPO_OPTIONS
-        ),
-        (
-            "norm_adv_by_std_in_grpo",
-            not config.norm_adv_by_std_in_grpo,
-            "adv_estimator='grpo'",
-            config.adv_estimator == "grpo",
-        ),
-        (
-            "rollout_correction_level",
-            config.rollout_correction_level != "token",
-            "rollout_correction",
-            config.rollout_correction != "none",
-        ),
-        (
-            "rollout_correction_threshold",
-            config.rollout_correction_threshold != _default("rollout_correction_threshold"),
-            "rollout_correction",
-            config.rollout_correction != "none",
-        ),
-        *(
-            (
-                f"sampling.{name}",
-                config.sampling[name] != _default(f"sampling.{name}"),
-                'sampling.engine="continuous"',
-                config.sampling.engine == "continuous",
-            )
-            for name in CONTINUOUS_ONLY
-        ),
-        (
-            "warm_start.steps",
-            config.warm_start.steps > 0,
-            "a scratch model (model.hf_path unset) or warm_start.on_checkpoint",
-            not config.model.hf_path or config.warm_start.on_checkpoint,
-        ),
-        (
-            "warm_start.on_checkpoint",
-            config.warm_start.on_checkpoint,
-            "model.hf_path",
-            bool(config.model.hf_path),
-        ),
-        *_eval_lora_wandb_pairs(config),
-    ]
-    for option, is_set, switch, switch_on in pairs:
-        if is_set and not switch_on:
-            _warn(
-                f"config.{option}={_get(config, option)!r} has no effect: it is only used "
-                f"with {switch}, which is off"
-            )
-
-
-def _eval_lora_wandb_pairs(config) -> list[tuple]:
-    """(option, set?, switch, switch on?) of eval.temperature, model.lora_alpha /
-    lora_targets and log.wandb_entity / wandb_mode: each only acts with its switch."""
-    wandb_switch = "log.wandb_project", config.log.wandb_project is not None
-    lora_switch = "model.lora_rank > 0", config.model.lora_rank > 0
-    targets = lora_fields(config)["lora_targets"]
-    return [
-        (
-            "eval.temperature",
-            config.eval.temperature != _default("eval.temperature"),
-            "eval.pass_k > 0",
-            pass_k(config) > 0,
-        ),
-        ("model.lora_alpha", config.model.lora_alpha != _default("model.lora_alpha"), *lora_switch),
-        ("model.lora_targets", set(targets) != set(LORA_TARGETS), *lora_switch),
-        ("log.wandb_entity", config.log.wandb_entity is not None, *wandb_switch),
-        ("log.wandb_mode", config.log.wandb_mode != "online", *wandb_switch),
-    ]
-
-
-def _sampling_engine(config) -> None:
-    """sampling.engine, the KV dtype (int8 only with the continuous engine) and the
-    continuous engine's slots, page size and KV budget (which must hold one full-length
-    response: ⌈response_length / page_size⌉ + 1 pages)."""
-    s = config.sampling
-    _choice("sampling.engine", s.engine, ("continuous", "static"))
-    _choice("sampling.rollout_layout", s.rollout_layout, sharding_lib.ROLLOUT_LAYOUTS)
-    _choice("sampling.kv_dtype", s.kv_dtype, models.KV_DTYPES)
-    if s.kv_dtype == "int8" and s.engine != "continuous":
-        raise ConfigError(
-            f'config.sampling.kv_dtype="int8" needs sampling.engine="continuous" (int8 KV '
-            f"pages), not {s.engine!r}"
-        )
-    _int(config, "sampling.num_slots", minimum=1, allow_none=True)
-    page = _int(config, "sampling.page_size", minimum=1)
-    budget = _int(config, "sampling.kv_budget_tokens", minimum=1, allow_none=True)
-    need = -(-config.response_length // page) + 1
-    if budget is not None and budget // page < need:
-        raise ConfigError(
-            f"config.sampling.kv_budget_tokens={budget} holds {budget // page} pages of "
-            f"sampling.page_size={page}; one response of response_length="
-            f"{config.response_length} needs up to {need} pages: raise it to >= {need * page}"
-        )
-
-
-def _default(dotted: str):
-    """A field's default, read from configs/base.py (the one place defaults live): an
-    option that differs from it while its switch is off is worth a warning."""
-    from configs import base
-
-    return _get(base.get_config(), dotted)
-
-
-# The SAPO and DPPO parameters (a value other than base.py's without its loss_mode warns).
-SAPO_OPTIONS = ("sapo_tau_pos", "sapo_tau_neg")
-DPPO_OPTIONS = ("dppo_delta_low", "dppo_delta_high", "dppo_max_weight")
-# The continuous rollout engine's options, unused by the static engine.
-CONTINUOUS_ONLY = ("num_slots", "page_size", "kv_budget_tokens")
-
-
-def _warm_start_ranges(config) -> None:
-    """warm_start.*: counts, rates and the target-accuracy stop."""
-    _int(config, "warm_start.steps", minimum=0)
-    _bool(config, "warm_start.on_checkpoint")
-    _positive_int(config, "warm_start.batch_size")
-    _number(config, "warm_start.learning_rate", low=0.0, low_open=True)
-    _number(config, "warm_start.teacher_error_rate", low=0.0, high=1.0)
-    if config.warm_start.target_accuracy not in (None, 0):  # None or 0: off
-        _number(config, "warm_start.target_accuracy", low=0.0, high=1.0, low_open=True)
-        _positive_int(config, "warm_start.check_every")
-        _positive_int(config, "warm_start.check_prompts")
-    if config.warm_start.max_steps is not None:
-        _int(config, "warm_start.max_steps", minimum=config.warm_start.steps)
-
-
-def _ranges(config) -> None:
-    """Every number a run reads, checked finite and in range (NaN compares False)."""
-    if not 0 <= _int(config, "seed", minimum=0) < 2**31:
-        raise ConfigError(f"config.seed={config.seed} must be in [0, 2**31)")
-    _number(config, "clip_low", low=0.0, high=1.0)  # 1: no lower bound (CISPO's preset)
-    _number(config, "clip_high", low=0.0)
-    _number(config, "dual_clip_ratio", low=1.0, low_open=True)
-    _number(config, "rollout_correction_threshold", low=1.0, low_open=True)
-    for name in ("reward_clip", "advantage_clip"):
-        _number(config, name, low=0.0, low_open=True, allow_none=True)
-    for name in ("kl_loss_coef", "token_level_kl_coef"):
-        _number(config, name, low=0.0)
-    _number(config, "entropy_coef")
-    for name in (
-        "use_kl_loss",
-        "add_token_level_kl",
-        "dual_clip_loss",
-        "whiten_advantages",
-        "reward_shift",
-        "reward_scale",
-        "model.routing_replay",
-        "checkpoint.async_save",
-        "checkpoint.export_hf",
-        "log.progress_bar",
-        "log.tensorboard",
-        "log.plot",
-    ):
-        _bool(config, name)
-    if config.model.scan_layers is not None:  # None: scan models of more than 4 layers
-        _bool(config, "model.scan_layers")
-    _positive_int(config, "logprob_chunk_size")
-
-    _number(config, "sampling.temperature", low=0.0)
-    _int(config, "sampling.top_k", minimum=1, allow_none=True)
-    _number(config, "sampling.top_p", low=0.0, high=1.0, low_open=True, allow_none=True)
-    _sampling_engine(config)
-    buckets = config.sampling.prompt_buckets
-    if (
-        not isinstance(buckets, (tuple, list))
-        or not buckets
-        or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in buckets)
-    ):
-        raise ConfigError(
-            f"config.sampling.prompt_buckets={buckets!r} must be a non-empty tuple of "
-            "positive integers"
-        )
-
-    # 0 is allowed: a run whose policy never moves measures the ratio's noise floor.
-    _number(config, "optim.learning_rate", low=0.0)
-    _int(config, "optim.warmup_steps", minimum=0)
-    _number(config, "optim.end_lr_ratio", low=0.0, high=1.0)
-    _number(config, "optim.weight_decay", low=0.0)
-    _number(config, "optim.b1", low=0.0, high=1.0, high_open=True)
-    _number(config, "optim.b2", low=0.0, high=1.0, high_open=True)
-    _number(config, "optim.eps", low=0.0, low_open=True)
-    if config.optim.max_grad_norm not in (None, 0):  # None or 0: no clipping
-        _number(config, "optim.max_grad_norm", low=0.0, low_open=True)
-
-    _warm_start_ranges(config)
-
-    _int(config, "eval.every_steps", minimum=0)
-    _positive_int(config, "eval.num_prompts")
-    _positive_int(config, "eval.batch_size")
-    _bool(config, "eval.save_per_problem")
-    _int(config, "checkpoint.every_steps", minimum=0)
-    _positive_int(config, "checkpoint.max_to_keep")
-    _number(config, "checkpoint.save_timeout_s", low=0.0, low_open=True)
-    _int(config, "max_all_skipped_steps", minimum=0)
-
-    _int(config, "reward.num_workers", minimum=0)
-    _int(config, "reward.max_failed_rollouts", minimum=0)
-    _number(config, "reward.timeout_s", low=0.0, low_open=True)
 
 
 def _check_dapo(config) -> None:
