@@ -1,4 +1,4 @@
-"""CISPO: Clipped IS-weight Policy Optimization (MiniMax-M1, arXiv 2506.13585, §3.1).
+"""CISPO: Clipped IS-weight Policy Optimization (MiniMax-M1, arXiv 2506.13585).
 
 The paper's objective clips the importance-sampling weight, never the gradient path:
 

@@ -1,5 +1,5 @@
 """Dr. GRPO: GRPO done right (Liu et al., "Understanding R1-Zero-Like Training: A Critical
-Perspective", arXiv 2503.20783, §3).
+Perspective", arXiv 2503.20783).
 
 The paper removes GRPO's two normalisations that bias it: the 1/|o_i| length normalisation
 (longer wrong answers are penalised less per token) and the division by the group's reward

@@ -1,5 +1,5 @@
 """RLOO: REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al., "Back to Basics",
-arXiv 2402.14740, §3.2).
+arXiv 2402.14740).
 
 Each response's baseline is the mean reward of the other G − 1 responses to its prompt:
 

@@ -177,7 +177,7 @@ def grpo_advantages(
     Â_i = (r_i − mean_group(r)) / (std_group(r) + eps), over the valid members of the group.
 
     `norm_adv_by_std_in_grpo=False`: Â_i = r_i − mean_group(r), Dr. GRPO's baseline (Liu et
-    al., "Understanding R1-Zero-Like Training", arXiv 2503.20783, §3.1): dividing by the
+    al., "Understanding R1-Zero-Like Training", arXiv 2503.20783): dividing by the
     group's std weights easy and hard prompts (low std) up, a question-level difficulty bias.
     """
     num_b = rewards_B.shape[0]

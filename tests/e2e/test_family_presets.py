@@ -106,6 +106,7 @@ def runs(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", PRESETS)
 def test_preset_runs_through_main_and_logs_the_family_metrics(runs, name):
     rows = runs[name]
