@@ -753,13 +753,3 @@ def test_a_warm_start_of_a_checkpoint_needs_on_checkpoint():
         ConfigWarning, match=r"config.warm_start.on_checkpoint=True has no effect.*model.hf_path"
     ):
         validate(c)
-
-
-def test_the_warning_defaults_are_base_pys():
-    """config.py compares the SAPO / DPPO fields with their defaults to warn when they are set
-    without their loss_mode: those copies must be configs/base.py's values."""
-    from gspo_jax.trainer import config as config_lib
-
-    c = base.get_config()
-    for name, value in {**config_lib.DEFAULT_SAPO, **config_lib.DEFAULT_DPPO}.items():
-        assert c[name] == value, name
