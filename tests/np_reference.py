@@ -168,12 +168,12 @@ def policy_loss(
     return loss, grad, metrics
 
 
-def rollout_correction_weights(old_logprobs, rollout_logprobs, mask, mode, level, threshold):
+def rollout_correction_weights(old_logprobs, sampler_logprobs, mask, mode, level, threshold):
     """Rollout-correction weights [B, T] (0 where masked): ρ = π_old / μ per token, or per
     sequence exp(mean over its valid tokens of log ρ); "tis": min(ρ, C); "mask": ρ inside
     [1/C, C], else 0. Also returns the raw ρ values (per token or per sequence)."""
     old = np.asarray(old_logprobs, np.float64)
-    mu = np.asarray(rollout_logprobs, np.float64)
+    mu = np.asarray(sampler_logprobs, np.float64)
     w = np.zeros(old.shape)
     raw = []
     for b in range(old.shape[0]):
@@ -372,7 +372,7 @@ def family_loss(
     dppo_delta_high=0.15,
     dppo_max_weight=5.0,
     opsm_delta=None,
-    rollout_logprobs=None,
+    sampler_logprobs=None,
     loss_agg_mode="seq-mean-token-mean",
     horizon=None,
     num_valid_tokens=None,
@@ -412,7 +412,7 @@ def family_loss(
         log_s = sum(lp[b, t] - old[b, t] for t in idx) / n
         opsm = False
         if opsm_delta is not None:
-            mu = np.asarray(rollout_logprobs, np.float64)
+            mu = np.asarray(sampler_logprobs, np.float64)
             gap = sum(mu[b, t] - lp[b, t] for t in idx) / n
             adv_b = sum(adv[b, t] for t in idx) / n
             opsm = adv_b < 0 and gap > opsm_delta

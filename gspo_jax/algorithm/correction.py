@@ -18,7 +18,7 @@ ROLLOUT_CORRECTION_LEVELS = ("token", "seq")
 
 def rollout_correction_weights(
     old_logprobs: Array,
-    rollout_logprobs: Array,
+    sampler_logprobs: Array,
     mask: Array,
     *,
     mode: str,
@@ -50,16 +50,16 @@ def rollout_correction_weights(
     choice_of("rollout_correction_level", level, ROLLOUT_CORRECTION_LEVELS)
     if isinstance(threshold, int | float) and not threshold > 1.0:
         raise ValueError(f"rollout_correction_threshold must be > 1, got {threshold}")
-    if old_logprobs.shape != mask.shape or rollout_logprobs.shape != mask.shape:
+    if old_logprobs.shape != mask.shape or sampler_logprobs.shape != mask.shape:
         raise ValueError(
-            f"rollout_correction_weights: old_logprobs {old_logprobs.shape}, rollout_logprobs "
-            f"{rollout_logprobs.shape} and mask {mask.shape} must all be [B, T]"
+            f"rollout_correction_weights: old_logprobs {old_logprobs.shape}, sampler_logprobs "
+            f"{sampler_logprobs.shape} and mask {mask.shape} must all be [B, T]"
         )
     sg = jax.lax.stop_gradient
     mask_BT = jnp.asarray(mask, jnp.float32)
     valid_BT = mask_BT > 0
     old_BT = jnp.where(valid_BT, sg(old_logprobs).astype(jnp.float32), 0.0)
-    mu_BT = jnp.where(valid_BT, sg(rollout_logprobs).astype(jnp.float32), 0.0)
+    mu_BT = jnp.where(valid_BT, sg(sampler_logprobs).astype(jnp.float32), 0.0)
     log_rho_BT = old_BT - mu_BT
     if level == "seq":
         log_rho_BT = jnp.where(valid_BT, row_mean(log_rho_BT, mask_BT)[:, None], 0.0)

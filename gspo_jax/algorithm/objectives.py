@@ -27,6 +27,7 @@ and updates, gspo_jax/algorithm/reductions.py).
 """
 
 import dataclasses
+import warnings
 from collections.abc import Callable
 
 import jax
@@ -288,7 +289,7 @@ def policy_loss(
     num_valid_tokens: Array | float | None = None,
     num_valid_seqs: Array | float | None = None,
     log_ratio_clamp: float | None = 20.0,
-    rollout_logprobs: Array | None = None,
+    sampler_logprobs: Array | None = None,
     rollout_correction: str = "none",
     rollout_correction_level: str = "token",
     rollout_correction_threshold: float = 2.0,
@@ -299,6 +300,7 @@ def policy_loss(
     dppo_delta_high: float = 0.15,
     dppo_max_weight: float = 5.0,
     opsm_delta: float | None = None,
+    rollout_logprobs: Array | None = None,
 ) -> tuple[Array, dict[str, Array]]:
     """Policy-gradient loss of the GSPO family: GRPO (token ratio), GSPO and GSPO-token
     (paper §4) with the clipped surrogate, or another `loss_mode` (docs/objectives.md).
@@ -327,7 +329,7 @@ def policy_loss(
 
     Off-policy sequence masking (`opsm_delta` δ, None: off; DeepSeek-V3.2 §3), with any mode:
     every token of a sequence with A < 0 and mean_t (log μ − log π_θ) > δ gets L_t = 0 (μ:
-    `rollout_logprobs`, the sampler's); the denominators are unchanged.
+    `sampler_logprobs`, the sampler's); the denominators are unchanged.
 
     Args:
       logprobs: [B, T] log π_θ of the response tokens (the differentiated input).
@@ -340,7 +342,7 @@ def policy_loss(
       log_ratio_clamp: the log-ratio is clamped to ±this before exp (the token log-ratio, or
         log s_i — the mean, never a sum — for seq modes) so an extreme policy drift cannot
         overflow; its gradient is 0 beyond the clamp. None disables.
-      rollout_logprobs: [B, T] log μ, the sampler's log-probs of the tokens (needed with a
+      sampler_logprobs: [B, T] log μ, the sampler's log-probs of the tokens (needed with a
         rollout correction, where `old_logprobs` must be the trainer's own π_old, and with
         `opsm_delta`).
       rollout_correction, rollout_correction_level, rollout_correction_threshold: "none"
@@ -351,6 +353,8 @@ def policy_loss(
       loss_mode: a name in LOSS_MODES (static); sapo_tau_pos / sapo_tau_neg (> 0),
         dppo_delta_low / dppo_delta_high / dppo_max_weight (> 0): those modes' parameters.
       opsm_delta: off-policy sequence masking's threshold δ (None: off).
+      rollout_logprobs: the old name of `sampler_logprobs` (a DeprecationWarning; until the
+        next release).
 
     Returns:
       (loss, metrics). metrics is a flat dict of f32 scalars over this call's valid data, each
@@ -382,6 +386,11 @@ def policy_loss(
       sqrt(sum / count) is log s_i's spread at that length (paper: token noise averages
       out over long responses).
     """
+    if rollout_logprobs is not None:  # the old name, for one release
+        warnings.warn(
+            "policy_loss(rollout_logprobs=...) is now sampler_logprobs=", DeprecationWarning, 2
+        )
+        sampler_logprobs = rollout_logprobs if sampler_logprobs is None else sampler_logprobs
     ratio = RATIOS.get(importance_sampling)
     mode = LOSS_MODES.get(loss_mode)
     _check_policy_args(logprobs, old_logprobs, advantages, mask, clip_low, clip_high)
@@ -390,13 +399,13 @@ def policy_loss(
     hp |= dict(dppo_delta_high=dppo_delta_high, dppo_max_weight=dppo_max_weight)  # noqa: C408
     _check_loss_mode(loss_mode, mode, importance_sampling, hp, dual_clip_loss, opsm_delta)
     correction = _correction_args(
-        rollout_logprobs if rollout_correction != "none" or opsm_delta is None else None,
+        sampler_logprobs if rollout_correction != "none" or opsm_delta is None else None,
         rollout_correction,
         level=rollout_correction_level,
         threshold=rollout_correction_threshold,
         log_ratio_clamp=20.0 if log_ratio_clamp is None else log_ratio_clamp,
     )
-    _check_extras(rollout_logprobs, opsm_delta, dual_clip_loss, dual_clip_ratio)
+    _check_extras(sampler_logprobs, opsm_delta, dual_clip_loss, dual_clip_ratio)
     mask_BT = jnp.asarray(mask, jnp.float32)
     valid_BT = mask_BT > 0
     # Safe where: garbage (-inf, NaN) at masked positions is replaced before any arithmetic, so
@@ -418,12 +427,12 @@ def policy_loss(
     opsm_metrics = {}
     if opsm_delta is not None:
         loss_BT, opsm_metrics = _off_policy_masking(
-            loss_BT, inputs, flags, rollout_logprobs, opsm_delta
+            loss_BT, inputs, flags, sampler_logprobs, opsm_delta
         )
     correction_metrics = {}
     if correction is not None:
         weight_BT, correction_metrics = rollout_correction_weights(
-            old_BT, correction.pop("rollout_logprobs"), mask_BT, **correction
+            old_BT, correction.pop("sampler_logprobs"), mask_BT, **correction
         )
         loss_BT = loss_BT * weight_BT
     loss_BT = jnp.where(valid_BT, loss_BT, 0.0)
@@ -455,10 +464,10 @@ def _dual_clip(loss_BT, x: LossInputs, flags: dict, ratio: float | None):
     return jnp.where(flags["dual"], cap_BT, loss_BT)
 
 
-def _off_policy_masking(loss_BT, x: LossInputs, flags: dict, rollout_logprobs, delta):
+def _off_policy_masking(loss_BT, x: LossInputs, flags: dict, sampler_logprobs, delta):
     """OPSM (DeepSeek-V3.2 §3, `losses.opsm_mask`): the masked sequences' tokens get no
     loss; returns (loss, {"opsm_masked_frac": the fraction of valid sequences masked})."""
-    rollout_BT = jnp.where(x.valid, rollout_logprobs.astype(jnp.float32), 0.0)
+    rollout_BT = jnp.where(x.valid, sampler_logprobs.astype(jnp.float32), 0.0)
     opsm_BT = opsm_mask(x, jax.lax.stop_gradient(rollout_BT), delta)
     flags["limited"] = flags["limited"] | opsm_BT
     flags["weight"] = jnp.where(opsm_BT, 0.0, flags["weight"])
@@ -468,10 +477,10 @@ def _off_policy_masking(loss_BT, x: LossInputs, flags: dict, rollout_logprobs, d
     return jnp.where(opsm_BT, 0.0, loss_BT), {"opsm_masked_frac": frac}
 
 
-def _check_extras(rollout_logprobs, opsm_delta, dual_clip_loss, dual_clip_ratio) -> None:
-    if opsm_delta is not None and rollout_logprobs is None:
+def _check_extras(sampler_logprobs, opsm_delta, dual_clip_loss, dual_clip_ratio) -> None:
+    if opsm_delta is not None and sampler_logprobs is None:
         raise ValueError(
-            "policy_loss: opsm_delta (off-policy sequence masking) needs rollout_logprobs, "
+            "policy_loss: opsm_delta (off-policy sequence masking) needs sampler_logprobs, "
             "the sampler's log-probs μ"
         )
     if dual_clip_loss and isinstance(dual_clip_ratio, int | float) and dual_clip_ratio <= 1.0:
@@ -501,21 +510,21 @@ def _check_loss_mode(name, mode: LossMode, importance_sampling, hp, dual_clip_lo
 
 
 def _correction_args(
-    rollout_logprobs, mode: str, *, level: str, threshold, log_ratio_clamp: float
+    sampler_logprobs, mode: str, *, level: str, threshold, log_ratio_clamp: float
 ) -> dict | None:
     """`rollout_correction_weights`' arguments, or None without a correction."""
     choice_of("rollout_correction", mode, ROLLOUT_CORRECTIONS)
     if mode == "none":
-        if rollout_logprobs is not None:
+        if sampler_logprobs is not None:
             raise ValueError(
-                "policy_loss: rollout_logprobs given with rollout_correction='none' (they "
+                "policy_loss: sampler_logprobs given with rollout_correction='none' (they "
                 "would be ignored); pass rollout_correction='tis' or 'mask' to use them"
             )
         return None
-    if rollout_logprobs is None:
-        raise ValueError(f"policy_loss: rollout_correction={mode!r} needs rollout_logprobs")
+    if sampler_logprobs is None:
+        raise ValueError(f"policy_loss: rollout_correction={mode!r} needs sampler_logprobs")
     return {
-        "rollout_logprobs": rollout_logprobs,
+        "sampler_logprobs": sampler_logprobs,
         "mode": mode,
         "level": level,
         "threshold": threshold,

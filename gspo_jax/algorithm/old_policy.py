@@ -101,7 +101,7 @@ def correction_kwargs(step_config, micro_batch: dict) -> dict:
     if not corrects(step_config):
         return {}
     return {
-        "rollout_logprobs": micro_batch["sampler_logprobs"],
+        "sampler_logprobs": micro_batch["sampler_logprobs"],
         "rollout_correction": step_config.rollout_correction,
         "rollout_correction_level": step_config.rollout_correction_level,
         "rollout_correction_threshold": step_config.rollout_correction_threshold,

@@ -319,7 +319,7 @@ def loss_mode_kwargs(step_config: StepConfig, mb) -> dict:
         )
     }
     if step_config.opsm_delta is not None and not old_policy.corrects(step_config):
-        kwargs["rollout_logprobs"] = mb["sampler_logprobs"]
+        kwargs["sampler_logprobs"] = mb["sampler_logprobs"]
     return kwargs
 
 

@@ -85,7 +85,7 @@ def test_parity_with_numpy_reference(loss_mode, importance_sampling):
         kwargs.update(loss_agg_mode=agg, opsm_delta=opsm)
         if seed % 4 in (1, 2):  # as one micro-batch of a larger mini-batch
             kwargs.update(num_valid_tokens=40.0, num_valid_seqs=11.0, horizon=7)
-        mu_kw = {"rollout_logprobs": mu} if opsm is not None else {}
+        mu_kw = {"sampler_logprobs": mu} if opsm is not None else {}
         loss, m, grad = _loss_and_grad(lp, old, adv, mask, **kwargs, **mu_kw)
         r_loss, r_grad, r_m = ref.family_loss(lp, old, adv, mask, **kwargs, **mu_kw)
         case = (agg, token_adv, opsm)
@@ -127,7 +127,7 @@ def test_the_examples_exercise_every_mode():
             loss_mode="cispo",
             importance_sampling="token",
             opsm_delta=0.05,
-            rollout_logprobs=mu,
+            sampler_logprobs=mu,
         )
         fracs.append(m["opsm_masked_frac"])
     assert min(fracs) < max(fracs) and 0.0 < np.mean(fracs) < 1.0
@@ -280,7 +280,7 @@ def test_opsm_masks_negative_sequences_beyond_delta_only():
     for mode in ("clip", "sapo", "cispo", "dppo_tv"):
         kwargs = {"importance_sampling": "token", "clip_low": 0.2, "clip_high": 0.2}
         _, m, grad = _loss_and_grad(
-            lp, lp, adv, mask, loss_mode=mode, opsm_delta=0.1, rollout_logprobs=mu, **kwargs
+            lp, lp, adv, mask, loss_mode=mode, opsm_delta=0.1, sampler_logprobs=mu, **kwargs
         )
         assert (grad[[0, 3]] == 0).all() and (grad[[1, 2]] != 0).all(), mode
         assert m["opsm_masked_frac"] == 0.5 and m["limited_frac_seq"] == 0.5, mode
@@ -309,7 +309,7 @@ def test_micro_batch_split_with_global_denominators_is_invariant(loss_mode, impo
     for agg in AGG_MODES:
         kwargs = dict(PARAMS, loss_mode=loss_mode, importance_sampling=importance_sampling)
         kwargs.update(loss_agg_mode=agg, opsm_delta=0.05)
-        loss_full, _, grad_full = _loss_and_grad(lp, old, adv, mask, rollout_logprobs=mu, **kwargs)
+        loss_full, _, grad_full = _loss_and_grad(lp, old, adv, mask, sampler_logprobs=mu, **kwargs)
         loss_sum, grads = 0.0, []
         for sl in [slice(i, i + 2) for i in range(0, 8, 2)]:
             loss_i, _, grad_i = _loss_and_grad(
@@ -317,7 +317,7 @@ def test_micro_batch_split_with_global_denominators_is_invariant(loss_mode, impo
                 old[sl],
                 adv[sl],
                 mask[sl],
-                rollout_logprobs=mu[sl],
+                sampler_logprobs=mu[sl],
                 num_valid_tokens=n_tok,
                 num_valid_seqs=n_seq,
                 **kwargs,
@@ -350,7 +350,7 @@ def test_bad_loss_mode_arguments_are_one_line_errors_naming_the_field():
             {"loss_mode": "gmpo", "importance_sampling": "seq"},
             r"loss_mode='gmpo' needs token log-ratios: importance_sampling must be 'token'",
         ),
-        ({"opsm_delta": 0.1}, r"opsm_delta .* needs rollout_logprobs"),
+        ({"opsm_delta": 0.1}, r"opsm_delta .* needs sampler_logprobs"),
         ({"loss_mode": "sapo", "dual_clip_loss": True}, r"dual_clip_loss applies to"),
     ]
     for kwargs, match in cases:

@@ -138,7 +138,7 @@ def test_the_weight_carries_no_gradient():
                 return obj.policy_loss(
                     jnp.asarray(lp), jnp.asarray(old), jnp.asarray(adv), jnp.asarray(mask),
                     importance_sampling="seq", clip_low=0.2, clip_high=0.2,
-                    rollout_logprobs=u, rollout_correction=mode, rollout_correction_level=level,
+                    sampler_logprobs=u, rollout_correction=mode, rollout_correction_level=level,
                 )[0]  # fmt: skip
 
             assert not np.any(np.asarray(jax.grad(loss)(jnp.asarray(mu))))
@@ -159,7 +159,7 @@ def test_corrected_loss_and_gradient_match_the_numpy_reference(importance_sampli
             def f(x, mode=mode, level=level, kwargs=kwargs):
                 return obj.policy_loss(
                     x, jnp.asarray(old), jnp.asarray(adv), jnp.asarray(mask), **kwargs,
-                    rollout_logprobs=jnp.asarray(mu), rollout_correction=mode,
+                    sampler_logprobs=jnp.asarray(mu), rollout_correction=mode,
                     rollout_correction_level=level,
                 )  # fmt: skip
 
@@ -189,7 +189,7 @@ def test_no_cap_and_a_matching_sampler_give_the_uncorrected_loss_exactly(importa
     for mode in MODES:
         for level in LEVELS:
             loss, grad = jax.value_and_grad(f)(
-                jnp.asarray(lp), rollout_logprobs=jnp.asarray(old), rollout_correction=mode,
+                jnp.asarray(lp), sampler_logprobs=jnp.asarray(old), rollout_correction=mode,
                 rollout_correction_level=level, rollout_correction_threshold=math.inf,
             )  # fmt: skip
             assert float(loss) == float(base_loss), (mode, level)
@@ -208,7 +208,7 @@ def test_huge_log_ratios_and_nan_at_masked_positions_stay_finite(importance_samp
     mu = np.where(mask > 0, -sign * 1e4, np.nan).astype(np.float32)
     adv = np.array([1.0, -1.0, 2.0, 1.0, -3.0], np.float32)
     for mode in ("none", *MODES):
-        extra = {} if mode == "none" else {"rollout_logprobs": jnp.asarray(mu)}
+        extra = {} if mode == "none" else {"sampler_logprobs": jnp.asarray(mu)}
 
         def f(x, mode=mode, extra=extra):
             return obj.policy_loss(
@@ -226,10 +226,10 @@ def test_huge_log_ratios_and_nan_at_masked_positions_stay_finite(importance_samp
 def test_bad_arguments_name_themselves():
     x = jnp.zeros(SHAPE)
     kwargs = {"importance_sampling": "seq", "clip_low": 0.1, "clip_high": 0.1}
-    with pytest.raises(ValueError, match="rollout_correction='tis' needs rollout_logprobs"):
+    with pytest.raises(ValueError, match="rollout_correction='tis' needs sampler_logprobs"):
         obj.policy_loss(x, x, x[:, 0], x + 1, **kwargs, rollout_correction="tis")
-    with pytest.raises(ValueError, match="rollout_logprobs given with rollout_correction='none'"):
-        obj.policy_loss(x, x, x[:, 0], x + 1, **kwargs, rollout_logprobs=x)
+    with pytest.raises(ValueError, match="sampler_logprobs given with rollout_correction='none'"):
+        obj.policy_loss(x, x, x[:, 0], x + 1, **kwargs, sampler_logprobs=x)
     with pytest.raises(ValueError, match=r"rollout_correction='clip' is not one of"):
         obj.policy_loss(x, x, x[:, 0], x + 1, **kwargs, rollout_correction="clip")
     with pytest.raises(ValueError, match=r"rollout_correction_level='sequence' is not one of"):

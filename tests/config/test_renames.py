@@ -46,3 +46,18 @@ def test_rl_step_with_a_rollout_is_train_on_with_a_deprecation_warning(monkeypat
     with pytest.warns(DeprecationWarning, match=r"now loop.train_on"):
         assert loop.rl_step("trainer", "state0", "rollout") == ("state", {})
     assert calls == [("trainer", "state0", "rollout")]
+
+
+def test_policy_loss_reads_rollout_logprobs_as_sampler_logprobs_with_a_warning():
+    import jax.numpy as jnp
+
+    from gspo_jax import objectives
+
+    lp = jnp.log(jnp.array([[0.5, 0.25], [0.2, 0.4]]))
+    kw = {"importance_sampling": "token", "clip_low": 0.2, "clip_high": 0.2}
+    kw["rollout_correction"] = "tis"
+    args = (lp, lp + 0.01, jnp.array([1.0, -1.0]), jnp.ones((2, 2)))
+    new = objectives.policy_loss(*args, sampler_logprobs=lp - 0.3, **kw)
+    with pytest.warns(DeprecationWarning, match="now sampler_logprobs"):
+        old = objectives.policy_loss(*args, rollout_logprobs=lp - 0.3, **kw)
+    assert float(new[0]) == float(old[0]) and new[1].keys() == old[1].keys()
