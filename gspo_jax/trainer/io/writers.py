@@ -183,6 +183,36 @@ def _expand(keys: Sequence[str], present: set[str]) -> list[str]:
     return out
 
 
+_STYLES = ("-", "--", ":", "-.")
+_RATIOS = {"seq": "s_i per response (GSPO)", "seq_token": "s_i per response (GSPO-token)"}
+
+
+def _ratio_of_run(metrics_path: str) -> str | None:
+    """Which ratio the clip panels plot, from the run's config.json beside metrics.jsonl."""
+    path = os.path.join(os.path.dirname(metrics_path), "config.json")
+    try:
+        with open(path) as f:
+            mode = json.load(f).get("importance_sampling")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return _RATIOS.get(mode, "r_t per token (GRPO)" if mode == "token" else mode)
+
+
+def _binomial_band(ax, rows, xs, ys, color) -> None:
+    """The 95 % Wilson interval of each held-out accuracy over its eval/num_prompts problems."""
+    n_by_step = {r["step"]: r.get("eval/num_prompts") for r in rows if "eval/accuracy" in r}
+    lo, hi = [], []
+    for x, p in zip(xs, ys):
+        n = n_by_step.get(x) or 0
+        if not n:
+            return
+        z, centre = 1.96, (p + 1.96**2 / (2 * n)) / (1 + 1.96**2 / n)
+        half = z * math.sqrt(p * (1 - p) / n + z**2 / (4 * n * n)) / (1 + z**2 / n)
+        lo.append(centre - half)
+        hi.append(centre + half)
+    ax.fill_between(xs, lo, hi, color=color, alpha=0.2, label="95 % interval (problems)")
+
+
 def plot_curves(
     metrics_path: str,
     png_path: str,
@@ -204,18 +234,24 @@ def plot_curves(
     cols = 3
     nrows = max(1, math.ceil(len(panels) / cols))
     fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.0 * nrows), squeeze=False)
+    ratio = _ratio_of_run(metrics_path)
     for ax, (title, keys) in zip(axes.flat, panels):
-        for key in keys:
+        for i, key in enumerate(keys):
             xs = [r["step"] for r in rows if isinstance(r.get(key), (int, float))]
             ys = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
             if not xs:
                 continue
+            style = _STYLES[i % len(_STYLES)]  # keys that coincide stay told apart
             if len(xs) < 30:  # sparse (evaluations): every point matters
-                ax.plot(xs, ys, marker=".", label=key)
+                (line,) = ax.plot(xs, ys, style, marker=".", label=key)
+                if key == "eval/accuracy":
+                    _binomial_band(ax, rows, xs, ys, line.get_color())
                 continue
             # Per-step RL metrics are noisy: raw values faintly, an EMA on top.
             (line,) = ax.plot(xs, ys, alpha=0.25, linewidth=0.8)
-            ax.plot(xs, _ema(ys, 0.9), color=line.get_color(), label=f"{key} (EMA)")
+            ax.plot(xs, _ema(ys, 0.9), style, color=line.get_color(), label=f"{key} (EMA)")
+        if ratio and title.startswith(("clipped fraction", "ratio min")):
+            title = f"{title}\nratio: {ratio}"
         ax.set_title(title)
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)
