@@ -449,7 +449,7 @@ def warm_start(trainer: Trainer, params):
         evaluator = dataclasses.replace(
             trainer.evaluator,
             spec=dataclasses.replace(
-                trainer.evaluator.spec, num_prompts=spec.check_prompts, num_samples=0
+                trainer.evaluator.spec, num_prompts=spec.check_prompts, pass_k=0
             ),
             eval_data=prepare_prompts(trainer.prompt, trainer.sft_source, trainer.tokenizer),
             sample_k=None,
