@@ -33,6 +33,15 @@ import sys
 import time
 from pathlib import Path
 
+if "--threads=all" not in sys.argv:  # before jax starts: one thread for every program
+    os.environ["XLA_FLAGS"] = " ".join(
+        [
+            os.environ.get("XLA_FLAGS", ""),
+            "--xla_cpu_multi_thread_eigen=false",
+            "intra_op_parallelism_threads=1",
+        ]
+    )
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -77,8 +86,13 @@ def measure_cpu(reps: int) -> dict:
         box[0] = stream(box[0])
         return box[0]
 
-    bandwidth = 2 * box[0].nbytes / _median_s(step, max(reps, 5))
-    return {"matmul_flops": matmul, "bandwidth": bandwidth, "load": load()}
+    donated = _median_s(step, max(reps, 5))
+    bandwidth = 2 * box[0].nbytes / donated
+    # the same pass into a fresh output buffer each call: the extra time is its pages'
+    # first touch (XLA:CPU allocates a call's temporaries and outputs anew)
+    fresh = jax.jit(lambda v: v * 0.5 + 1.0).lower(box[0]).compile()
+    touch = box[0].nbytes / max(_median_s(lambda: fresh(box[0]), reps) - donated, 1e-9)
+    return {"matmul_flops": matmul, "bandwidth": bandwidth, "first_touch": touch, "load": load()}
 
 
 def cpu_chip(cpu: dict) -> roofline.Chip:
@@ -92,6 +106,7 @@ def cpu_chip(cpu: dict) -> roofline.Chip:
         source="benchmarks/calibrate_roofline.py",
         hop_s=0.0,
         efficiency=dict.fromkeys(roofline.EFFICIENCY, 1.0),
+        first_touch_bw=cpu["first_touch"],
     )
 
 
@@ -124,7 +139,9 @@ def _predict(chip, compiled, vocab: int, loop_trips=1, inner_trips=None) -> tupl
         unknown_trip_count=loop_trips,
         inner_trip_count=inner_trips,
     )
-    e = roofline.estimate(chip, ops)
+    mem = compiled.memory_analysis()
+    fresh = mem.temp_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
+    e = roofline.estimate(chip, ops, fresh_bytes=fresh)
     if TOP:
         timed = [(o.count * roofline.op_time(chip, o.cls if o.cls != "kernel" else "matmul",
                                              o.flops, o.bytes), o) for o in ops]  # fmt: skip
@@ -143,7 +160,7 @@ def _calibrated(function, size, compiled, call, args, vocab, **trips) -> dict:
     before = measure_cpu(args.reps)
     measured = _median_s(call, args.reps)
     after = measure_cpu(args.reps)
-    cpu = {k: (before[k] + after[k]) / 2 for k in ("matmul_flops", "bandwidth")}
+    cpu = {k: (before[k] + after[k]) / 2 for k in ("matmul_flops", "bandwidth", "first_touch")}
     predicted, e = _predict(cpu_chip(cpu), compiled, vocab, **trips)
     row = {
         "function": function,
@@ -171,6 +188,7 @@ def calibrate_size(hidden: int, layers: int, args) -> list[dict]:
     mask = jnp.ones((B, L), jnp.int32)
     rows = []
 
+    wanted = set(args.functions.split(","))
     # train step (one micro-batch: the π_old pass and one update)
     state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=a.tx.init(params))
     batch = {
@@ -182,15 +200,20 @@ def calibrate_size(hidden: int, layers: int, args) -> list[dict]:
         "advantages": jnp.asarray(rng.normal(size=(B,)), jnp.float32),
     }
     batch = {k: batch[k] for k in aot.batch_ndims(a.step_config)}
-    step = make_train_step(a.step_config, a.tx, donate=False)
-    compiled = step.lower(state, batch).compile()
-    rows.append(_calibrated("train step", size, compiled, lambda: compiled(state, batch), args, V))
+    if "train_step" in wanted:
+        step = make_train_step(a.step_config, a.tx, donate=False)
+        compiled = step.lower(state, batch).compile()
+        call = lambda: compiled(state, batch)
+        rows.append(_calibrated("train step", size, compiled, call, args, V))
 
     # log-prob pass
-    fn = make_logprobs_fn(a.step_config)
-    compiled_lp = fn.lower(params, tokens, mask, T).compile()
-    call = lambda: compiled_lp(params, tokens, mask)
-    rows.append(_calibrated("logprobs", size, compiled_lp, call, args, V))
+    if "logprobs" in wanted:
+        fn = make_logprobs_fn(a.step_config)
+        compiled_lp = fn.lower(params, tokens, mask, T).compile()
+        call = lambda: compiled_lp(params, tokens, mask)
+        rows.append(_calibrated("logprobs", size, compiled_lp, call, args, V))
+    if "decode" not in wanted:
+        return rows
 
     # continuous engine: prefill into pages, then T decode steps of every sequence
     N, G, P = a.N, a.G, a.P
@@ -253,6 +276,14 @@ def main():
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--json", default=None, help="write the results to this file")
     p.add_argument("--top", type=int, default=0, help="print each function's N longest ops")
+    p.add_argument("--functions", default="train_step,logprobs,decode", help="a subset")
+    p.add_argument(
+        "--threads",
+        default="1",
+        choices=("1", "all"),
+        help="1 (default): every program and probe on one thread, so that on a shared "
+        "machine each gets the same share of a core; all: XLA's own threading",
+    )
     args = p.parse_args()
     global TOP
     TOP = args.top
@@ -263,7 +294,8 @@ def main():
     cpu = measure_cpu(args.reps)
     print(
         f"this CPU: matmul {cpu['matmul_flops'] / 1e9:.1f} GFLOP/s (f32), memory "
-        f"{cpu['bandwidth'] / 1e9:.2f} GB/s; load average {cpu['load']}; jax "
+        f"{cpu['bandwidth'] / 1e9:.2f} GB/s, first touch of fresh buffers "
+        f"{cpu['first_touch'] / 1e9:.2f} GB/s; load average {cpu['load']}; jax "
         f"{jax.__version__}, {os.cpu_count()} cores",
         flush=True,
     )
