@@ -71,28 +71,60 @@ def _median_s(call, reps: int) -> float:
     return statistics.median(times)
 
 
-def measure_cpu(reps: int) -> dict:
-    """This machine's f32 matmul FLOP/s (a 2048^2 matmul) and memory bandwidth (an
-    elementwise pass over 256 MB in place, its buffer donated: read + write; a fresh
-    output buffer each call would time the page faults of its first touch instead)."""
-    n = 2048
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-    mm = jax.jit(lambda x, y: x @ y).lower(a, a).compile()
-    matmul = 2 * n**3 / _median_s(lambda: mm(a, a), reps)
-    box = [jnp.ones((64 * 2**20,), jnp.float32)]  # 256 MB
-    stream = jax.jit(lambda v: v * 0.5 + 1.0, donate_argnums=0)
+_PROBES: dict = {}
+
+
+def _probes():
+    """The compiled probes (built once): a 2048^2 f32 matmul, an elementwise pass over 256
+    MB in place (its buffer donated), and the same pass into a fresh output buffer."""
+    if not _PROBES:
+        n = 2048
+        a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+        x = jnp.ones((64 * 2**20,), jnp.float32)  # 256 MB
+        _PROBES.update(
+            a=a,
+            box=[x],
+            mm=jax.jit(lambda x, y: x @ y).lower(a, a).compile(),
+            stream=jax.jit(lambda v: v * 0.5 + 1.0, donate_argnums=0),
+            fresh=jax.jit(lambda v: v * 0.5 + 1.0).lower(x).compile(),
+        )
+    return _PROBES
+
+
+def _once(call) -> float:
+    t0 = time.perf_counter()
+    jax.block_until_ready(call())
+    return time.perf_counter() - t0
+
+
+def probe_cpu() -> dict:
+    """This machine's f32 matmul FLOP/s, memory bandwidth (the in-place pass: read +
+    write) and the rate at which fresh buffers are first touched (the fresh pass's extra
+    time over the in-place one: page faults; XLA:CPU allocates a call's temporaries and
+    outputs anew), one call of each."""
+    p = _probes()
+    a, box = p["a"], p["box"]
 
     def step():
-        box[0] = stream(box[0])
+        box[0] = p["stream"](box[0])
         return box[0]
 
-    donated = _median_s(step, max(reps, 5))
-    bandwidth = 2 * box[0].nbytes / donated
-    # the same pass into a fresh output buffer each call: the extra time is its pages'
-    # first touch (XLA:CPU allocates a call's temporaries and outputs anew)
-    fresh = jax.jit(lambda v: v * 0.5 + 1.0).lower(box[0]).compile()
-    touch = box[0].nbytes / max(_median_s(lambda: fresh(box[0]), reps) - donated, 1e-9)
-    return {"matmul_flops": matmul, "bandwidth": bandwidth, "first_touch": touch, "load": load()}
+    matmul = 2 * a.shape[0] ** 3 / _once(lambda: p["mm"](a, a))
+    donated = _once(step)
+    fresh = _once(lambda: p["fresh"](box[0]))
+    return {
+        "matmul_flops": matmul,
+        "bandwidth": 2 * box[0].nbytes / donated,
+        "first_touch": box[0].nbytes / max(fresh - donated, 1e-9),
+    }
+
+
+def measure_cpu(reps: int) -> dict:
+    """probe_cpu's figures, medians of `reps` after a warm-up."""
+    probe_cpu()
+    runs = [probe_cpu() for _ in range(reps)]
+    out = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    return out | {"load": load()}
 
 
 def cpu_chip(cpu: dict) -> roofline.Chip:
@@ -154,20 +186,27 @@ def _predict(chip, compiled, vocab: int, loop_trips=1, inner_trips=None) -> tupl
 
 
 def _calibrated(function, size, compiled, call, args, vocab, **trips) -> dict:
-    """Measures `call` (median of args.reps) between two measurements of this CPU's matmul
-    rate and bandwidth, and predicts `compiled`'s time with their mean (the machine is
-    shared: its speed drifts with the other jobs' load)."""
-    before = measure_cpu(args.reps)
-    measured = _median_s(call, args.reps)
-    after = measure_cpu(args.reps)
-    cpu = {k: (before[k] + after[k]) / 2 for k in ("matmul_flops", "bandwidth", "first_touch")}
-    predicted, e = _predict(cpu_chip(cpu), compiled, vocab, **trips)
+    """Times `call` `args.reps` times (after a warm-up), each time right after probing this
+    CPU (`probe_cpu`: the machine is shared, its speed drifts with the other jobs' load),
+    predicts each call's time from that probe, and reports the medians: predicted,
+    measured, and predicted / measured."""
+    jax.block_until_ready(call())
+    predicted, measured, ratios, probes = [], [], [], []
+    for _ in range(args.reps):
+        cpu = probe_cpu()
+        seconds = _once(call)
+        p, e = _predict(cpu_chip(cpu), compiled, vocab, **trips)
+        predicted.append(p)
+        measured.append(seconds)
+        ratios.append(p / seconds)
+        probes.append(cpu)
+    cpu = {k: statistics.median(c[k] for c in probes) for k in probes[0]}
     row = {
         "function": function,
         "size": size,
-        "predicted_s": predicted,
-        "measured_s": measured,
-        "ratio": predicted / measured,
+        "predicted_s": statistics.median(predicted),
+        "measured_s": statistics.median(measured),
+        "ratio": statistics.median(ratios),
         "executed_flops": e.executed_flops,
         "hbm_bytes": e.hbm_bytes,
         "by_class_s": {k: v["s"] for k, v in e.classes.items()},
@@ -273,7 +312,7 @@ def main():
     p.add_argument("--group", type=int, default=4)
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--remat", default="full")
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reps", type=int, default=5)
     p.add_argument("--json", default=None, help="write the results to this file")
     p.add_argument("--top", type=int, default=0, help="print each function's N longest ops")
     p.add_argument("--functions", default="train_step,logprobs,decode", help="a subset")
@@ -301,8 +340,8 @@ def main():
     )
     print(
         "| function | size | predicted s | measured s | predicted / measured | executed "
-        "GFLOP | HBM GB | predicted s by class | CPU GFLOP/s / GB/s (mean of before and "
-        "after) | load |\n|---|---|---|---|---|---|---|---|---|---|",
+        "GFLOP | HBM GB | predicted s by class | CPU GFLOP/s / GB/s (medians of the probes) "
+        "| load |\n|---|---|---|---|---|---|---|---|---|---|",
         flush=True,
     )
     rows = []
