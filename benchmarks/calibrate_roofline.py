@@ -33,6 +33,15 @@ import sys
 import time
 from pathlib import Path
 
+if "--threads=all" not in sys.argv:  # before jax starts: one thread for every program
+    os.environ["XLA_FLAGS"] = " ".join(
+        [
+            os.environ.get("XLA_FLAGS", ""),
+            "--xla_cpu_multi_thread_eigen=false",
+            "intra_op_parallelism_threads=1",
+        ]
+    )
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -61,23 +70,60 @@ def _median_s(call, reps: int) -> float:
     return statistics.median(times)
 
 
-def measure_cpu(reps: int) -> dict:
-    """This machine's f32 matmul FLOP/s (a 2048^2 matmul) and memory bandwidth (an
-    elementwise pass over 256 MB in place, its buffer donated: read + write; a fresh
-    output buffer each call would time the page faults of its first touch instead)."""
-    n = 2048
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-    mm = jax.jit(lambda x, y: x @ y).lower(a, a).compile()
-    matmul = 2 * n**3 / _median_s(lambda: mm(a, a), reps)
-    box = [jnp.ones((64 * 2**20,), jnp.float32)]  # 256 MB
-    stream = jax.jit(lambda v: v * 0.5 + 1.0, donate_argnums=0)
+_PROBES: dict = {}
+
+
+def _probes():
+    """The compiled probes (built once): a 2048^2 f32 matmul, an elementwise pass over 256
+    MB in place (its buffer donated), and the same pass into a fresh output buffer."""
+    if not _PROBES:
+        n = 2048
+        a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+        x = jnp.ones((64 * 2**20,), jnp.float32)  # 256 MB
+        _PROBES.update(
+            a=a,
+            box=[x],
+            mm=jax.jit(lambda x, y: x @ y).lower(a, a).compile(),
+            stream=jax.jit(lambda v: v * 0.5 + 1.0, donate_argnums=0),
+            fresh=jax.jit(lambda v: v * 0.5 + 1.0).lower(x).compile(),
+        )
+    return _PROBES
+
+
+def _once(call) -> float:
+    t0 = time.perf_counter()
+    jax.block_until_ready(call())
+    return time.perf_counter() - t0
+
+
+def probe_cpu() -> dict:
+    """This machine's f32 matmul FLOP/s, memory bandwidth (the in-place pass: read +
+    write) and the rate at which fresh buffers are first touched (the fresh pass's extra
+    time over the in-place one: page faults; XLA:CPU allocates a call's temporaries and
+    outputs anew), one call of each."""
+    p = _probes()
+    a, box = p["a"], p["box"]
 
     def step():
-        box[0] = stream(box[0])
+        box[0] = p["stream"](box[0])
         return box[0]
 
-    bandwidth = 2 * box[0].nbytes / _median_s(step, max(reps, 5))
-    return {"matmul_flops": matmul, "bandwidth": bandwidth, "load": load()}
+    matmul = 2 * a.shape[0] ** 3 / _once(lambda: p["mm"](a, a))
+    donated = _once(step)
+    fresh = _once(lambda: p["fresh"](box[0]))
+    return {
+        "matmul_flops": matmul,
+        "bandwidth": 2 * box[0].nbytes / donated,
+        "first_touch": box[0].nbytes / max(fresh - donated, 1e-9),
+    }
+
+
+def measure_cpu(reps: int) -> dict:
+    """probe_cpu's figures, medians of `reps` after a warm-up."""
+    probe_cpu()
+    runs = [probe_cpu() for _ in range(reps)]
+    out = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    return out | {"load": load()}
 
 
 def cpu_chip(cpu: dict) -> roofline.Chip:
@@ -91,6 +137,7 @@ def cpu_chip(cpu: dict) -> roofline.Chip:
         source="benchmarks/calibrate_roofline.py",
         hop_s=0.0,
         efficiency=dict.fromkeys(roofline.EFFICIENCY, 1.0),
+        first_touch_bw=cpu["first_touch"],
     )
 
 
@@ -123,7 +170,9 @@ def _predict(chip, compiled, vocab: int, loop_trips=1, inner_trips=None) -> tupl
         unknown_trip_count=loop_trips,
         inner_trip_count=inner_trips,
     )
-    e = roofline.estimate(chip, ops)
+    mem = compiled.memory_analysis()
+    fresh = mem.temp_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
+    e = roofline.estimate(chip, ops, fresh_bytes=fresh)
     if TOP:
         timed = [(o.count * roofline.op_time(chip, o.cls if o.cls != "kernel" else "matmul",
                                              o.flops, o.bytes), o) for o in ops]  # fmt: skip
@@ -136,20 +185,27 @@ def _predict(chip, compiled, vocab: int, loop_trips=1, inner_trips=None) -> tupl
 
 
 def _calibrated(function, size, compiled, call, args, vocab, **trips) -> dict:
-    """Measures `call` (median of args.reps) between two measurements of this CPU's matmul
-    rate and bandwidth, and predicts `compiled`'s time with their mean (the machine is
-    shared: its speed drifts with the other jobs' load)."""
-    before = measure_cpu(args.reps)
-    measured = _median_s(call, args.reps)
-    after = measure_cpu(args.reps)
-    cpu = {k: (before[k] + after[k]) / 2 for k in ("matmul_flops", "bandwidth")}
-    predicted, e = _predict(cpu_chip(cpu), compiled, vocab, **trips)
+    """Times `call` `args.reps` times (after a warm-up), each time right after probing this
+    CPU (`probe_cpu`: the machine is shared, its speed drifts with the other jobs' load),
+    predicts each call's time from that probe, and reports the medians: predicted,
+    measured, and predicted / measured."""
+    jax.block_until_ready(call())
+    predicted, measured, ratios, probes = [], [], [], []
+    for _ in range(args.reps):
+        cpu = probe_cpu()
+        seconds = _once(call)
+        p, e = _predict(cpu_chip(cpu), compiled, vocab, **trips)
+        predicted.append(p)
+        measured.append(seconds)
+        ratios.append(p / seconds)
+        probes.append(cpu)
+    cpu = {k: statistics.median(c[k] for c in probes) for k in probes[0]}
     row = {
         "function": function,
         "size": size,
-        "predicted_s": predicted,
-        "measured_s": measured,
-        "ratio": predicted / measured,
+        "predicted_s": statistics.median(predicted),
+        "measured_s": statistics.median(measured),
+        "ratio": statistics.median(ratios),
         "executed_flops": e.executed_flops,
         "hbm_bytes": e.hbm_bytes,
         "by_class_s": {k: v["s"] for k, v in e.classes.items()},
@@ -170,6 +226,7 @@ def calibrate_size(hidden: int, layers: int, args) -> list[dict]:
     mask = jnp.ones((B, L), jnp.int32)
     rows = []
 
+    wanted = set(args.functions.split(","))
     # train step (one micro-batch: the π_old pass and one update)
     state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=a.tx.init(params))
     batch = {
@@ -181,15 +238,20 @@ def calibrate_size(hidden: int, layers: int, args) -> list[dict]:
         "advantages": jnp.asarray(rng.normal(size=(B,)), jnp.float32),
     }
     batch = {k: batch[k] for k in aot.batch_ndims(a.step_config)}
-    step = make_train_step(a.step_config, a.tx, donate=False)
-    compiled = step.lower(state, batch).compile()
-    rows.append(_calibrated("train step", size, compiled, lambda: compiled(state, batch), args, V))
+    if "train_step" in wanted:
+        step = make_train_step(a.step_config, a.tx, donate=False)
+        compiled = step.lower(state, batch).compile()
+        call = lambda: compiled(state, batch)
+        rows.append(_calibrated("train step", size, compiled, call, args, V))
 
     # log-prob pass
-    fn = make_logprobs_fn(a.step_config)
-    compiled_lp = fn.lower(params, tokens, mask, T).compile()
-    call = lambda: compiled_lp(params, tokens, mask)
-    rows.append(_calibrated("logprobs", size, compiled_lp, call, args, V))
+    if "logprobs" in wanted:
+        fn = make_logprobs_fn(a.step_config)
+        compiled_lp = fn.lower(params, tokens, mask, T).compile()
+        call = lambda: compiled_lp(params, tokens, mask)
+        rows.append(_calibrated("logprobs", size, compiled_lp, call, args, V))
+    if "decode" not in wanted:
+        return rows
 
     # continuous engine: prefill into pages, then T decode steps of every sequence
     N, G, P = a.N, a.G, a.P
@@ -249,9 +311,17 @@ def main():
     p.add_argument("--group", type=int, default=4)
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--remat", default="full")
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reps", type=int, default=5)
     p.add_argument("--json", default=None, help="write the results to this file")
     p.add_argument("--top", type=int, default=0, help="print each function's N longest ops")
+    p.add_argument("--functions", default="train_step,logprobs,decode", help="a subset")
+    p.add_argument(
+        "--threads",
+        default="1",
+        choices=("1", "all"),
+        help="1 (default): every program and probe on one thread, so that on a shared "
+        "machine each gets the same share of a core; all: XLA's own threading",
+    )
     args = p.parse_args()
     global TOP
     TOP = args.top
@@ -262,14 +332,15 @@ def main():
     cpu = measure_cpu(args.reps)
     print(
         f"this CPU: matmul {cpu['matmul_flops'] / 1e9:.1f} GFLOP/s (f32), memory "
-        f"{cpu['bandwidth'] / 1e9:.2f} GB/s; load average {cpu['load']}; jax "
+        f"{cpu['bandwidth'] / 1e9:.2f} GB/s, first touch of fresh buffers "
+        f"{cpu['first_touch'] / 1e9:.2f} GB/s; load average {cpu['load']}; jax "
         f"{jax.__version__}, {os.cpu_count()} cores",
         flush=True,
     )
     print(
         "| function | size | predicted s | measured s | predicted / measured | executed "
-        "GFLOP | HBM GB | predicted s by class | CPU GFLOP/s / GB/s (mean of before and "
-        "after) | load |\n|---|---|---|---|---|---|---|---|---|---|",
+        "GFLOP | HBM GB | predicted s by class | CPU GFLOP/s / GB/s (medians of the probes) "
+        "| load |\n|---|---|---|---|---|---|---|---|---|---|",
         flush=True,
     )
     rows = []

@@ -31,12 +31,15 @@ cost analysis counts a loop body once, so it undercounts scans). It exits 1 nami
 function and the shortfall when one does not fit (XLA:TPU itself refuses to compile a
 program larger than HBM; that error is reported the same way).
 
-Then a roofline ESTIMATE per function and per RL step (tools/roofline.py): compute time
-of the model FLOPs at the chip's peak, HBM time of XLA's 'bytes accessed' (corrected for
-loops it counts once), ICI time of every collective read from the optimised HLO
-(tools.hlo_stats: bytes x loop trip counts x ring factor), and a latency per
-collective execution; printed as seconds by phase (prefill, decode, π_old pass, updates),
-the train step's MFU and decode tokens/s/chip. Estimates, not measurements.
+Then an op-by-op roofline ESTIMATE per function and per RL step (tools/roofline.py): each
+op of the optimised HLO with its executed matmul FLOPs (dots and convolutions x loop trip
+counts; splash attention's added from its block sizes) and HBM bytes, timed as the larger
+of its compute and HBM time at per-op-class efficiencies, summed; every collective's wire
+bytes over the links of the torus axes its group spans, and a latency per ring step
+(tools.hlo_stats reads them). Printed: seconds by phase (each pass of the RL
+step once), the train step's MFU (model FLOPs, its own π_old pass included) beside its HFU
+(executed FLOPs), decode tokens/s/chip. Estimates, not measurements; `--json=FILE` writes
+them machine-readably (with each function's memory).
 `--hbm_top=N` also prints, per function, the N largest contributors to its HBM bytes
 (`hlo_stats.hbm_uses`: instruction, result shape, bytes per execution x executions, alike
 instructions such as one per unrolled layer grouped, and the jax op they come from).
@@ -215,11 +218,8 @@ class Report:
 
     @property
     def hbm(self) -> float:
-        """HBM bytes per call: the HLO's count with loop trip counts, else XLA's scaled
-        by model / XLA FLOPs (roofline.hbm_bytes)."""
-        if self.hlo_bytes:
-            return self.hlo_bytes
-        return roofline.hbm_bytes(self.xla_bytes, self.xla_flops, self.flops)
+        """HBM bytes per call: the HLO's count with loop trip counts (hlo_stats)."""
+        return self.hlo_bytes
 
     @property
     def total(self) -> int:

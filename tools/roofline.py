@@ -81,6 +81,10 @@ class Chip:
     source: str
     hop_s: float = _HOP
     efficiency: dict = dataclasses.field(default_factory=lambda: dict(EFFICIENCY))
+    # bytes/s at which a call's freshly allocated buffers are first touched (a CPU's page
+    # faults: XLA:CPU allocates a call's temporaries and outputs anew); 0: no such cost
+    # (an accelerator's HBM is allocated once)
+    first_touch_bw: float = 0.0
 
     @property
     def ici_bw(self) -> float:
@@ -259,10 +263,14 @@ def op_time(chip: Chip, cls: str, flops: float, nbytes: float) -> float:
     return max(compute, nbytes / (chip.hbm_bw * eff["HBM"]))
 
 
-def estimate(chip: Chip, ops, collectives=(), dims: tuple[int, ...] = ()) -> Estimate:
+def estimate(
+    chip: Chip, ops, collectives=(), dims: tuple[int, ...] = (), fresh_bytes: float = 0.0
+) -> Estimate:
     """`ops`: hlo_stats.OpCost-like (cls, flops, bytes, count, op, operands); a "kernel"
     op's FLOPs and bytes come from `kernel_cost` unless its flops are already set (an
-    analytic op); `collectives`: hlo_stats.Collective-like; `dims`: the torus's axes."""
+    analytic op); `collectives`: hlo_stats.Collective-like; `dims`: the torus's axes;
+    `fresh_bytes`: the call's temporaries and outputs, first touched at
+    `chip.first_touch_bw` (class "first touch"; a CPU's page faults)."""
     classes: dict[str, dict] = {}
     total_s = flops_sum = bytes_sum = 0.0
     for op in ops:
@@ -279,6 +287,10 @@ def estimate(chip: Chip, ops, collectives=(), dims: tuple[int, ...] = ()) -> Est
         total_s += seconds
         flops_sum += op.count * flops
         bytes_sum += op.count * nbytes
+    if chip.first_touch_bw and fresh_bytes:
+        seconds = fresh_bytes / chip.first_touch_bw
+        classes["first touch"] = {"flops": 0.0, "bytes": float(fresh_bytes), "s": seconds}
+        total_s += seconds
     ici = latency = 0.0
     count = 0
     wire_by_kind: dict[str, float] = {}

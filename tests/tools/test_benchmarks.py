@@ -75,3 +75,41 @@ def test_trl_anchor_whole_step_runs_and_reports_every_phase(tmp_path):
     assert "target: train step >= 0.70 of the matmul rate: " in out.stdout
     verdict = "met" if step <= 0.5 else "not met"
     assert f"target: whole RL step <= 0.5x TRL's: {verdict} ({step:.2f}x)" in out.stdout
+
+
+def test_calibrate_roofline_runs_and_writes_its_json(tmp_path):
+    """benchmarks/calibrate_roofline.py at a tiny size: every function predicted and
+    measured (no timing asserted: the machine is shared)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)  # the benchmark's own flags, normal optimisation (not -O0)
+    out = tmp_path / "cal.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/calibrate_roofline.py",
+            "--hidden_size=64",
+            "--num_layers=1",
+            "--response_length=16",
+            "--prompt_length=16",
+            "--batch=1",
+            "--group=2",
+            "--vocab=512",
+            "--reps=1",
+            f"--json={out}",
+        ],
+        check=False,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert {"matmul_flops", "bandwidth", "first_touch"} <= set(report["cpu"])
+    functions = [r["function"] for r in report["rows"]]
+    assert functions == ["train step", "logprobs", "decode (16 steps)"]
+    for r in report["rows"]:
+        assert {"function", "predicted_s", "measured_s"} <= set(r)
+        assert r["predicted_s"] > 0 and r["measured_s"] > 0
+        assert r["executed_flops"] > 0 and r["hbm_bytes"] > 0
