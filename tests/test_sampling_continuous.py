@@ -405,7 +405,7 @@ def test_write_entry_quantises_the_token_it_writes():
 def test_sampler_with_int8_kv_gives_the_bf16_kv_greedy_tokens(model_and_prompts):
     """Greedy decoding of the Qwen3 fixture (f32 compute) with int8 KV pages: the same 48
     tokens as with bf16 pages, and log-probs within 0.05 of them (measured: max 0.025 from
-    the f32 pages, 0.008 for bf16; benchmarks/rollout_bf16_gap.py --kv_dtype int8 measures
+    the f32 pages, 0.008 for bf16; benchmarks/rollout_bf16_gap.py --kv_dtype auto,int8 measures
     the gap against the trainer). The static engine refuses int8 KV, naming the engine."""
     cfg, params, tokens, mask = model_and_prompts
     key = jax.random.key(0)
