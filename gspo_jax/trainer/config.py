@@ -148,6 +148,7 @@ def validate(config, *, num_devices: int | None = None, num_processes: int = 1) 
       num_processes: JAX processes; each must get a whole number of prompts.
     """
     _check_names(config)
+    _check_rollout_mesh(config, num_devices, num_processes)
     _check_sizes(config, num_devices, num_processes)
     _ranges(config)
     _check_model(config)
@@ -160,6 +161,25 @@ def validate(config, *, num_devices: int | None = None, num_processes: int = 1) 
     _warn_far_from_paper(config)
     _warn_warmup_longer_than_the_run(config)
     _warn_options_without_switch(config, normalize_reward_norm(config.reward_norm))
+
+
+def _check_rollout_mesh(config, num_devices, num_processes: int) -> None:
+    """sampling.rollout_mesh.tensor: 0 (the trainer's mesh) or a group size dividing the
+    devices; one process for now (the prompts go onto the rollout mesh and the samples
+    back within one process: untested across processes)."""
+    tensor = _int(config, "sampling.rollout_mesh.tensor", minimum=0)
+    if not tensor:
+        return
+    if num_processes > 1:
+        raise ConfigError(
+            f"config.sampling.rollout_mesh.tensor={tensor}: a rollout mesh of its own runs on "
+            f"one process so far, not {num_processes}; use sampling.rollout_layout"
+        )
+    if num_devices is not None and num_devices % tensor:
+        raise ConfigError(
+            f"config.sampling.rollout_mesh.tensor={tensor} does not divide the "
+            f"{num_devices} devices"
+        )
 
 
 def _check_names(config) -> None:
