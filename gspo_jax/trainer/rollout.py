@@ -493,6 +493,7 @@ class Rollouts:
         policy = state.train.params if policy is None else policy
         if self.rollout_mesh is None:
             return self.sample(policy, prompt_tokens, prompt_mask, key)
+        key = jax.device_put(key, sharding_lib.replicated(mesh))  # off the trainer's mesh
         with jax.set_mesh(self.rollout_mesh):
             out = self.sample(policy, prompt_tokens, prompt_mask, key)
         return _onto(self.mesh, out)
