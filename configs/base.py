@@ -184,6 +184,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # the continuous engine runs one replica per data x fsdp chip),
     # "auto": "tensor" when mesh.fsdp x mesh.tensor > 1 divides the model's kv heads, else
     # "trainer" (docs/tpu.md, "The rollout layout")
+    c.sampling.rollout_mesh = ml_collections.ConfigDict()
+    c.sampling.rollout_mesh.tensor = 0  # > 0: the rollout runs on a mesh of its own over the
+    # same chips, groups of this many chips splitting the model ("tensor" layout) x replicas
+    # over the rest, whatever the trainer's mesh; the params are resharded onto it once per RL
+    # step, the samples come back (sampling/layout.py). 0: the trainer's mesh (rollout_layout)
 
     # ------------------------------------------------------------------------------------
     # Optimizer (optax AdamW, clip-by-global-norm, warmup + constant/cosine schedule).

@@ -139,20 +139,32 @@ class SamplerSpec:
     kv_budget_tokens: int | None = None
     layout: str = "auto"
     kv_dtype: str = "auto"
+    rollout_tensor: int = 0  # > 0: the rollout's own mesh (sampling.rollout_mesh.tensor)
 
     def greedy(self) -> SamplerSpec:
-        """One temperature-0 response per prompt (held-out evaluation)."""
-        return dataclasses.replace(self, num_samples=1, temperature=0.0, top_k=None, top_p=None)
+        """One temperature-0 response per prompt (held-out evaluation, on the trainer's mesh)."""
+        return dataclasses.replace(
+            self, num_samples=1, temperature=0.0, top_k=None, top_p=None, rollout_tensor=0
+        )
 
     def sampled_eval(self, num_samples: int, temperature: float) -> SamplerSpec:
         """`num_samples` responses per prompt at `temperature`, unfiltered (pass@k, maj@k):
         one call per prompt batch, the prompt's prefill shared by its samples."""
         return dataclasses.replace(
-            self, num_samples=num_samples, temperature=temperature, top_k=None, top_p=None
+            self,
+            num_samples=num_samples,
+            temperature=temperature,
+            top_k=None,
+            top_p=None,
+            rollout_tensor=0,
         )
 
     def kwargs(self) -> dict:
-        return dataclasses.asdict(self)
+        """`sampling.sample`'s keyword arguments (the mesh is the caller's)."""
+        kwargs = dataclasses.asdict(self)
+        if kwargs.pop("rollout_tensor"):
+            kwargs["layout"] = "tensor"  # the rollout's own mesh is laid out for decoding
+        return kwargs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -393,6 +405,7 @@ def sampler_spec(c) -> SamplerSpec:
         kv_budget_tokens=s.kv_budget_tokens,
         layout=s.rollout_layout,
         kv_dtype=s.kv_dtype,
+        rollout_tensor=int(s.rollout_mesh.tensor),
     )
 
 

@@ -73,6 +73,7 @@ def validate(config, *, num_devices: int | None = None, num_processes: int = 1) 
     _check_imports(config)
     _check_deprecated_names(config)
     _check_names(config)
+    _check_rollout_mesh(config, num_devices, num_processes)
     _check_sizes(config, num_devices, num_processes)
     ranges.check_ranges(config)
     _check_model(config)
@@ -115,6 +116,25 @@ def _check_deprecated_names(config) -> None:
         f"config.eval.num_samples is deprecated: it is now eval.pass_k (k of pass@k); "
         f"read as eval.pass_k={old!r}"
     )
+
+
+def _check_rollout_mesh(config, num_devices, num_processes: int) -> None:
+    """sampling.rollout_mesh.tensor: 0 (the trainer's mesh) or a group size dividing the
+    devices; one process for now (the prompts go onto the rollout mesh and the samples
+    back within one process: untested across processes)."""
+    tensor = _int(config, "sampling.rollout_mesh.tensor", minimum=0)
+    if not tensor:
+        return
+    if num_processes > 1:
+        raise ConfigError(
+            f"config.sampling.rollout_mesh.tensor={tensor}: a rollout mesh of its own runs on "
+            f"one process so far, not {num_processes}; use sampling.rollout_layout"
+        )
+    if num_devices is not None and num_devices % tensor:
+        raise ConfigError(
+            f"config.sampling.rollout_mesh.tensor={tensor} does not divide the "
+            f"{num_devices} devices"
+        )
 
 
 def _check_names(config) -> None:

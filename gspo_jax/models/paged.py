@@ -141,10 +141,11 @@ def ragged_paged_attention(
     Two while_loops over blocks of `block_pages` pages, up to the longest row only (rows
     shorter than a block mask the rest): the first reads each block's keys, keeps its
     scores and finds each row's score maximum and softmax denominator (f32); the second
-    reads the values and multiplies them by the normalised probabilities cast to the value
-    dtype — the arithmetic of `attention.attend` (what the trainer recomputes log-probs
-    with; an `Int8Pages` pool: its scales multiply the scores and the probabilities, which
-    are then cast to q's dtype, the int8 keys and values converted exactly), so that in bf16 the sampler's log-probs stay as close to the trainer's as the
+    reads the values and multiplies them by the normalised probabilities cast to the compute
+    (q's) dtype — the arithmetic of `attention.attend` (what the trainer recomputes log-probs
+    with) and of the static engine's `attend_cached`, also when the pool is stored in
+    another float dtype; an `Int8Pages` pool: its scales multiply the scores and the
+    probabilities, the int8 keys and values converted exactly — so that in bf16 the sampler's log-probs stay as close to the trainer's as the
     dense cache's; a context within one block gives `attend`'s numbers exactly up to the
     order of the additions. Each page's keys and values are read once (the scores of the
     context, [S, H, M · page_size] f32, are kept between the loops). `split_S` (int32 [S],
@@ -154,7 +155,6 @@ def ragged_paged_attention(
     S, H, C = q_SHC.shape
     _, page_size, K2, _ = kv_pages.shape
     quantized = isinstance(kv_pages, Int8Pages)
-    value_dtype = q_SHC.dtype if quantized else kv_pages.dtype
     K = K2 // 2
     M = page_table_SM.shape[1]
     bp = max(1, min(int(block_pages), M))
@@ -207,7 +207,7 @@ def ragged_paged_attention(
         p_SKRW = jnp.exp(s_SKRW - m_SKR[..., None]) / l_SKR[..., None]
         if v_scale is not None:  # Σ p·(v_q·scale) = Σ (p·scale)·v_q
             p_SKRW = p_SKRW * v_scale
-        p_SKRW = p_SKRW.astype(value_dtype)
+        p_SKRW = p_SKRW.astype(q_SHC.dtype)
         v_SWKC = v_SWKC.astype(q_SHC.dtype)
         if split_S is None:
             o_SKRC = jnp.einsum("skrw,swkc->skrc", p_SKRW, v_SWKC)

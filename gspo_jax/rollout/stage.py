@@ -302,6 +302,22 @@ class Rollout:
     valid: np.ndarray
 
 
+def _onto(mesh, out: sampling.SampleOutput) -> sampling.SampleOutput:
+    """The sampler's outputs moved from the rollout's mesh to `mesh` (one process: the same
+    devices), rows over its batch axes as `sharding.to_global` lays them (replicated when
+    they do not split), scalars replicated."""
+    dp = sharding_lib.data_parallel_size(mesh)
+
+    def put(x):
+        if x is None:
+            return None
+        if np.ndim(x) and x.shape[0] % dp == 0:
+            return jax.device_put(x, sharding_lib.batch_sharding(mesh, np.ndim(x)))
+        return jax.device_put(x, sharding_lib.replicated(mesh))
+
+    return jax.tree.map(put, out)
+
+
 @dataclasses.dataclass(frozen=True)
 class Rollouts:
     """The rollout stage: its spec and the functions it needs (built by setup.py).
@@ -313,7 +329,9 @@ class Rollouts:
     batch_shardings: the layout the jitted train step declares for its batch;
     rollout_params: the trainer's params -> the sampler's copy (`sampling.RolloutLayout`:
     compute dtype, the decode layout), made once per RL step; None: the sampler reads the
-    trainer's params as they are.
+    trainer's params as they are. rollout_mesh: the rollout's own mesh
+    (`sampling.rollout_mesh`; rollout_params reshards onto it): the prompts go onto it, the
+    sampler runs under it and its outputs come back to `mesh`; None: `mesh`.
     """
 
     spec: RolloutSpec
@@ -326,6 +344,7 @@ class Rollouts:
     advantage_fn: Callable
     batch_shardings: dict
     rollout_params: Callable | None = None
+    rollout_mesh: Any = None
 
     def collect(self, state, prompts: dict[str, np.ndarray], more_prompts=None) -> Rollout:
         """Sample, score and prepare one rollout batch for `state`'s policy.
@@ -466,12 +485,18 @@ class Rollouts:
         tokens_NP, mask_NP = bucket_prompts(
             prompts["prompt_tokens"], prompts["prompt_mask"], self.spec.buckets
         )
-        prompt_tokens, prompt_mask = sharding_lib.to_global(self.mesh, (tokens_NP, mask_NP))
+        mesh = self.mesh if self.rollout_mesh is None else self.rollout_mesh
+        prompt_tokens, prompt_mask = sharding_lib.to_global(mesh, (tokens_NP, mask_NP))
         key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
         if index:
             key = jax.random.fold_in(key, index)
         policy = state.train.params if policy is None else policy
-        return self.sample(policy, prompt_tokens, prompt_mask, key)
+        if self.rollout_mesh is None:
+            return self.sample(policy, prompt_tokens, prompt_mask, key)
+        key = jax.device_put(key, sharding_lib.replicated(mesh))  # off the trainer's mesh
+        with jax.set_mesh(self.rollout_mesh):
+            out = self.sample(policy, prompt_tokens, prompt_mask, key)
+        return _onto(self.mesh, out)
 
     def _score(self, prompts, completions):
         """(rewards [B], valid [B], correct [B], scoring stats) of this process's responses."""

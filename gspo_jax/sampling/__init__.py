@@ -6,13 +6,13 @@
     draw.py      the token draw: temperature, top-k / top-p, inverse-CDF categorical
                  (vocabulary-sharded logits drawn where they are)
     layout.py    `RolloutLayout`: the policy's rollout copy (compute dtype, decode layout),
-                 made once per RL step
+                 made once per RL step; `rollout_mesh`: the rollout's own mesh
 
 Imports only `models` and `sharding` (the decode arithmetic lives with the model,
 models/kv_cache.py and models/paged.py).
 """
 
-from gspo_jax.sampling.layout import RolloutLayout, rollout_shardings
+from gspo_jax.sampling.layout import RolloutLayout, rollout_mesh, rollout_shardings
 from gspo_jax.sampling.sampler import (
     DEFAULT_BUCKETS,
     BiasedPiOldWarning,
@@ -30,6 +30,7 @@ __all__ = [
     "SampleOutput",
     "SamplerState",
     "choose_bucket",
+    "rollout_mesh",
     "rollout_shardings",
     "sample",
     "warn_if_biased_pi_old",

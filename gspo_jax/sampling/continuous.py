@@ -51,7 +51,10 @@ sequence (that row could never finish). Nothing is ever truncated silently.
 
 Results are written to [B, T] by sequence index, so the output is the static sampler's:
 the same tokens for the same rng (its draws use the same keys), log-probs equal to float
-rounding (tests/sampling/test_sampling_continuous.py).
+rounding (tests/sampling/test_sampling_continuous.py). With int8 KV pages (`kv_dtype="int8"`, the
+static engine has none) a rounding difference between shapes (another slot count, engine
+replicas) can move a key or value across a quantisation boundary, a whole int8 step: the
+same tokens up to a draw that this flips (1 of 16 sequences in tests/sampling/test_rollout_layout.py).
 
 Shape letters: B = N·G sequences, Q prompt rows (N shared, B not), S slots, T
 max_new_tokens, M page-table width, R response pages, V vocab.

@@ -16,6 +16,13 @@ rollout reads its own copy instead:
 out_shardings (what moves: `tools.aot`'s "rollout reshard" row). The RL loop calls it once per
 step before sampling (`rollout/stage.py`, logged as time/rollout_reshard_s) and hands the
 copy to `sample(..., layout=...)`.
+
+A mesh of its own (`rollout_mesh`, config `sampling.rollout_mesh.tensor`): the same chips
+regrouped for decoding, independent of the trainer's mesh: tensor-parallel groups of T chips
+(mesh.tensor) × replicas (mesh.data), the "tensor" layout on it. `RolloutLayout` over that
+mesh reshards the trainer's params onto it (one jit whose inputs are on the trainer's mesh
+and outputs on the rollout's: the same devices), once per RL step; the prompts go onto it
+and the samples come back to the trainer's mesh (rollout/stage.py).
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ from __future__ import annotations
 import functools
 
 import jax
+import numpy as np
+from jax.experimental import mesh_utils
 
 from gspo_jax import models, sharding
 from gspo_jax.models import partition
@@ -38,6 +47,25 @@ def traced_under_layout(fn):
             return fn(*args, layout=layout, **kwargs)
 
     return wrapped
+
+
+def rollout_mesh(devices, tensor: int) -> jax.sharding.Mesh:
+    """The rollout's own mesh over `devices` (`sharding.MESH_AXES`): groups of `tensor`
+    chips that split the model (mesh.tensor) × len(devices) / tensor replicas (mesh.data).
+    `mesh_utils.create_device_mesh` puts a group on neighbouring chips;
+    allow_split_physical_axes lets a group take part of a physical axis (4 chips of a
+    4x4 slice's row), where the trainer's mesh may use the whole axis otherwise."""
+    devices = list(devices)
+    n = len(devices)
+    if isinstance(tensor, bool) or int(tensor) != tensor or tensor < 1 or n % tensor:
+        raise ValueError(
+            f"sampling.rollout_mesh.tensor={tensor!r} must be a positive int dividing the "
+            f"{n} devices"
+        )
+    shape = (n // int(tensor), 1, int(tensor), 1)
+    grid = mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+    auto = (jax.sharding.AxisType.Auto,) * len(sharding.MESH_AXES)
+    return jax.sharding.Mesh(np.asarray(grid), sharding.MESH_AXES, axis_types=auto)
 
 
 def rollout_shardings(model_config, abstract_params, mesh, layout: str):

@@ -222,7 +222,12 @@ def _bind_sampler(model_config, sampler: specs.SamplerSpec, tokenizer):
 
 def _rollouts(spec: specs.Specs, model_config, tokenizer, mesh, pool) -> Rollouts:
     same = spec.reward.accuracy == spec.reward.spec
-    layout = sampling.RolloutLayout(model_config, mesh, spec.sampler.layout)
+    rollout_mesh = None
+    if spec.sampler.rollout_tensor:  # a mesh of its own over the same chips, "tensor" layout
+        rollout_mesh = sampling.rollout_mesh(mesh.devices.flat, spec.sampler.rollout_tensor)
+        layout = sampling.RolloutLayout(model_config, rollout_mesh, "tensor")
+    else:
+        layout = sampling.RolloutLayout(model_config, mesh, spec.sampler.layout)
     return Rollouts(
         spec=spec.rollout,
         mesh=mesh,
@@ -234,6 +239,7 @@ def _rollouts(spec: specs.Specs, model_config, tokenizer, mesh, pool) -> Rollout
         advantage_fn=make_advantage_fn(spec.advantage, mesh),
         batch_shardings=batch_shardings(spec.step, mesh),
         rollout_params=layout if layout.layout == "tensor" else None,
+        rollout_mesh=rollout_mesh,
     )
 
 

@@ -353,6 +353,9 @@ def _collect(workdir, config, devices):
     try:
         with jax.set_mesh(run.mesh):
             state = loop.init_or_restore(run)
+            # As after a train step: the key on the trainer's mesh (a rollout mesh of its
+            # own must take it off: "Mesh for all inputs should be equal" otherwise).
+            state = state.replace(rng=jax.device_put(state.rng, sharding.replicated(run.mesh)))
             out = run.rollouts.collect(state, next(run.train_iter))
             return out, run.rollouts.rollout_params
     finally:
@@ -376,3 +379,47 @@ def test_the_rl_loop_samples_from_its_rollout_copy(tmp_path):
         np.asarray(ref.batch["sampler_logprobs"]),
         atol=TOL,
     )
+
+
+@pytest.mark.parametrize("chips", [4, 2], ids=["2 replicas x tensor 2", "tensor 2"])
+def test_a_rollout_mesh_of_its_own_samples_what_one_device_samples(tmp_path, chips):
+    """`sampling.rollout_mesh.tensor=2` on a trainer mesh of fsdp 4 (2): the rollout runs on
+    its own mesh of the same chips (2 replicas (1) x tensor groups of 2, "tensor" layout),
+    the params resharded onto it once per step; the batch comes back on the trainer's mesh
+    with the one-device run's tokens and log-probs."""
+    devices = jax.devices()
+    data = tmp_path / "data"
+    ref, _ = _collect(tmp_path / "one", _run_config(data, {}), devices[:1])
+    config = _run_config(data, {"fsdp": chips})
+    config.sampling.rollout_mesh.tensor = 2
+    got, copy = _collect(tmp_path / "own", config, devices[:chips])
+    assert isinstance(copy, sampling.RolloutLayout) and copy.layout == "tensor"
+    shape = {"data": chips // 2, "fsdp": 1, "tensor": 2, "expert": 1}
+    assert dict(copy.mesh.shape) == shape
+    assert got.host_metrics["time/rollout_reshard_s"] > 0
+    tokens = got.batch["tokens"]
+    assert dict(tokens.sharding.mesh.shape)["fsdp"] == chips  # back on the trainer's mesh
+    np.testing.assert_array_equal(np.asarray(tokens), np.asarray(ref.batch["tokens"]))
+    np.testing.assert_allclose(
+        np.asarray(got.batch["sampler_logprobs"]),
+        np.asarray(ref.batch["sampler_logprobs"]),
+        atol=TOL,
+    )
+
+
+def test_a_rollout_mesh_must_divide_the_devices_and_run_on_one_process():
+    from configs import default
+    from gspo_jax.config.validate import ConfigError, validate
+
+    c = default.get_config()
+    c.sampling.rollout_mesh.tensor = 3
+    with pytest.raises(ConfigError, match=r"rollout_mesh.tensor=3 does not divide the 8"):
+        validate(c, num_devices=8)
+    c.sampling.rollout_mesh.tensor = 2
+    validate(c, num_devices=8)
+    with pytest.raises(ConfigError, match=r"rollout_mesh.tensor=2: a rollout mesh of its own"):
+        validate(c, num_devices=8, num_processes=2)
+    with pytest.raises(ValueError, match=r"rollout_mesh.tensor=3 must be a positive int"):
+        sampling.rollout_mesh(jax.devices(), 3)
+    mesh = sampling.rollout_mesh(jax.devices(), 4)
+    assert dict(mesh.shape) == {"data": 2, "fsdp": 1, "tensor": 4, "expert": 1}

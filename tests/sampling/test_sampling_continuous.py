@@ -403,19 +403,32 @@ def test_write_entry_quantises_the_token_it_writes():
 
 
 def test_sampler_with_int8_kv_gives_the_bf16_kv_greedy_tokens(model_and_prompts):
-    """Greedy decoding of the Qwen3 fixture (f32 compute) with int8 KV pages: the same 48
-    tokens as with bf16 pages, and log-probs within 0.05 of them (measured: max 0.025 from
-    the f32 pages, 0.008 for bf16; benchmarks/rollout_bf16_gap.py --kv_dtype int8 measures
-    the gap against the trainer). The static engine refuses int8 KV, naming the engine."""
+    """Greedy decoding of the Qwen3 fixture (f32 compute) with int8 KV pages: the 48 tokens
+    of the f32 pages, and at least 3 of the 4 sequences of the bf16 pages (each rounding
+    parts from the others where two logits nearly tie: bf16 pages part from f32 and int8
+    in row 3 at token 7), log-probs within 0.05 of both on the sequences they share
+    (measured: max 0.025; benchmarks/rollout_bf16_gap.py --kv_dtype auto,int8 measures the
+    gap against the trainer). The static engine takes a float kv_dtype (bf16 caches: the
+    continuous engine's samples) and refuses int8, naming the engine."""
     cfg, params, tokens, mask = model_and_prompts
     key = jax.random.key(0)
     kw = {"num_samples": 1, "max_new_tokens": T, "eos_ids": (), "buckets": (BUCKET,)}
     kw["temperature"] = 0.0
+    f32 = sampling.sample(cfg, params, tokens, mask, key, **kw)
     bf16 = sampling.sample(cfg, params, tokens, mask, key, kv_dtype="bfloat16", **kw)
     int8 = sampling.sample(cfg, params, tokens, mask, key, kv_dtype="int8", **kw)
-    np.testing.assert_array_equal(int8.tokens, bf16.tokens)
-    gap = np.abs(np.asarray(int8.logprobs) - np.asarray(bf16.logprobs))
-    assert 0 < gap.max() < 0.05
+    np.testing.assert_array_equal(int8.tokens, f32.tokens)
+    same = np.all(np.asarray(int8.tokens) == np.asarray(bf16.tokens), axis=1)
+    assert same.sum() >= 3, same  # measured: rows 0-2; row 3 parts from bf16's at token 7
+    for other in (f32, bf16):
+        gap = np.abs(np.asarray(int8.logprobs) - np.asarray(other.logprobs))[same]
+        assert 0 < gap.max() < 0.05
+    # The static engine stores its dense caches in a float kv_dtype: the same samples.
+    static = sampling.sample(
+        cfg, params, tokens, mask, key, kv_dtype="bfloat16", engine="static", **kw
+    )
+    np.testing.assert_array_equal(static.tokens, bf16.tokens)
+    np.testing.assert_allclose(static.logprobs, bf16.logprobs, atol=1e-5)
     with pytest.raises(ValueError, match=r'kv_dtype="int8" needs engine="continuous"'):
         sampling.sample(cfg, params, tokens, mask, key, kv_dtype="int8", engine="static", **kw)
     with pytest.raises(ValueError, match=r"kv_dtype='fp8': expected one of"):
