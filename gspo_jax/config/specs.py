@@ -82,7 +82,7 @@ def model_config(config, tokenizer) -> models.ModelConfig:
     """
     m = config.model
     if m.hf_path:
-        hf = models.ModelConfig.from_hf_config(models.read_hf_config(m.hf_path))
+        hf = models.read_model_config(m.hf_path)
         return dataclasses.replace(hf, **model_numerics(config, hf.num_layers))
     from gspo_jax import data
 
