@@ -25,6 +25,7 @@ import importlib.util
 import math
 import numbers
 import os
+import re
 import sys
 import warnings
 
@@ -154,8 +155,7 @@ def validate(config, *, num_devices: int | None = None, num_processes: int = 1) 
     _check_model(config)
     _check_data(config)
     _check_rewards(config)
-    _check_reward_meaning(config)
-    _check_narrow_ranges(config)
+    _check_round_three(config)
     _check_sampled_eval(config)
     _check_wandb(config)
     _check_pi_old(config)
@@ -690,6 +690,58 @@ def _check_rewards(config) -> None:
                 "script is not a module on sys.path). Move it into an importable module, or "
                 "score in-process with config.reward.num_workers=0 (no timeout)"
             )
+
+
+def _check_round_three(config) -> None:
+    """Values legal for their type that defeat their purpose (docs/failures.md)."""
+    _check_reward_meaning(config)
+    _check_narrow_ranges(config)
+    _warn_held_out_overlap(config)
+
+
+# A held-out split sharing more than this fraction of its examples with the training data
+# measures (partly) training accuracy.
+OVERLAP_WARN_FRACTION = 0.01
+
+
+def _warn_held_out_overlap(config) -> None:
+    """Beyond the same-split check (_check_data): a held-out file that repeats the training
+    file's lines (a copy, or one built from the other), and two bounded slices of one split
+    that overlap, warn with the fraction of the held-out examples also trained on."""
+    d = config.data
+    spec = DATASETS[d.name]
+    if len(spec.manual_files) == 2 and d.manual_dir:
+        train, held_out = (os.path.join(d.manual_dir, f) for f in spec.manual_files)
+        try:
+            with open(train, "rb") as f:
+                seen = {line.strip() for line in f if line.strip()}
+            with open(held_out, "rb") as f:
+                lines = [line.strip() for line in f if line.strip()]
+        except OSError:
+            return  # named by the manual-dir check
+        shared = sum(line in seen for line in lines) / max(len(lines), 1)
+        if shared >= OVERLAP_WARN_FRACTION:
+            _warn(
+                f"config.data.manual_dir: {shared:.0%} of the held-out examples in {held_out} "
+                f"are also in {train}: the held-out accuracy is partly measured on training "
+                "prompts"
+            )
+    a, b = _slice_bounds(d.train_split), _slice_bounds(d.eval_split)
+    if a and b and a[0] == b[0] and a[1:] != b[1:]:
+        lo, hi = max(a[1], b[1]), min(a[2], b[2])
+        shared = max(hi - lo, 0) / max(b[2] - b[1], 1)
+        if shared >= OVERLAP_WARN_FRACTION:
+            _warn(
+                f"config.data.eval_split={d.eval_split!r} and train_split={d.train_split!r} "
+                f"share {shared:.0%} of the held-out examples: the held-out accuracy is partly "
+                "measured on training prompts"
+            )
+
+
+def _slice_bounds(split: str) -> tuple[str, int, int] | None:
+    """(split, start, stop) of a slice with both bounds as example counts ("train[100:600]")."""
+    m = re.fullmatch(r"(\w+)\[(\d+):(\d+)\]", split.replace(" ", ""))
+    return None if m is None else (m[1], int(m[2]), int(m[3]))
 
 
 def _check_reward_meaning(config) -> None:

@@ -341,6 +341,34 @@ def rl_step(trainer: Trainer, state: RunState, rollout: Rollout) -> tuple[RunSta
     return state, metrics
 
 
+# What each part of the data iterator's identity (data/pipeline.py) comes from in the config.
+_DATA_FIELDS = {
+    "fingerprint": "the training prompts (data.name, data.config_name, data.train_split, "
+    "data.manual_dir's files, data.instruction, the tokenizer, prompt_length)",
+    "batch_size": "rollout_batch_size",
+    "seed": "seed",
+    "kind": "data.name",
+}
+
+
+def _resume_data(trainer: Trainer, restored: RunState) -> None:
+    """Puts the training data at the checkpoint's position; a position saved over other
+    data is an error naming the config fields that decide the data, not the iterator's
+    fingerprint."""
+    try:
+        trainer.train_iter.set_state(restored.data)
+    except ValueError as e:
+        saved = restored.data.get("pipeline", {}) if isinstance(restored.data, dict) else {}
+        now = getattr(trainer.train_iter, "_identity", {})
+        changed = [k for k in _DATA_FIELDS if k in now and saved.get(k) != now[k]]
+        what = "; ".join(_DATA_FIELDS[k] for k in changed) or "data.*"
+        raise ValueError(
+            f"{restored.origin} was written while training on other data than this config "
+            f"gives: changed: {what}. Resume with the data settings the run started with "
+            f"(its config.json in the workdir), or start a new --workdir ({e})"
+        ) from None
+
+
 def init_or_restore(trainer: Trainer) -> RunState:
     """The workdir's latest checkpoint; else the config's Hugging Face checkpoint; else a
     scratch initialisation with its supervised warm start (saved as checkpoint 0, so a
@@ -353,7 +381,7 @@ def init_or_restore(trainer: Trainer) -> RunState:
     schedule = trainer.schedule
     restored = checkpoint.restore_latest(trainer.manager, trainer.abstract_state())
     if restored is not None:
-        trainer.train_iter.set_state(restored.data)
+        _resume_data(trainer, restored)
         if trainer.model_config.lora_rank:
             base, _ = _base_params(trainer, resume=True)
             params = lora.combine(base, restored.train.params)
