@@ -54,15 +54,18 @@ def test_entries_the_run_did_not_write_are_ignored_with_a_warning(tmp_path, capl
     assert "9, 999, backup" in record and "2.corrupt" not in record
 
 
+IDENTITY = {"kind": "prompts", "fingerprint": "new", "batch_size": 8, "seed": 0}
+
+
 def test_a_resume_over_changed_data_names_the_data_fields():
     class Iterator:
-        _identity = {"kind": "prompts", "fingerprint": "new", "batch_size": 8, "seed": 0}
+        _identity = IDENTITY
 
         def set_state(self, state):
             raise ValueError("Iterator state is from a different data pipeline (fingerprint)")
 
     trainer = types.SimpleNamespace(train_iter=Iterator())
-    saved = {"pipeline": dict(Iterator._identity, fingerprint="old")}
+    saved = {"pipeline": dict(IDENTITY, fingerprint="old")}
     restored = types.SimpleNamespace(data=saved, origin="checkpoint 4 in /w/checkpoints")
     with pytest.raises(ValueError, match=r"checkpoint 4 .*other data.*data.manual_dir") as e:
         loop._resume_data(trainer, restored)
