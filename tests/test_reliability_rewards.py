@@ -1,6 +1,7 @@
 """Issue 42 (reliability, round three): rewards mean what they say, an interrupt is never a
 verifier failure, no verifier input stalls a step (docs/failures.md)."""
 
+import contextlib
 import os
 import signal
 import threading
@@ -158,3 +159,28 @@ def test_deeply_nested_boxes_are_scored_in_bounded_time(reward):
     assert time.perf_counter() - start < 2.0
     # A few levels are still unwrapped.
     assert answers.extract_answer("\\boxed{\\boxed{\\fbox{5}}}") == "5"
+
+
+def test_an_in_process_verifier_is_bounded_by_the_timeout():
+    # reward.num_workers=0 had no time bound: a hanging verifier stalled the step.
+    from gspo_jax.config import specs
+
+    def hangs(prompt, completion, reference):
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            # A verifier swallowing every Exception cannot swallow the timeout.
+            with contextlib.suppress(Exception):
+                time.sleep(0.01)
+        return 1.0
+
+    start = time.monotonic()
+    rewards, stats = scoring.score_batch(
+        hangs, ["p", "q"], ["c", "d"], ["r", "s"], timeout_s=None, in_process_timeout_s=0.3
+    )
+    assert stats["num_timeouts"] == 2 and "timed out after 0.3 s" in stats["messages"][0]
+    assert time.monotonic() - start < 5 and rewards.tolist() == [0.0, 0.0]
+    c = default.get_config()
+    c.reward.num_workers = 0
+    model = specs.scratch_model_config(c, vocab_size=100, eos_token_ids=(2,), pad_token_id=0)
+    spec = specs.from_config(c, model, reference_key="answer")
+    assert spec.reward.in_process_timeout_s == c.reward.timeout_s

@@ -688,7 +688,8 @@ def _check_rewards(config) -> None:
                 f"config.{field}: reward {term!r} is registered in module {module!r}, which "
                 "the reward worker processes cannot import by name (a config file or a "
                 "script is not a module on sys.path). Move it into an importable module, or "
-                "score in-process with config.reward.num_workers=0 (no timeout)"
+                "score in-process with config.reward.num_workers=0 (reward.timeout_s is then "
+                "enforced with SIGALRM)"
             )
 
 
