@@ -35,7 +35,7 @@ from gspo_jax import models
 from gspo_jax.models import lora
 from gspo_jax.rollout import filtering
 from gspo_jax.rollout.stage import Rollout
-from gspo_jax.trainer import preemption
+from gspo_jax.trainer import memory, preemption
 from gspo_jax.trainer import state as state_lib
 from gspo_jax.trainer import warm_start as warm_start_lib
 from gspo_jax.trainer.io import checkpoint, writers
@@ -211,12 +211,15 @@ def _evaluate(trainer: Trainer, report: _Reporter, params, step: int) -> dict:
         )
     report.evaluated = True
     report.phase("evaluating", line)
-    if not trainer.evaluator.spec.save_per_problem:
-        out = trainer.evaluator(params)
-    else:
-        per_problem = []
-        out = trainer.evaluator(params, per_problem)
-        _save_per_problem(trainer.workdir, step, per_problem)
+    with memory.name_the_field(
+        "the held-out evaluation", "eval.batch_size or eval.num_samples (k samples per prompt)"
+    ):
+        if not trainer.evaluator.spec.save_per_problem:
+            out = trainer.evaluator(params)
+        else:
+            per_problem = []
+            out = trainer.evaluator(params, per_problem)
+            _save_per_problem(trainer.workdir, step, per_problem)
     report.phase(None)
     return out
 
@@ -239,9 +242,13 @@ def _one_step(trainer: Trainer, state: RunState) -> tuple[RunState, dict]:
     prompts = next(trainer.train_iter)
     # Dynamic sampling's extra rounds read on from the same stream; the position saved is
     # the one after them, so a resumed run reads what it would have read.
-    rollout = trainer.rollouts.collect(
-        state, prompts, more_prompts=lambda: next(trainer.train_iter)
-    )
+    with memory.name_the_field(
+        f"RL step {state.step + 1}'s rollout",
+        "rollout_batch_size, num_return_sequences_in_group or response_length",
+    ):
+        rollout = trainer.rollouts.collect(
+            state, prompts, more_prompts=lambda: next(trainer.train_iter)
+        )
     state = state.replace(data=json.dumps(trainer.train_iter.get_state()))
     state, metrics = rl_step(trainer, state, rollout)
     metrics["data/epoch"] = float(trainer.train_iter.epoch)
