@@ -184,3 +184,33 @@ def test_an_in_process_verifier_is_bounded_by_the_timeout():
     model = specs.scratch_model_config(c, vocab_size=100, eos_token_ids=(2,), pad_token_id=0)
     spec = specs.from_config(c, model, reference_key="answer")
     assert spec.reward.in_process_timeout_s == c.reward.timeout_s
+
+
+def test_a_worker_whose_parent_is_gone_exits_without_a_traceback():
+    # Each worker of a dying pool printed its BrokenPipeError traceback (hundreds of lines
+    # below the trainer's one-line error).
+    import multiprocessing.connection
+    import socket
+    import subprocess
+    import sys
+
+    from gspo_jax.rewards import pool
+
+    parent, child = socket.socketpair()
+    worker = subprocess.Popen(
+        [sys.executable, "-c", pool._BOOTSTRAP, str(child.fileno()), str(os.getpid())],
+        pass_fds=(child.fileno(),),
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    child.close()
+    conn = multiprocessing.connection.Connection(parent.detach())
+    conn.send(list(sys.path))
+    assert conn.recv()[0] == "ready"
+    reward = registry.build_reward("math")
+    items = [(i, "p", "#### 1 " * 2000, "#### 1") for i in range(3000)]
+    conn.send((reward.spec, reward.modules, items))
+    conn.close()  # the parent is gone while the worker sends its results
+    _, err = worker.communicate(timeout=120)
+    assert "Traceback" not in err, err[-2000:]
