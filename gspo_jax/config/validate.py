@@ -155,7 +155,7 @@ def validate(config, *, num_devices: int | None = None, num_processes: int = 1) 
     _check_model(config)
     _check_data(config)
     _check_rewards(config)
-    _check_round_three(config)
+    _check_meaning(config)
     _check_sampled_eval(config)
     _check_wandb(config)
     _check_pi_old(config)
@@ -693,8 +693,10 @@ def _check_rewards(config) -> None:
             )
 
 
-def _check_round_three(config) -> None:
-    """Values legal for their type that defeat their purpose (docs/failures.md)."""
+def _check_meaning(config) -> None:
+    """Values legal for their type that defeat their purpose (docs/failures.md): a reward
+    that cannot mean accuracy or carries no signal, a range narrower than the type, a
+    held-out split that repeats the training data."""
     _check_reward_meaning(config)
     _check_narrow_ranges(config)
     _warn_held_out_overlap(config)
