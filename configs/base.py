@@ -245,7 +245,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.reward.spec = "math"  # "name" or "name:weight,name:weight" from the reward registry
     c.reward.accuracy = "math"  # reward whose value (0/1) is reported as accuracy
     c.reward.timeout_s = 5.0  # per-call verifier timeout; a timeout scores 0 and is counted
-    c.reward.num_workers = 2  # verifier worker processes (0: in-process, no timeout)
+    c.reward.num_workers = 2  # verifier worker processes (0: in-process, timeout by SIGALRM)
     c.reward.max_failed_rollouts = 3  # stop (with the verifier's error) after this many
     # rollouts in a row in which every reward call raised or returned a non-number / NaN:
     # they carry no reward signal (0: never stop)

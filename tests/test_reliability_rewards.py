@@ -1,6 +1,7 @@
 """Issue 42 (reliability, round three): rewards mean what they say, an interrupt is never a
 verifier failure, no verifier input stalls a step (docs/failures.md)."""
 
+import contextlib
 import os
 import signal
 import threading
@@ -158,3 +159,58 @@ def test_deeply_nested_boxes_are_scored_in_bounded_time(reward):
     assert time.perf_counter() - start < 2.0
     # A few levels are still unwrapped.
     assert answers.extract_answer("\\boxed{\\boxed{\\fbox{5}}}") == "5"
+
+
+def test_an_in_process_verifier_is_bounded_by_the_timeout():
+    # reward.num_workers=0 had no time bound: a hanging verifier stalled the step.
+    from gspo_jax.config import specs
+
+    def hangs(prompt, completion, reference):
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            # A verifier swallowing every Exception cannot swallow the timeout.
+            with contextlib.suppress(Exception):
+                time.sleep(0.01)
+        return 1.0
+
+    start = time.monotonic()
+    rewards, stats = scoring.score_batch(
+        hangs, ["p", "q"], ["c", "d"], ["r", "s"], timeout_s=None, in_process_timeout_s=0.3
+    )
+    assert stats["num_timeouts"] == 2 and "timed out after 0.3 s" in stats["messages"][0]
+    assert time.monotonic() - start < 5 and rewards.tolist() == [0.0, 0.0]
+    c = default.get_config()
+    c.reward.num_workers = 0
+    model = specs.scratch_model_config(c, vocab_size=100, eos_token_ids=(2,), pad_token_id=0)
+    spec = specs.from_config(c, model, reference_key="answer")
+    assert spec.reward.in_process_timeout_s == c.reward.timeout_s
+
+
+def test_a_worker_whose_parent_is_gone_exits_without_a_traceback():
+    # Each worker of a dying pool printed its BrokenPipeError traceback (hundreds of lines
+    # below the trainer's one-line error).
+    import multiprocessing.connection
+    import socket
+    import subprocess
+    import sys
+
+    from gspo_jax.rewards import pool
+
+    parent, child = socket.socketpair()
+    worker = subprocess.Popen(
+        [sys.executable, "-c", pool._BOOTSTRAP, str(child.fileno()), str(os.getpid())],
+        pass_fds=(child.fileno(),),
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    child.close()
+    conn = multiprocessing.connection.Connection(parent.detach())
+    conn.send(list(sys.path))
+    assert conn.recv()[0] == "ready"
+    reward = registry.build_reward("math")
+    items = [(i, "p", "#### 1 " * 2000, "#### 1") for i in range(3000)]
+    conn.send((reward.spec, reward.modules, items))
+    conn.close()  # the parent is gone while the worker sends its results
+    _, err = worker.communicate(timeout=120)
+    assert "Traceback" not in err, err[-2000:]

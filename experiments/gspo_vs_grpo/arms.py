@@ -4,6 +4,7 @@ set up (equal rollout budgets, checkpoints, evaluation, the shared warm start)."
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 from collections.abc import Callable
 
@@ -196,6 +197,17 @@ def arm_config(arm: Arm, seed: int, budget: Budget, root: str, warm: str | None 
     return c
 
 
+def _fields(c, prefix: str = "") -> list[str]:
+    """Every dotted field of a ConfigDict."""
+    out = []
+    for key, value in c.items():
+        if hasattr(value, "items"):
+            out += _fields(value, f"{prefix}{key}.")
+        else:
+            out.append(f"{prefix}{key}")
+    return out
+
+
 def set_field(c, field: str, value, who: str) -> None:
     """c.<field> = value, cast to the field's type ("1e-4" for a float, "true" for a bool);
     a field the config lacks or a value that does not cast is a ValueError naming both."""
@@ -204,7 +216,10 @@ def set_field(c, field: str, value, who: str) -> None:
     for name in parents:
         node = node.get(name) if hasattr(node, "get") else None
     if node is None or not hasattr(node, "get") or leaf not in node:
-        raise ValueError(f"{who}: the config has no field {field!r}")
+        known = _fields(c)
+        near = difflib.get_close_matches(field, known, n=3)
+        hint = f"; did you mean {', '.join(near)}?" if near else f" (fields: {', '.join(known)})"
+        raise ValueError(f"{who}: the config has no field {field!r}{hint}")
     old = node[leaf]
     try:
         if isinstance(old, bool):

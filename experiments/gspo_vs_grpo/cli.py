@@ -61,10 +61,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("absl").setLevel(logging.WARNING)
+    _refuse_conflicts(args)
     budget = _budget(args)
-    arms = [a for a in ALL_ARMS if a.key in args.arms.split(",")] if args.arms else list(ARMS)
-    if not arms:
-        raise ValueError(f"--arms={args.arms!r} names none of {[a.key for a in ALL_ARMS]}")
+    arms = _arms(args.arms)
     seeds = list(range(max(len(budget.seeds_of(a)) for a in arms)))
     if budget.task != "add2":  # its own data, model, warm starts and runs
         args.workdir = os.path.join(args.workdir, f"{budget.task}_{budget.scale}")
@@ -89,10 +88,41 @@ def main(argv: Sequence[str] | None = None) -> dict:
     return _run(args, arms, seeds, budget, command)
 
 
+def _arms(text: str) -> list[Arm]:
+    """The arms --arms names (all when empty), in ARMS' order; an unknown or empty name is
+    an error listing the valid ones (it used to be dropped while another name matched)."""
+    if not text:
+        return list(ARMS)
+    keys = [k.strip() for k in text.split(",")]
+    valid = [a.key for a in ALL_ARMS]  # the GSPO family's arms run when named
+    unknown = [k for k in keys if k not in valid]
+    if unknown:
+        raise ValueError(f"--arms={text!r}: unknown arm(s) {unknown}; the arms are {valid}")
+    return [a for a in ALL_ARMS if a.key in keys]
+
+
+# Flags that choose what a run does, and the flags each one ignores: given together, one of
+# them would be dropped silently.
+_CONFLICTS = (
+    ("report_only", "noise_floor_only"),
+    ("vary", "noise_floor_only"),
+    ("no_noise_floor", "noise_floor_only"),
+    ("quick", "eval_every"),  # --quick evaluates only at the start and the end
+)
+
+
+def _refuse_conflicts(args) -> None:
+    for a, b in _CONFLICTS:
+        if getattr(args, a) not in (None, False, []) and getattr(args, b) not in (None, False, []):
+            raise ValueError(f"--{a} and --{b} cannot be used together: one would be ignored")
+
+
 def _parser() -> argparse.ArgumentParser:
     package_doc = sys.modules[__package__].__doc__
     p = argparse.ArgumentParser(
-        prog="python -m experiments.gspo_vs_grpo", description=package_doc.split("\n\n")[0]
+        prog="python -m experiments.gspo_vs_grpo",
+        description=package_doc.split("\n\n")[0],
+        allow_abbrev=False,  # --step is not --steps: a flag is spelled out or refused
     )
     p.add_argument("--steps", type=int, default=None, help="RL steps per run (default 50)")
     p.add_argument("--seeds", type=int, default=None, help="seeds per arm (default 3)")

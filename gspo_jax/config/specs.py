@@ -82,7 +82,7 @@ def model_config(config, tokenizer) -> models.ModelConfig:
     """
     m = config.model
     if m.hf_path:
-        hf = models.ModelConfig.from_hf_config(models.read_hf_config(checkpoint_dir(config)))
+        hf = models.read_model_config(checkpoint_dir(config))
         return dataclasses.replace(hf, **model_numerics(config, hf.num_layers))
     from gspo_jax import data
 
@@ -171,7 +171,8 @@ class SamplerSpec:
 class RewardSpec:
     """The verifiers (gspo_jax.rewards): `spec` scores the rollout, `accuracy` (0/1) is
     reported as accuracy; a failed verification follows `invalid_reward` ("mask" / "zero").
-    `timeout_s` is None when scoring runs in-process (`num_workers` = 0: no timeout)."""
+    `timeout_s` is None when scoring runs in-process (`num_workers` = 0), where
+    `in_process_timeout_s` bounds each call instead (SIGALRM, rewards/scoring.py)."""
 
     spec: str
     accuracy: str
@@ -179,6 +180,7 @@ class RewardSpec:
     num_workers: int
     timeout_s: float | None
     max_failed_rollouts: int
+    in_process_timeout_s: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -357,6 +359,7 @@ def from_config(config, model_config: models.ModelConfig, *, reference_key: str)
             num_workers=c.reward.num_workers,
             timeout_s=c.reward.timeout_s if c.reward.num_workers > 0 else None,
             max_failed_rollouts=c.reward.max_failed_rollouts,
+            in_process_timeout_s=c.reward.timeout_s if c.reward.num_workers == 0 else None,
         ),
         advantage=advantage_spec(c),
         rollout=RolloutSpec(

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import math
 import os
+import re
 import sys
 
 from gspo_jax import models
@@ -79,7 +81,7 @@ def validate(config, *, num_devices: int | None = None, num_processes: int = 1) 
     _check_model(config)
     _check_data(config)
     _check_rewards(config)
-    _check_reward_meaning(config)
+    _check_meaning(config)
     _check_sampled_eval(config)
     _check_wandb(config)
     _check_pi_old(config)
@@ -446,8 +448,63 @@ def _check_rewards(config) -> None:
                 f"config.{field}: reward {term!r} is registered in module {module!r}, which "
                 "the reward worker processes cannot import by name (a config file or a "
                 "script is not a module on sys.path). Move it into an importable module, or "
-                "score in-process with config.reward.num_workers=0 (no timeout)"
+                "score in-process with config.reward.num_workers=0 (reward.timeout_s is then "
+                "enforced with SIGALRM)"
             )
+
+
+def _check_meaning(config) -> None:
+    """Values legal for their type that defeat their purpose (docs/failures.md): a reward
+    that cannot mean accuracy or carries no signal, a range narrower than the type, a
+    held-out split that repeats the training data."""
+    _check_reward_meaning(config)
+    _check_narrow_ranges(config)
+    _warn_held_out_overlap(config)
+
+
+# A held-out split sharing more than this fraction of its examples with the training data
+# measures (partly) training accuracy.
+OVERLAP_WARN_FRACTION = 0.01
+
+
+def _warn_held_out_overlap(config) -> None:
+    """Beyond the same-split check (_check_data): a held-out file that repeats the training
+    file's lines (a copy, or one built from the other), and two bounded slices of one split
+    that overlap, warn with the fraction of the held-out examples also trained on."""
+    d = config.data
+    spec = DATASETS[d.name]
+    if len(spec.manual_files) == 2 and d.manual_dir:
+        train, held_out = (os.path.join(d.manual_dir, f) for f in spec.manual_files)
+        try:
+            with open(train, "rb") as f:
+                seen = {line.strip() for line in f if line.strip()}
+            with open(held_out, "rb") as f:
+                lines = [line.strip() for line in f if line.strip()]
+        except OSError:
+            return  # named by the manual-dir check
+        shared = sum(line in seen for line in lines) / max(len(lines), 1)
+        if shared >= OVERLAP_WARN_FRACTION:
+            _warn(
+                f"config.data.manual_dir: {shared:.0%} of the held-out examples in {held_out} "
+                f"are also in {train}: the held-out accuracy is partly measured on training "
+                "prompts"
+            )
+    a, b = _slice_bounds(d.train_split), _slice_bounds(d.eval_split)
+    if a and b and a[0] == b[0] and a[1:] != b[1:]:
+        lo, hi = max(a[1], b[1]), min(a[2], b[2])
+        shared = max(hi - lo, 0) / max(b[2] - b[1], 1)
+        if shared >= OVERLAP_WARN_FRACTION:
+            _warn(
+                f"config.data.eval_split={d.eval_split!r} and train_split={d.train_split!r} "
+                f"share {shared:.0%} of the held-out examples: the held-out accuracy is partly "
+                "measured on training prompts"
+            )
+
+
+def _slice_bounds(split: str) -> tuple[str, int, int] | None:
+    """(split, start, stop) of a slice with both bounds as example counts ("train[100:600]")."""
+    m = re.fullmatch(r"(\w+)\[(\d+):(\d+)\]", split.replace(" ", ""))
+    return None if m is None else (m[1], int(m[2]), int(m[3]))
 
 
 def _check_reward_meaning(config) -> None:
@@ -469,6 +526,61 @@ def _check_reward_meaning(config) -> None:
         raise ConfigError(
             f"config.reward.spec={config.reward.spec!r}: every weight is 0, so the reward is "
             "constant and no group has a signal (nothing would train)"
+        )
+
+
+# The smallest temperature a run samples or scores at (0: greedy). Log-probs are of
+# logits / T: below this, a float32 logit of ~40 becomes ~4e4+ per token and the ratios and
+# gradients scale as 1 / T (at 1e-38 the division overflows to inf). Greedy is 0, not a tiny T.
+MIN_TEMPERATURE = 1e-3
+
+
+def _check_narrow_ranges(config) -> None:
+    """Fields whose legal range is narrower than their type: a temperature so small its
+    log-probs blow up; a LoRA rank above a scratch projection's smaller dimension (warn:
+    the adapter is then a full-rank update with extra parameters)."""
+    for name, greedy in (("sampling.temperature", True), ("eval.temperature", False)):
+        value = _get(config, name)
+        if isinstance(value, (int, float)) and 0 < value < MIN_TEMPERATURE:
+            where = "0 (greedy) or " if greedy else ""
+            raise ConfigError(
+                f"config.{name}={value!r} is below the floor {MIN_TEMPERATURE}: log-probs of "
+                f"logits / temperature overflow float32 or swamp the update. Use {where}a "
+                f"temperature >= {MIN_TEMPERATURE}"
+            )
+    m = config.model
+    if m.lora_rank and not m.hf_path:
+        warn_lora_rank_above_projection(
+            config, scratch_model_config(config, vocab_size=1, eos_token_ids=(), pad_token_id=None)
+        )
+
+
+def lora_projection_dims(model_config: models.ModelConfig) -> dict[str, tuple[int, int]]:
+    """(in, out) of each projection LoRA can adapt (models/lora.py's targets)."""
+    c = model_config
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    return {
+        "q_proj": (c.hidden_size, q),
+        "k_proj": (c.hidden_size, kv),
+        "v_proj": (c.hidden_size, kv),
+        "o_proj": (q, c.hidden_size),
+        "gate_proj": (c.hidden_size, c.intermediate_size),
+        "up_proj": (c.hidden_size, c.intermediate_size),
+        "down_proj": (c.intermediate_size, c.hidden_size),
+    }
+
+
+def warn_lora_rank_above_projection(config, model_config: models.ModelConfig) -> None:
+    rank = config.model.lora_rank
+    dims = lora_projection_dims(model_config)
+    targets = lora_fields(config)["lora_targets"]
+    over = {t: min(dims[t]) for t in targets if t in dims and rank > min(dims[t])}
+    if over:
+        _warn(
+            f"config.model.lora_rank={rank} exceeds the smaller dimension of "
+            + ", ".join(f"{t} ({d})" for t, d in over.items())
+            + ": a rank above min(in, out) adds parameters but no expressiveness (a full "
+            "update has that rank); fine-tune fully or lower the rank"
         )
 
 
@@ -560,9 +672,67 @@ def check_model_against_tokenizer(config, model_config: models.ModelConfig, toke
             raise ConfigError(
                 f"the tokenizer's {name}={value} is outside the {where} vocabulary [0, {vocab})"
             )
+    _check_checkpoint_numbers(config, model_config, tokenizer)
     length = config.prompt_length + config.response_length
     if length > model_config.max_position_embeddings:
         raise ConfigError(
             f"config.prompt_length + config.response_length = {length} exceeds the "
             f"{where}'s max_position_embeddings={model_config.max_position_embeddings}"
         )
+
+
+def _check_checkpoint_numbers(config, model_config: models.ModelConfig, tokenizer) -> None:
+    """A checkpoint's numbers beside its config.json (read by models.read_model_config):
+    generation_config.json's ids in the vocabulary, its and config.json's end-of-sequence
+    ids against the tokenizer's stop ids (warn naming both); a LoRA rank above a projection's
+    smaller dimension (warn)."""
+    import json
+
+    from gspo_jax import data
+
+    if config.model.lora_rank:
+        warn_lora_rank_above_projection(config, model_config)
+    path = config.model.hf_path
+    if not path:
+        return
+    stops = sorted(data.stop_token_ids(tokenizer))
+    eos_sources = {os.path.join(path, "config.json"): sorted(model_config.eos_token_ids)}
+    generation = os.path.join(path, "generation_config.json")
+    if os.path.isfile(generation):
+        try:
+            with open(generation, "rb") as f:
+                fields = json.loads(f.read().decode("utf-8"))
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"{generation!r} cannot be read as JSON: {e}") from None
+        if not isinstance(fields, dict):
+            raise ConfigError(f"{generation!r} holds a JSON {type(fields).__name__}, not an object")
+        vocab = model_config.vocab_size
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id"):
+            value = fields.get(key)
+            ids = value if isinstance(value, list) else [] if value is None else [value]
+            for i in ids:
+                if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab:
+                    raise ConfigError(
+                        f"{generation!r}: {key}={value!r} must be token ids in the model's "
+                        f"vocabulary [0, {vocab})"
+                    )
+            if key == "eos_token_id" and ids:
+                eos_sources[generation] = sorted(ids)
+        for key, low in (("temperature", 0.0), ("top_p", 0.0), ("top_k", 0)):
+            value = fields.get(key)
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or value < low
+            ):
+                raise ConfigError(
+                    f"{generation!r}: {key}={value!r} must be a finite number >= {low}"
+                )
+    for file, ids in eos_sources.items():
+        if ids and stops and not set(ids) & set(stops):
+            _warn(
+                f"{file} names end-of-sequence id(s) {ids}, but the tokenizer "
+                f"({config.model.tokenizer_path or path}) stops at {stops}: responses end at "
+                "the tokenizer's; check that the two belong to the same model"
+            )

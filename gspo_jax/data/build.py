@@ -27,6 +27,7 @@ from typing import Any
 
 import tensorflow_datasets as tfds
 
+from gspo_jax import jsonio
 from gspo_jax.data.arithmetic import ArithmeticConfig, SyntheticArithmetic
 from gspo_jax.data.gsm8k import GSM8K_SPLIT_FILES, Gsm8kLocal, check_gsm8k_manual_dir
 from gspo_jax.data.jsonl import JsonlLocal
@@ -165,9 +166,18 @@ def build_dataset(
       (``pipeline.decode_record`` turns bytes into str).
     """
     spec = get_spec(name)
-    builder = get_builder(name, config_name, data_dir=data_dir)
-    # Checking existence first avoids TFDS's warning about a variant folder without metadata.
-    if not (os.path.isdir(builder.data_path) and builder.is_prepared()):
+    try:
+        builder = get_builder(name, config_name, data_dir=data_dir)
+        # Checking existence first avoids TFDS's warning about a variant folder without
+        # metadata.
+        prepared = os.path.isdir(builder.data_path) and builder.is_prepared()
+    except Exception as e:
+        # TFDS reads the prepared folder's dataset_info.json / features.json in the builder.
+        if isinstance(e, ValueError) and str(e).startswith(("Unknown config", "Dataset ")):
+            raise
+        folder = os.path.join(os.fspath(data_dir), spec.builder.name, str(config_name or ""))
+        raise _damaged(name, folder, e) from e
+    if not prepared:
         if not prepare:
             raise FileNotFoundError(
                 f"Dataset {name!r} ({builder.builder_config.name if builder.builder_config else ''}) "
@@ -190,11 +200,32 @@ def build_dataset(
             _write_manual_record(builder.data_path, manual_dir, spec.manual_files)
     elif prepare and spec.manual_files and manual_dir is not None:
         _check_manual_record(name, builder.data_path, manual_dir, spec.manual_files)
-    sources = builder.as_data_source()
-    missing = [s for s in splits if s.split("[", 1)[0] not in sources]
-    if missing:
-        raise ValueError(f"Dataset {name!r} has no split(s) {missing}; it has {sorted(sources)}.")
-    return {s: sources[s] if s in sources else _slice(builder, name, s) for s in splits}
+    try:
+        sources = builder.as_data_source()
+        missing = [s for s in splits if s.split("[", 1)[0] not in sources]
+        if missing:
+            raise ValueError(
+                f"Dataset {name!r} has no split(s) {missing}; it has {sorted(sources)}."
+            )
+        out = {s: sources[s] if s in sources else _slice(builder, name, s) for s in splits}
+        for source in out.values():  # a truncated record file fails here, not mid-run
+            if len(source):
+                _ = (source[0], source[len(source) - 1])  # read to check
+    except Exception as e:
+        if isinstance(e, ValueError) and str(e).startswith("Dataset "):
+            raise
+        raise _damaged(name, builder.data_path, e) from e
+    return out
+
+
+def _damaged(name: str, path, error: BaseException) -> ValueError:
+    """The error for prepared files TFDS cannot read (a crash or a full disk mid-prepare,
+    files edited or truncated): names the folder and how to rebuild."""
+    return ValueError(
+        f"the prepared {name!r} dataset in {os.fspath(path)} cannot be read "
+        f"({type(error).__name__}: {error}): its files are damaged. Delete "
+        f"{os.fspath(path)} and run again to prepare it anew (nothing is downloaded)"
+    )
 
 
 def _slice(builder, name: str, split: str):
@@ -237,8 +268,7 @@ def _check_manual_record(name: str, data_path, manual_dir, files: Sequence[str])
             manual_dir,
         )
         return
-    with open(path) as f:
-        record = json.load(f)
+    record = jsonio.read_json(path, what="the record of the files the data were built from")
     now = _manual_digests(manual_dir, files)
     differ = [f for f in files if record["sha256"].get(f) != now[f]]
     if differ:

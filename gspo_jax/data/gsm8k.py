@@ -15,14 +15,14 @@ match it: "#### forty two" is an error naming the file and line, as is a file wi
 
 from __future__ import annotations
 
-import json
 import os
 from typing import ClassVar
 
 import tensorflow_datasets as tfds
 
+from gspo_jax import jsonio
 from gspo_jax.data.local_builder import LocalBuilder
-from gspo_jax.rewards.answers import parse_number
+from gspo_jax.rewards.answers import MAX_ANSWER_CHARS, parse_number
 
 GSM8K_SPLIT_FILES = {"train": "train.jsonl", "test": "test.jsonl"}
 
@@ -60,6 +60,12 @@ def final_answer_of(solution: str, *, where: str) -> str:
     final = solution.rsplit("####", 1)[1].strip().replace(",", "")
     if not final:
         raise ValueError(f"{where}: GSM8K answer has nothing after '####': {solution!r}")
+    if len(final) > MAX_ANSWER_CHARS:
+        raise ValueError(
+            f"{where}: GSM8K final answer is {len(final)} characters long, more than the "
+            f"verifier reads ({MAX_ANSWER_CHARS}, rewards/answers.py MAX_ANSWER_CHARS), so no "
+            f"completion could ever match it: {final[:60]!r}..."
+        )
     if parse_number(final) is None:
         raise ValueError(
             f"{where}: GSM8K final answer {final!r} is not a number, so no completion could "
@@ -71,27 +77,21 @@ def final_answer_of(solution: str, *, where: str) -> str:
 def read_gsm8k_jsonl(path: str | os.PathLike, split: str) -> list[dict[str, str]]:
     """Parses one official GSM8K file into records; errors name the file and line."""
     records = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{os.fspath(path)}:{line_no}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: invalid JSON ({e}).") from e
-            for key in ("question", "answer"):
-                if key not in obj or not isinstance(obj[key], str):
-                    raise ValueError(f"{where}: missing string field {key!r}. {_LAYOUT}")
-            example_id = f"{split}-{len(records):05d}"
-            records.append(
-                {
-                    "id": example_id,
-                    "question": obj["question"],
-                    "answer": obj["answer"],
-                    "final_answer": final_answer_of(obj["answer"], where=where),
-                }
-            )
+    # Each line an object (not null, a list or a number), UTF-8, JSON: jsonio names the line.
+    for line_no, obj in jsonio.read_jsonl(path, what="a GSM8K"):
+        where = f"{os.fspath(path)}:{line_no}"
+        for key in ("question", "answer"):
+            if key not in obj or not isinstance(obj[key], str):
+                raise ValueError(f"{where}: missing string field {key!r}. {_LAYOUT}")
+        example_id = f"{split}-{len(records):05d}"
+        records.append(
+            {
+                "id": example_id,
+                "question": obj["question"],
+                "answer": obj["answer"],
+                "final_answer": final_answer_of(obj["answer"], where=where),
+            }
+        )
     if not records:
         raise ValueError(f"{os.fspath(path)}: no GSM8K example (only blank lines)")
     return records

@@ -25,6 +25,8 @@ import string
 import transformers
 from tokenizers import AddedToken, Tokenizer, decoders, models
 
+from gspo_jax import jsonio
+
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -89,7 +91,15 @@ def load_tokenizer(path: str | os.PathLike) -> transformers.PreTrainedTokenizerB
         raise FileNotFoundError(
             f"Tokenizer directory {path!r} has neither tokenizer.json nor tokenizer_config.json."
         )
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    # Its JSON files first: a truncated tokenizer.json is transformers' "data did not match
+    # any variant of untagged enum" (or a bare JSONDecodeError), naming no file.
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if os.path.isfile(os.path.join(path, name)):
+            jsonio.read_json(os.path.join(path, name), what=f"the tokenizer's {name}")
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise ValueError(f"Tokenizer directory {path!r} cannot be loaded: {e}") from e
     if tokenizer.pad_token_id is None:
         raise ValueError(
             f"Tokenizer at {path!r} has no pad token; the prompt pipeline left-pads with it. "

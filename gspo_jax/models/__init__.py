@@ -60,7 +60,12 @@ from gspo_jax.models.functional import (
     positions_from_mask,
     unembedding,
 )
-from gspo_jax.models.hf_io import load_pretrained, read_hf_config, save_pretrained
+from gspo_jax.models.hf_io import (
+    load_pretrained,
+    read_hf_config,
+    read_model_config,
+    save_pretrained,
+)
 from gspo_jax.models.kv_cache import (
     PromptCache,
     ResponseCache,
@@ -119,6 +124,7 @@ __all__ = [
     "quantize_int8",
     "ragged_paged_attention",
     "read_hf_config",
+    "read_model_config",
     "response_segments",
     "rollout_params",
     "save_pretrained",

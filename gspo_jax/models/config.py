@@ -140,6 +140,12 @@ class ModelConfig:
         for f in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads"):
             if int(getattr(self, f)) <= 0:
                 bad(f, "must be positive")
+        for f in ("rope_theta", "rms_norm_eps"):
+            value = getattr(self, f)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                bad(f, "must be a number")
+            if not (math.isfinite(value) and value > 0):
+                bad(f, "must be a finite number > 0")
         if self.head_dim <= 0 or self.head_dim % 2:
             bad("head_dim", "must be a positive even number (RoPE rotates pairs)")
         if self.num_heads % self.num_kv_heads:
@@ -161,6 +167,8 @@ class ModelConfig:
                 bad("rope_scaling", f"rope_type must be one of {ROPE_TYPES}")
             if "factor" not in rope:
                 bad("rope_scaling", "needs a 'factor'")
+            if not (math.isfinite(float(rope["factor"])) and float(rope["factor"]) > 0):
+                bad("rope_scaling", "its 'factor' must be a finite number > 0")
         if not isinstance(self.mlp_only_layers, tuple):
             bad("mlp_only_layers", "must be a tuple (hashable)")
         if not isinstance(self.eos_token_ids, tuple):
@@ -309,15 +317,12 @@ class ModelConfig:
                 f"model_type={model_type!r}; only [{expected!r}] (causal LM) is supported"
             )
 
-        def need(key):
-            if hf.get(key) is None:
-                raise ValueError(f"config.json for {model_type!r} lacks required field {key!r}")
-            return hf[key]
+        read = _HfReader(hf)
 
         act = hf.get("hidden_act", "silu")
         if act != "silu":
             raise ValueError(f"unsupported hidden_act={act!r} (only 'silu' / SwiGLU)")
-        if hf.get("use_sliding_window"):
+        if read.flag("use_sliding_window", False):
             raise ValueError(
                 f"unsupported: use_sliding_window=true (sliding_window={hf.get('sliding_window')})"
                 " — sliding-window attention is not implemented"
@@ -331,48 +336,77 @@ class ModelConfig:
             raise ValueError(f"unsupported partial_rotary_factor={partial!r} (only 1.0)")
 
         rope_theta, rope_scaling = _parse_rope(hf)
-        hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
-        head_dim = hf.get("head_dim") or hidden // heads
-        kv_heads = hf.get("num_key_value_heads") or heads
+        hidden, heads = read.count("hidden_size"), read.count("num_attention_heads")
+        head_dim = read.count("head_dim", None)
+        if head_dim is None:
+            if hidden % heads:
+                raise ValueError(
+                    f"hidden_size={hidden} does not split into num_attention_heads={heads} "
+                    "heads (and there is no head_dim)"
+                )
+            head_dim = hidden // heads
+        kv_heads = read.count("num_key_value_heads", heads)
         is_qwen3 = model_type in ("qwen3", "qwen3_moe")
-        attention_bias = bool(hf.get("attention_bias", False))
+        attention_bias = read.flag("attention_bias", False)
         eos = hf.get("eos_token_id")
-        eos_ids = () if eos is None else (tuple(eos) if isinstance(eos, list) else (int(eos),))
+        eos_list = eos if isinstance(eos, list) else ([] if eos is None else [eos])
+        eos_ids = tuple(read.token_id("eos_token_id", e) for e in eos_list)
         fields: dict[str, Any] = {
             "arch": model_type,
-            "vocab_size": int(need("vocab_size")),
+            "vocab_size": read.count("vocab_size"),
             "hidden_size": hidden,
-            "intermediate_size": int(need("intermediate_size")),
-            "num_layers": int(need("num_hidden_layers")),
+            "intermediate_size": read.count("intermediate_size"),
+            "num_layers": read.count("num_hidden_layers"),
             "num_heads": heads,
-            "num_kv_heads": int(kv_heads),
-            "head_dim": int(head_dim),
-            "rope_theta": float(rope_theta),
+            "num_kv_heads": kv_heads,
+            "head_dim": head_dim,
+            "rope_theta": read.positive("rope_theta", rope_theta),
             "rope_scaling": rope_scaling,
-            "rms_norm_eps": float(hf.get("rms_norm_eps", 1e-6)),
-            "tie_word_embeddings": bool(hf.get("tie_word_embeddings", False)),
+            "rms_norm_eps": read.positive("rms_norm_eps", hf.get("rms_norm_eps", 1e-6)),
+            "tie_word_embeddings": read.flag("tie_word_embeddings", False),
             # Qwen2 hard-codes bias on q/k/v (not o); Qwen3 follows attention_bias on all four.
             "qkv_bias": True if model_type == "qwen2" else attention_bias,
             "o_bias": False if model_type == "qwen2" else attention_bias,
             "qk_norm": is_qwen3,
-            "max_position_embeddings": int(hf.get("max_position_embeddings", 32768)),
-            "bos_token_id": hf.get("bos_token_id"),
+            "max_position_embeddings": read.count("max_position_embeddings", 32768),
+            "bos_token_id": read.token_id("bos_token_id", hf.get("bos_token_id")),
             "eos_token_ids": eos_ids,
-            "pad_token_id": hf.get("pad_token_id"),
+            "pad_token_id": read.token_id("pad_token_id", hf.get("pad_token_id")),
         }
         if model_type == "qwen3_moe":
             num_experts = hf.get("num_experts", hf.get("num_local_experts"))
             if num_experts is None:
                 raise ValueError("config.json for 'qwen3_moe' lacks num_experts/num_local_experts")
+            key = "num_experts" if "num_experts" in hf else "num_local_experts"
             fields.update(
-                num_experts=int(num_experts),
-                num_experts_per_tok=int(need("num_experts_per_tok")),
-                moe_intermediate_size=int(need("moe_intermediate_size")),
-                norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
-                decoder_sparse_step=int(hf.get("decoder_sparse_step", 1)),
-                mlp_only_layers=tuple(int(i) for i in (hf.get("mlp_only_layers") or [])),
+                num_experts=read.count(key),
+                num_experts_per_tok=read.count("num_experts_per_tok"),
+                moe_intermediate_size=read.count("moe_intermediate_size"),
+                norm_topk_prob=read.flag("norm_topk_prob", False),
+                decoder_sparse_step=read.count("decoder_sparse_step", 1),
+                mlp_only_layers=tuple(
+                    read.integer("mlp_only_layers", i) for i in (hf.get("mlp_only_layers") or [])
+                ),
+            )
+        if heads % kv_heads:
+            raise ValueError(
+                f"num_attention_heads={heads} is not a multiple of num_key_value_heads="
+                f"{kv_heads} (grouped-query attention shares each key/value head among "
+                "whole groups)"
             )
         fields.update(overrides)
+        vocab = fields["vocab_size"]
+        for key in ("bos_token_id", "pad_token_id"):
+            if fields[key] is not None and not fields[key] < vocab:
+                raise ValueError(f"{key}={fields[key]} is outside the vocabulary [0, {vocab})")
+        for eos in fields["eos_token_ids"]:
+            if not eos < vocab:
+                raise ValueError(f"eos_token_id={eos} is outside the vocabulary [0, {vocab})")
+        for i in fields.get("mlp_only_layers", ()):
+            if not i < fields["num_layers"]:
+                raise ValueError(
+                    f"mlp_only_layers lists layer {i}, but num_hidden_layers={fields['num_layers']}"
+                )
         return cls(**fields)
 
     def to_hf_config(self, dtype: str | None = None) -> dict[str, Any]:
@@ -439,6 +473,66 @@ class ModelConfig:
         return dict(sorted(hf.items()))
 
 
+class _HfReader:
+    """Typed reads of config.json's fields, each range-checked like a config field, with a
+    message naming the key (hf_io.model_config_from_file adds the file). JSON has real
+    booleans and integers: `"tie_word_embeddings": "false"` is truthy in Python and used to
+    drop the untied head silently, and `int("32")` or `int(32.7)` hid a hand-edited file."""
+
+    def __init__(self, hf: dict[str, Any]):
+        self.hf = hf
+
+    def need(self, key: str):
+        if self.hf.get(key) is None:
+            raise ValueError(
+                f"config.json for {self.hf.get('model_type')!r} lacks required field {key!r}"
+            )
+        return self.hf[key]
+
+    _REQUIRED = object()
+
+    def integer(self, key: str, value) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{key}={value!r} must be an integer")  # noqa: TRY004 - a bad value, as the range errors
+        return value
+
+    def count(self, key: str, default=_REQUIRED) -> int:
+        """A positive integer; `default` (None allowed) when the key is absent or null."""
+        value = self.hf.get(key)
+        if value is None:
+            if default is _HfReader._REQUIRED:
+                self.need(key)
+            return default
+        if self.integer(key, value) <= 0:
+            raise ValueError(f"{key}={value!r} must be a positive integer")
+        return value
+
+    def positive(self, key: str, value) -> float:
+        """A finite number > 0 (rope_theta, rms_norm_eps, a RoPE factor)."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{key}={value!r} must be a number")  # noqa: TRY004 - a bad value, as the range errors
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{key}={value!r} must be a finite number > 0")
+        return float(value)
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self.hf.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise ValueError(  # noqa: TRY004 - a bad value, as the range errors
+                f"{key}={value!r} must be true or false (a JSON boolean, not a string or number)"
+            )
+        return value
+
+    def token_id(self, key: str, value) -> int | None:
+        if value is None:
+            return None
+        if self.integer(key, value) < 0:
+            raise ValueError(f"{key}={value!r} must be a token id >= 0")
+        return value
+
+
 def _parse_rope(hf: dict[str, Any]) -> tuple[float, tuple[tuple[str, Any], ...] | None]:
     """(rope_theta, hashable rope_scaling) from either HF spelling."""
     params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
@@ -462,6 +556,9 @@ def _parse_rope(hf: dict[str, Any]) -> tuple[float, tuple[tuple[str, Any], ...] 
     scaling = {k: params[k] for k in _ROPE_KEYS[kind] if params.get(k) is not None}
     if "factor" not in scaling:
         raise ValueError(f"rope type {kind!r} needs a 'factor'")
+    for key in ("factor", "original_max_position_embeddings", "attention_factor"):
+        if key in scaling:
+            _HfReader(hf).positive(f"rope scaling {key}", scaling[key])
     if kind == "yarn":
         scaling.setdefault(
             "original_max_position_embeddings", hf.get("max_position_embeddings", 32768)

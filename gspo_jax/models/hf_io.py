@@ -39,6 +39,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from gspo_jax import jsonio
 from gspo_jax.models.config import ModelConfig
 from gspo_jax.models.params import abstract_params
 
@@ -163,10 +164,17 @@ def read_hf_config(path: str | os.PathLike) -> dict[str, Any]:
         raise FileNotFoundError(
             f"{str(config_file)!r} not found: not a Hugging Face checkpoint directory"
         )
+    return jsonio.read_json(config_file, what="config.json")
+
+
+def read_model_config(path: str | os.PathLike, **overrides) -> ModelConfig:
+    """`ModelConfig.from_hf_config` of a checkpoint directory's config.json: every field
+    type- and range-checked, the error naming the file and the key."""
+    hf = read_hf_config(path)
     try:
-        return json.loads(config_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"cannot parse {str(config_file)!r}: {e}") from e
+        return ModelConfig.from_hf_config(hf, **overrides)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{str(Path(path) / 'config.json')!r}: {e}") from None
 
 
 def _weight_map(path: Path) -> dict[str, str]:
@@ -174,8 +182,8 @@ def _weight_map(path: Path) -> dict[str, str]:
     index_file = path / INDEX_FILE
     if index_file.is_file():
         try:
-            weight_map = json.loads(index_file.read_text())["weight_map"]
-        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+            weight_map = jsonio.read_json(index_file, what=INDEX_FILE)["weight_map"]
+        except (jsonio.JsonFileError, KeyError, TypeError) as e:
             raise ValueError(f"cannot read weight_map from {str(index_file)!r}: {e!r}") from e
         for file in sorted(set(weight_map.values())):
             if not (path / file).is_file():
@@ -218,9 +226,8 @@ def load_pretrained(
     config.json, an unreadable file, a missing, unexpected or misshapen tensor.
     """
     path = Path(path)
-    hf_config = read_hf_config(path)
-    cfg = ModelConfig.from_hf_config(
-        hf_config, param_dtype=dtype, dtype=compute_dtype or dtype, **config_overrides
+    cfg = read_model_config(
+        path, param_dtype=dtype, dtype=compute_dtype or dtype, **config_overrides
     )
     weight_map = _weight_map(path)
     wanted = {

@@ -18,8 +18,9 @@ Two modes:
   pool of `pool.py`; a worker past the timeout is killed and replaced. Rewards reach
   workers by name, so they must be registered in an importable module.
 * In-process mode (`timeout_s=None`, or `use_processes=False`): verifiers run in the
-  calling thread, without isolation or timeout: a hang hangs the trainer and a crash
-  kills it. Use it for tests and trusted, fast verifiers (a few us per item); any
+  calling thread, without isolation: a crash kills the trainer. `in_process_timeout_s`
+  bounds each item with SIGALRM from the main thread (the trainer's reward.timeout_s with
+  reward.num_workers=0); a verifier stuck inside one C call is not interrupted. Use it for tests and trusted, fast verifiers (a few us per item); any
   callable works there, registered or not.
 """
 
@@ -105,6 +106,7 @@ def score_batch(
     pool: RewardPool | None = None,
     num_workers: int | None = None,
     fail_value: float = 0.0,
+    in_process_timeout_s: float | None = None,
 ) -> tuple[np.ndarray, dict]:
     """Scores B completions: rewards_B (float32) and stats.
 
@@ -116,6 +118,9 @@ def score_batch(
       crashes without a time limit.
     pool: the `RewardPool` to use (default: a shared pool of `num_workers` workers).
     fail_value: reward of a failed item (error, timeout, non-numeric, non-finite).
+    in_process_timeout_s: in-process mode only, a per-item limit enforced with SIGALRM when
+      called from the main thread (Python code is interrupted between bytecodes; a verifier
+      stuck inside one C call, e.g. a regex, is not); elsewhere no limit.
 
     stats: num_items, num_ok, num_errors, num_timeouts, num_nonfinite, num_nonnumeric,
     num_failed, num_worker_restarts (ints); status_B (int8 codes STATUS_*), ok_B,
@@ -145,7 +150,7 @@ def score_batch(
     else:
         target = reward if reward is not None else reward_fn
         status_B, totals_B, values_BK, messages = _score_in_process(
-            target, len(term_names), prompts, completions, references
+            target, len(term_names), prompts, completions, references, in_process_timeout_s
         )
         restarts = 0
     stats = _stats(status_B, values_BK, term_names, messages, restarts)
@@ -182,10 +187,35 @@ def _check_batch(prompts, completions, references, timeout_s, use_processes, fai
     return use_processes
 
 
-def _score_in_process(target, num_terms, prompts, completions, references):
+def _score_in_process(target, num_terms, prompts, completions, references, timeout_s=None):
     """(status [B], totals [B], per-term values [B, K], messages) scored in this process."""
     with _ctrl_c_is_not_the_verifiers():
-        return _score_items(target, num_terms, prompts, completions, references)
+        return _score_items(target, num_terms, prompts, completions, references, timeout_s)
+
+
+class _ItemTimeout(BaseException):
+    """Raised by SIGALRM inside an in-process verifier past its time (a BaseException, so
+    the verifier's own `except Exception` cannot swallow it)."""
+
+
+@contextlib.contextmanager
+def _alarm(timeout_s: float | None):
+    """Yields a function (re)arming a SIGALRM timer of `timeout_s` for the next item, or
+    None where no timer can be set (not the main thread, no setitimer, no timeout)."""
+    main = threading.current_thread() is threading.main_thread()
+    if timeout_s is None or not main or not hasattr(signal, "setitimer"):
+        yield None
+        return
+
+    def expire(signum, frame):
+        raise _ItemTimeout
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    try:
+        yield lambda: signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 @contextlib.contextmanager
@@ -209,19 +239,29 @@ def _ctrl_c_is_not_the_verifiers():
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def _score_items(target, num_terms, prompts, completions, references):
+def _score_items(target, num_terms, prompts, completions, references, timeout_s):
     num_items = len(completions)
     status_B = np.zeros(num_items, np.int8)
     totals_B = np.zeros(num_items, np.float64)
     values_BK = np.zeros((num_items, num_terms), np.float64)
     messages = {}
-    for i in range(num_items):
-        status, total, values, text = evaluate_item(
-            target, prompts[i], completions[i], references[i]
-        )
-        status_B[i], totals_B[i], values_BK[i] = status, total, values
-        if text is not None and len(messages) < MAX_MESSAGES:
-            messages[i] = text
+    with _alarm(timeout_s) as arm:
+        for i in range(num_items):
+            try:
+                if arm is not None:
+                    arm()
+                try:
+                    result = evaluate_item(target, prompts[i], completions[i], references[i])
+                finally:
+                    if arm is not None:
+                        signal.setitimer(signal.ITIMER_REAL, 0)
+            except _ItemTimeout:
+                text = f"timed out after {timeout_s} s (in-process, config.reward.timeout_s)"
+                result = (STATUS_TIMEOUT, 0.0, (0.0,) * num_terms, text)
+            status, total, values, text = result
+            status_B[i], totals_B[i], values_BK[i] = status, total, values
+            if text is not None and len(messages) < MAX_MESSAGES:
+                messages[i] = text
     return status_B, totals_B, values_BK, messages
 
 

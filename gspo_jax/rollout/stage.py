@@ -83,11 +83,19 @@ class Scorer:
     all, so a verifier that keeps failing trains nothing."""
 
     def __init__(
-        self, reward_fn, invalid_reward: str, *, timeout_s=None, pool=None, max_failed_batches=None
+        self,
+        reward_fn,
+        invalid_reward: str,
+        *,
+        timeout_s=None,
+        pool=None,
+        max_failed_batches=None,
+        in_process_timeout_s=None,
     ):
         self.reward_fn = reward_fn
         self.invalid_reward = invalid_reward
         self.timeout_s = timeout_s
+        self.in_process_timeout_s = in_process_timeout_s
         self.pool = pool
         self.max_failed_batches = max_failed_batches or None
         self.failed_batches = 0  # consecutive batches in which every call failed
@@ -103,13 +111,20 @@ class Scorer:
             timeout_s=spec.timeout_s,
             pool=pool,
             max_failed_batches=spec.max_failed_rollouts,
+            in_process_timeout_s=spec.in_process_timeout_s,
         )
 
     @classmethod
     def for_accuracy(cls, spec: RewardSpec, pool) -> Scorer:
         """The accuracy reward (`spec.accuracy`): a failed verification counts as wrong (0),
         never as missing."""
-        return cls(build_reward(spec.accuracy), "zero", timeout_s=spec.timeout_s, pool=pool)
+        return cls(
+            build_reward(spec.accuracy),
+            "zero",
+            timeout_s=spec.timeout_s,
+            pool=pool,
+            in_process_timeout_s=spec.in_process_timeout_s,
+        )
 
     def score(self, prompts, completions, references):
         """(rewards [B] f32, valid [B] bool, stats): see score_responses."""
@@ -121,6 +136,7 @@ class Scorer:
             invalid_reward=self.invalid_reward,
             timeout_s=self.timeout_s,
             pool=self.pool,
+            in_process_timeout_s=self.in_process_timeout_s,
         )
         self.log_failures(stats)
         if self.max_failed_batches is not None:
@@ -142,6 +158,7 @@ def score_responses(
     invalid_reward: str,
     timeout_s: float | None,
     pool=None,
+    in_process_timeout_s: float | None = None,
 ):
     """Rewards [B] f32, validity [B] bool and the scoring stats.
 
@@ -155,6 +172,7 @@ def score_responses(
         list(references),
         timeout_s=timeout_s,
         pool=pool,
+        in_process_timeout_s=in_process_timeout_s,
     )
     ok_B = np.asarray(stats["ok_B"], bool)
     rewards_B = np.where(ok_B, rewards_B, 0.0).astype(np.float32)

@@ -38,7 +38,7 @@ from gspo_jax import models
 from gspo_jax.models import lora
 from gspo_jax.rollout import filtering
 from gspo_jax.rollout.stage import Rollout
-from gspo_jax.trainer import preemption
+from gspo_jax.trainer import memory, preemption
 from gspo_jax.trainer import state as state_lib
 from gspo_jax.trainer import warm_start as warm_start_lib
 from gspo_jax.trainer.io import checkpoint, writers
@@ -214,12 +214,15 @@ def _evaluate(trainer: Trainer, report: _Reporter, params, step: int) -> dict:
         )
     report.evaluated = True
     report.phase("evaluating", line)
-    if not trainer.evaluator.spec.save_per_problem:
-        out = trainer.evaluator(params)
-    else:
-        per_problem = []
-        out = trainer.evaluator(params, per_problem)
-        _save_per_problem(trainer.workdir, step, per_problem)
+    with memory.name_the_field(
+        "the held-out evaluation", "eval.batch_size or eval.num_samples (k samples per prompt)"
+    ):
+        if not trainer.evaluator.spec.save_per_problem:
+            out = trainer.evaluator(params)
+        else:
+            per_problem = []
+            out = trainer.evaluator(params, per_problem)
+            _save_per_problem(trainer.workdir, step, per_problem)
     report.phase(None)
     return out
 
@@ -255,9 +258,13 @@ def rl_step(
     prompts = next(trainer.train_iter)
     # Dynamic sampling's extra rounds read on from the same stream; the position saved is
     # the one after them, so a resumed run reads what it would have read.
-    rollout = trainer.rollouts.collect(
-        state, prompts, more_prompts=lambda: next(trainer.train_iter)
-    )
+    with memory.name_the_field(
+        f"RL step {state.step + 1}'s rollout",
+        "rollout_batch_size, num_return_sequences_in_group or response_length",
+    ):
+        rollout = trainer.rollouts.collect(
+            state, prompts, more_prompts=lambda: next(trainer.train_iter)
+        )
     state = state.replace(data=json.dumps(trainer.train_iter.get_state()))
     state, metrics = train_on(trainer, state, rollout)
     metrics["data/epoch"] = float(trainer.train_iter.epoch)
@@ -357,6 +364,34 @@ def train_on(trainer: Trainer, state: RunState, rollout: Rollout) -> tuple[RunSt
     return state, metrics
 
 
+# What each part of the data iterator's identity (data/pipeline.py) comes from in the config.
+_DATA_FIELDS = {
+    "fingerprint": "the training prompts (data.name, data.config_name, data.train_split, "
+    "data.manual_dir's files, data.instruction, the tokenizer, prompt_length)",
+    "batch_size": "rollout_batch_size",
+    "seed": "seed",
+    "kind": "data.name",
+}
+
+
+def _resume_data(trainer: Trainer, restored: RunState) -> None:
+    """Puts the training data at the checkpoint's position; a position saved over other
+    data is an error naming the config fields that decide the data, not the iterator's
+    fingerprint."""
+    try:
+        trainer.train_iter.set_state(restored.data)
+    except ValueError as e:
+        saved = restored.data.get("pipeline", {}) if isinstance(restored.data, dict) else {}
+        now = getattr(trainer.train_iter, "_identity", {})
+        changed = [k for k in _DATA_FIELDS if k in now and saved.get(k) != now[k]]
+        what = "; ".join(_DATA_FIELDS[k] for k in changed) or "data.*"
+        raise ValueError(
+            f"{restored.origin} was written while training on other data than this config "
+            f"gives: changed: {what}. Resume with the data settings the run started with "
+            f"(its config.json in the workdir), or start a new --workdir ({e})"
+        ) from None
+
+
 def init_or_restore(trainer: Trainer) -> RunState:
     """The workdir's latest checkpoint; else the config's Hugging Face checkpoint; else a
     scratch initialisation with its supervised warm start (saved as checkpoint 0, so a
@@ -369,7 +404,7 @@ def init_or_restore(trainer: Trainer) -> RunState:
     schedule = trainer.schedule
     restored = checkpoint.restore_latest(trainer.manager, trainer.abstract_state())
     if restored is not None:
-        trainer.train_iter.set_state(restored.data)
+        _resume_data(trainer, restored)
         if trainer.model_config.lora_rank:
             base, _ = _base_params(trainer, resume=True)
             params = lora.combine(base, restored.train.params)

@@ -35,6 +35,7 @@ from gspo_jax.rewards import RewardPool, voting
 from gspo_jax.rollout.stage import Rollouts, Scorer, make_advantage_fn
 from gspo_jax.train_step import StepConfig, batch_shardings, make_logprobs_fn, make_train_step
 from gspo_jax.train_step.optim import make_optimizer
+from gspo_jax.trainer import memory
 from gspo_jax.trainer import state as state_lib
 from gspo_jax.trainer.evaluation import Evaluator
 from gspo_jax.trainer.io import checkpoint, writers
@@ -139,6 +140,7 @@ def _setup_locked(c, workdir, mesh, checkpoint_dir, run_lock, allow_config_chang
     tokenizer = _tokenizer(c, workdir)
     model_config = specs.model_config(c, tokenizer)
     config_lib.check_model_against_tokenizer(c, model_config, tokenizer)
+    memory.check_sampling_fits(c, model_config, list(mesh.devices.flat))
     if c.model.routing_replay and model_config.num_experts == 0:
         raise config_lib.ConfigError(
             f"config.model.routing_replay needs a Mixture-of-Experts model; "

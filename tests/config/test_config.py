@@ -423,8 +423,8 @@ def test_qwen3_gsm8k_config_needs_its_arguments_and_validates(tmp_path):
 
     with pytest.raises(ValueError, match="hf_path=DIR,manual_dir=DIR"):
         qwen3_0p6b_gsm8k.get_config()
-    for split in ("train", "test"):
-        (tmp_path / f"{split}.jsonl").write_text('{"question": "q", "answer": "#### 1"}\n')
+    for split in ("train", "test"):  # different problems: a copy would warn (overlap)
+        (tmp_path / f"{split}.jsonl").write_text(f'{{"question": "{split}", "answer": "#### 1"}}\n')
     c = qwen3_0p6b_gsm8k.get_config(f"hf_path=tests/fixtures/models/qwen3,manual_dir={tmp_path}")
     assert (c.importance_sampling, c.clip_low, c.clip_high) == ("seq", 3e-4, 4e-4)
     assert c.model.dtype == "bfloat16" and c.data.name == "gsm8k"

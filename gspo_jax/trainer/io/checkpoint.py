@@ -291,7 +291,8 @@ def restore_latest(manager: ocp.CheckpointManager, abstract: RunState) -> RunSta
     changed) is an error naming the first differences, not a fallback: every step of the
     run has the same shapes.
     """
-    steps = sorted(manager.all_steps(), reverse=True)
+    ours = set(existing_steps(str(manager.directory), warn=False))  # setup warned
+    steps = sorted((s for s in manager.all_steps() if s in ours), reverse=True)
     if not steps:
         return None
     failures = []
@@ -555,11 +556,39 @@ def _remove(path: str) -> None:
         os.remove(path)
 
 
-def existing_steps(directory: str) -> list[int]:
-    """The committed checkpoint steps under `directory` (a cheap listing, no orbax)."""
+# What a step directory of ours holds (orbax's metadata and commit marker, our two items): a
+# directory named like a step that holds none of them was not written by the run.
+_STEP_FILES = ("_CHECKPOINT_METADATA", "commit_success.txt", STATE, META)
+
+
+def existing_steps(directory: str, *, warn: bool = True) -> list[int]:
+    """The checkpoint steps under `directory` (a cheap listing, no orbax).
+
+    Entries the run did not write are ignored, named in one warning (`warn`): a file or
+    a directory named like a step without a checkpoint's files (a copy made by hand, an
+    empty folder) used to count as a step reached, refusing a resume with the run's own
+    num_steps, and orbax would try it first and move it aside as damaged. Orbax's own
+    temporary folders and our `<step>.corrupt` are not foreign."""
     if not os.path.isdir(directory):
         return []
-    return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+    steps, foreign = [], []
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        if name.isdigit() and os.path.isdir(path) and not os.path.islink(path):
+            if any(os.path.exists(os.path.join(path, f)) for f in _STEP_FILES):
+                steps.append(int(name))
+                continue
+        elif name.endswith(CORRUPT_SUFFIX) or ".orbax-checkpoint-tmp" in name:
+            continue
+        foreign.append(name)
+    if foreign and warn:
+        log.warning(
+            "%s holds entries this run did not write, ignored: %s (move them elsewhere: "
+            "a folder named like a step would be taken for one by orbax)",
+            directory,
+            ", ".join(foreign),
+        )
+    return sorted(steps)
 
 
 # The run's end puts back what the orbax log handling changed (Trainer.close).

@@ -49,6 +49,7 @@ import sys
 
 import jax
 
+from gspo_jax import jsonio
 from gspo_jax import sharding as sharding_lib
 from gspo_jax.config import specs
 
@@ -306,6 +307,7 @@ def record_config(config, workdir: str, *, resuming: bool, allow_change: bool) -
     if os.path.exists(changes):
         with open(changes) as f:
             previous = f.read()
+        previous = previous[: previous.rfind("\n") + 1]  # a torn last row (warned) goes
     _write_lead(changes, previous + json.dumps(row) + "\n")
     return diffs
 
@@ -326,14 +328,27 @@ def config_differences(config, workdir: str) -> tuple[dict, dict]:
 
 def _recorded(workdir: str) -> dict:
     """The run's current config: config.json, or the last accepted change's full config."""
-    with open(os.path.join(workdir, CONFIG_FILE)) as f:
-        config = json.load(f)
+    path = os.path.join(workdir, CONFIG_FILE)
+    try:
+        config = jsonio.read_json(path, what="the run's config record")
+    except jsonio.JsonFileError as e:
+        raise WorkdirError(
+            f"{e}. It records the config this workdir's run started with (a crash or a full "
+            f"disk may have torn it): restore it, or delete {path} to resume without the "
+            "check (it is then rewritten from this run's config, with a warning)"
+        ) from None
     changes = os.path.join(workdir, CHANGES_FILE)
     if os.path.exists(changes):
-        with open(changes) as f:
-            rows = [json.loads(line) for line in f if line.strip()]
-        if rows:
-            config = rows[-1]["config"]
+        # Appended to on each accepted change: a torn last row is skipped with a warning.
+        rows = jsonio.read_jsonl(changes, what="a config change", torn_tail="skip")
+        for line_no, row in reversed(rows):
+            if not isinstance(row.get("config"), dict):
+                raise WorkdirError(
+                    f"{changes}:{line_no}: a config change without its full 'config': "
+                    f"restore the file, or delete it to compare with {path} alone"
+                )
+            config = row["config"]
+            break
     return _flatten(config)
 
 

@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from gspo_jax import jsonio
+
 # Panels of the end-of-run plot: (title, metric keys drawn in it). A key ending in "*"
 # stands for every key that continues it with a number (the per-update values
 # `updates/<key>/<u>`, u = 0, 1, ...; `eval/pass@<j>`);
@@ -148,16 +150,14 @@ def read_metrics(path: str) -> list[dict]:
     """The rows of a metrics.jsonl file (later rows for the same step win on resume)."""
     by_step: dict[int, dict] = {}
     order: list[int] = []
-    with open(path) as f:
-        for line in f:
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            step = row["step"]
-            if step not in by_step:
-                order.append(step)
-                by_step[step] = {}
-            by_step[step].update(row)
+    for line_no, row in jsonio.read_jsonl(path, what="a metrics row", torn_tail="skip"):
+        step = row.get("step")
+        if not isinstance(step, int):
+            raise jsonio.JsonFileError(f"{path}:{line_no}: a metrics row without an integer 'step'")
+        if step not in by_step:
+            order.append(step)
+            by_step[step] = {}
+        by_step[step].update(row)
     return [by_step[s] for s in sorted(order)]
 
 
