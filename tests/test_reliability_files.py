@@ -60,6 +60,20 @@ def test_a_checkpoint_config_number_out_of_range_names_the_file_and_key(tmp_path
     assert str(path / "config.json") in str(raised.value)
 
 
+def test_a_moe_checkpoint_whose_layers_hold_no_experts_is_named(tmp_path):
+    path = tmp_path / "moe"
+    shutil.copytree("tests/fixtures/models/qwen3_moe", path)
+    hf = json.loads((path / "config.json").read_text())
+    for changes, says in (
+        ({"decoder_sparse_step": hf["num_hidden_layers"] + 1}, "decoder_sparse_step=.* exceeds"),
+        ({"mlp_only_layers": [hf["num_hidden_layers"]]}, "mlp_only_layers lists layer"),
+    ):
+        (path / "config.json").write_text(json.dumps(hf | changes))
+        with pytest.raises(ValueError, match=says) as raised:
+            models.load_pretrained(path)
+        assert str(path / "config.json") in str(raised.value)
+
+
 def test_a_generation_config_id_outside_the_vocabulary_or_disagreeing_is_named(tmp_path):
     path = _checkpoint(tmp_path)
     c = base.get_config()

@@ -402,6 +402,12 @@ class ModelConfig:
         for eos in fields["eos_token_ids"]:
             if not eos < vocab:
                 raise ValueError(f"eos_token_id={eos} is outside the vocabulary [0, {vocab})")
+        step = fields.get("decoder_sparse_step", 1)
+        if model_type == "qwen3_moe" and step > fields["num_layers"]:
+            raise ValueError(
+                f"decoder_sparse_step={step} exceeds num_hidden_layers={fields['num_layers']}: "
+                "no layer would hold the experts"
+            )
         for i in fields.get("mlp_only_layers", ()):
             if not i < fields["num_layers"]:
                 raise ValueError(
