@@ -215,7 +215,7 @@ def _evaluate(trainer: Trainer, report: _Reporter, params, step: int) -> dict:
     report.evaluated = True
     report.phase("evaluating", line)
     with memory.name_the_field(
-        "the held-out evaluation", "eval.batch_size or eval.num_samples (k samples per prompt)"
+        "the held-out evaluation", "eval.batch_size or eval.pass_k (k samples per prompt)"
     ):
         if not trainer.evaluator.spec.save_per_problem:
             out = trainer.evaluator(params)

@@ -2,7 +2,7 @@
 config field behind them.
 
 A rollout samples `rollout_batch_size x num_return_sequences_in_group` responses at once, the
-held-out evaluation `eval.batch_size` greedy responses and, with `eval.num_samples` = k,
+held-out evaluation `eval.batch_size` greedy responses and, with `eval.pass_k` = k,
 `eval.batch_size x k` sampled ones. Each row holds a key/value cache of
 `prompt_length + response_length` positions in every layer:
 
@@ -10,7 +10,7 @@ held-out evaluation `eval.batch_size` greedy responses and, with `eval.num_sampl
 
 (1 byte: an int8 cache, the smallest) split over every device of the mesh, a lower bound. `check_sampling_fits` compares the largest of these with
 one device's memory (the host's RAM on a CPU) before anything is compiled: a huge
-`eval.num_samples` used to fail minutes later, after the model load and the first RL steps'
+`eval.pass_k` used to fail minutes later, after the model load and the first RL steps'
 compile, as XLA's "Error dispatching computation" or "RESOURCE_EXHAUSTED", naming no field.
 `name_the_field` rewrites such an error raised later (an estimate is a lower bound: logits,
 activations and the params need room too) into one naming the fields.
@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 
+from gspo_jax.config import specs
 from gspo_jax.config.validate import ConfigError
 
 # Messages of XLA's out-of-memory errors (GPU, TPU, CPU allocators).
@@ -62,14 +63,10 @@ def sampling_loads(config) -> list[tuple[str, int, str]]:
     ]
     per_call = min(c.eval.batch_size, c.eval.num_prompts)
     loads.append(("eval.batch_size", per_call, f"{per_call} greedy held-out responses"))
-    if c.eval.num_samples:
-        loads.append(
-            (
-                "eval.num_samples",
-                per_call * c.eval.num_samples,
-                f"{per_call} held-out prompts x eval.num_samples={c.eval.num_samples} samples",
-            )
-        )
+    k = specs.pass_k(c)
+    if k:
+        name = "eval.pass_k" if c.eval.get("num_samples") is None else "eval.num_samples"
+        loads.append((name, per_call * k, f"{per_call} held-out prompts x {name}={k} samples"))
     return loads
 
 
