@@ -45,6 +45,7 @@ from sampler import MODEL
 
 from gspo_jax import models, sampling
 from gspo_jax.sampling import continuous
+from gspo_jax.sampling.options import EngineOptions
 
 BIAS = 1e4
 END = 1
@@ -189,15 +190,17 @@ def measured_efficiency(params, lengths, args, slots: int) -> float:
     """Σ L_b / the engine's own row-step count (`continuous.run`'s EngineStats)."""
     tokens, mask = prompts_for(lengths, args.prompt_len)
     plan = continuous.plan(len(lengths), args.prompt_len, args.max_new_tokens, num_slots=slots)
-    options = {
-        "num_samples": 1,
-        "max_new_tokens": args.max_new_tokens,
-        "temperature": 1.0,
-        "top_k": None,
-        "top_p": None,
-        "share_prefix": True,
-        "drain_levels": args.drain_levels,
-    }
+    options = EngineOptions(
+        num_samples=1,
+        max_new_tokens=args.max_new_tokens,
+        temperature=1.0,
+        top_k=None,
+        top_p=None,
+        share_prefix=True,
+        drain_levels=args.drain_levels,
+        layout="trainer",
+        kv_dtype="auto",
+    )
     out = continuous.run(
         MODEL,
         params,

@@ -15,9 +15,9 @@ one RL step calls:
     rollout reshard   sampling.RolloutLayout: the policy's rollout copy, once per RL step
                       (sampling.rollout_layout "tensor" only)
     sampler prefill   the run's engine (sampling.engine): continuous._prefill_pages (one
-                      prefill per prompt, written into pages) or sampler._prefill (static)
+                      prefill per prompt, written into pages) or static._prefill (static)
     sampler decode    continuous._engine (its loop, one replica per data-parallel chip
-                      group) or sampler._decode (static), every response response_length
+                      group) or static._decode (static), every response response_length
                       tokens long
     logprobs          train_step.make_logprobs_fn: π_old (and π_ref) recompute
     advantages        rollout.make_advantage_fn (or the token-level-KL variant)
@@ -78,7 +78,7 @@ from gspo_jax.config import validate as config_lib
 from gspo_jax.models import lora
 from gspo_jax.models.attention import resolve_impl
 from gspo_jax.rollout import stage as rollout
-from gspo_jax.sampling import sampler
+from gspo_jax.sampling import static
 from gspo_jax.train_step import TrainState, batch_ndims, make_logprobs_fn, make_train_step, optim
 from tools import hlo_stats, roofline
 
@@ -482,7 +482,7 @@ def _compile_sampler(a: _Abstract, functions) -> list[Report]:
     tokens_NP = _batch_sds(a.mesh, (N, P), jnp.int32)
     key = jax.eval_shape(lambda: jax.random.key(0))
     key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=a.rep)
-    segments = len(sampler._segments(T, sampler._auto_segments(T)))
+    segments = len(static._segments(T, static._auto_segments(T)))
     prefill_kwargs = {
         "num_samples": a.G,
         "share_prefix": True,
@@ -492,7 +492,7 @@ def _compile_sampler(a: _Abstract, functions) -> list[Report]:
     reports = []
     report, compiled = _compile(
         "sampler prefill",
-        sampler._prefill,
+        static._prefill,
         cfg,
         a.params,
         tokens_NP,
@@ -508,7 +508,7 @@ def _compile_sampler(a: _Abstract, functions) -> list[Report]:
     if "decode" not in functions or compiled is None:
         return reports
     shapes = jax.eval_shape(
-        lambda p, t, k: sampler._prefill(cfg, p, t, t, k, **prefill_kwargs),
+        lambda p, t, k: static._prefill(cfg, p, t, t, k, **prefill_kwargs),
         a.abstract,
         jax.ShapeDtypeStruct((N, P), jnp.int32),
         jax.eval_shape(lambda: jax.random.key(0)),
@@ -518,7 +518,7 @@ def _compile_sampler(a: _Abstract, functions) -> list[Report]:
     per_token = _decode_flops_per_token(cfg, P, T)
     report, _ = _compile(
         "sampler decode",
-        sampler._decode,
+        static._decode,
         cfg,
         a.params,
         prompt,

@@ -166,6 +166,12 @@ class SamplerSpec:
             kwargs["layout"] = "tensor"  # the rollout's own mesh is laid out for decoding
         return kwargs
 
+    def options(self, *, eos_ids, pad_id: int):
+        """`sampling.SampleOptions` of this spec with the tokenizer's end and pad ids."""
+        from gspo_jax import sampling
+
+        return sampling.SampleOptions(eos_ids=tuple(eos_ids), pad_id=int(pad_id), **self.kwargs())
+
 
 @dataclasses.dataclass(frozen=True)
 class RewardSpec:

@@ -1,18 +1,17 @@
 """The rollout engine: N prompts in, G responses per prompt out, with the sampler's log-probs.
 
-    sampler.py   `sample`: one prefill per prompt, a `lax.while_loop` decode (the public
-                 entry point, `gspo_jax.sampling.sample`)
-    continuous.py the continuous engine (the default): slots, a page pool, a queue
-    draw.py      the token draw: temperature, top-k / top-p, inverse-CDF categorical
-                 (vocabulary-sharded logits drawn where they are)
-    layout.py    `RolloutLayout`: the policy's rollout copy (compute dtype, decode layout),
-                 made once per RL step; `rollout_mesh`: the rollout's own mesh
+`sample(...)` (keywords) or `sample_with(..., options=SampleOptions(...))` (one typed value)
+is the public entry; docs/architecture.md lists the modules: sampler.py (checks, buckets,
+dispatch), static.py and continuous.py (the two engines; pages.py and replicas.py plan and
+place the continuous one), draw.py (the token draw), layout.py (the rollout's copy of the
+policy), options.py (the options).
 
-Imports only `models` and `sharding` (the decode arithmetic lives with the model,
-models/kv_cache.py and models/paged.py).
+Imports only `models`, `sharding` and the algorithm's π_old check (the decode arithmetic
+lives with the model, models/kv_cache.py and models/paged.py).
 """
 
 from gspo_jax.sampling.layout import RolloutLayout, rollout_mesh, rollout_shardings
+from gspo_jax.sampling.options import EngineOptions, SampleOptions
 from gspo_jax.sampling.sampler import (
     DEFAULT_BUCKETS,
     BiasedPiOldWarning,
@@ -20,18 +19,22 @@ from gspo_jax.sampling.sampler import (
     SamplerState,
     choose_bucket,
     sample,
+    sample_with,
     warn_if_biased_pi_old,
 )
 
 __all__ = [
     "DEFAULT_BUCKETS",
     "BiasedPiOldWarning",
+    "EngineOptions",
     "RolloutLayout",
+    "SampleOptions",
     "SampleOutput",
     "SamplerState",
     "choose_bucket",
     "rollout_mesh",
     "rollout_shardings",
     "sample",
+    "sample_with",
     "warn_if_biased_pi_old",
 ]

@@ -62,7 +62,6 @@ max_new_tokens, M page-table width, R response pages, V vocab.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -71,111 +70,22 @@ from flax import struct
 
 from gspo_jax import models, sharding
 from gspo_jax.models import partition
-from gspo_jax.models.attention import target_platform
+from gspo_jax.sampling import replicas as replicas_lib
 from gspo_jax.sampling.draw import next_token, row_keys
 from gspo_jax.sampling.layout import traced_under_layout
+from gspo_jax.sampling.pages import (  # noqa: F401 (continuous.* names)
+    DEFAULT_DRAIN_LEVELS,
+    DRAIN_MIN_WIDTH,
+    FLAT_ROWS,
+    PagePlan,
+    default_num_slots,
+    drain_widths,
+    plan,
+)
+from gspo_jax.sampling.replicas import replica_axes
 
 F32 = jnp.float32
 TRASH = 0  # page 0: where rows that write nothing write; never read as context
-
-
-@dataclasses.dataclass(frozen=True)
-class PagePlan:
-    """Static sizes of one engine call (hashable: a jit static argument).
-
-    num_slots   S decode rows
-    page_size   tokens per page
-    num_pages   R response pages (the budget of tokens in flight / page_size)
-    prompt_pages pages per prompt row, ⌈P / page_size⌉
-    seq_pages   most own pages one sequence can need: ⌈T / page_size⌉ + 1
-    """
-
-    num_slots: int
-    page_size: int
-    num_pages: int
-    prompt_pages: int
-    seq_pages: int
-
-    @property
-    def table_width(self) -> int:
-        return self.prompt_pages + self.seq_pages
-
-
-# Decode rows below which a step costs about the same per platform (`default_num_slots`):
-# a dense decode step reads every weight once and multiplies it by every row (2 FLOPs per
-# weight and row), so it is bound by the weight read until rows ≈ peak FLOP/s × bytes per
-# weight / (2 × memory bandwidth): bf16 v5e 197e12 × 2 / (2 × 819e9) ≈ 240, v5p ≈ 166, v6e
-# ≈ 560, H100 ≈ 295; f32 on a 2-core AVX-512 CPU ≈ 180e9 × 4 / (2 × ~20e9) ≈ 18 (measured:
-# 16 of 64 slots on benchmarks/sampler_longtail.py's long tail, docs/benchmarks.md).
-FLAT_ROWS = {"tpu": 256, "gpu": 256, "cuda": 256, "rocm": 256, "cpu": 16}
-QUEUE_DEPTH = 4  # sequences per slot, on average, that the default keeps queued
-SLOT_MULTIPLE = 8  # the default's slots are a multiple of this (replicas divide them)
-
-
-def default_num_slots(
-    num_sequences: int,
-    seq_pages: int,
-    page_size: int,
-    kv_budget_tokens=None,
-    platform: str | None = None,
-) -> int:
-    """Decode slots when `num_slots` is None:
-
-        S = min(B, S_kv, max(FLAT_ROWS[platform], ⌈B / QUEUE_DEPTH⌉ rounded up to 8))
-
-    S_kv: the slots whose full-length sequences fit `kv_budget_tokens` (⌊pages /
-    seq_pages⌋; B without a budget), so no row waits for a page. Below FLAT_ROWS rows a
-    step costs about what it costs with fewer (the weight read dominates), so fewer slots
-    save nothing and only lengthen the run: with B ≤ FLAT_ROWS every sequence gets a slot
-    (the run then takes as many steps as the longest response, the least possible). Above
-    it a step costs per row, so slots should stay full: B / QUEUE_DEPTH slots keep ~3/4 of
-    the sequences queued at the start and the queue non-empty for most of the decode (the
-    drain, `drain_widths`, narrows the loop once it is empty). On a TPU (256) this is one
-    slot per sequence up to 256 sequences, then B/4; on CPU (16), B/4 from 64 sequences."""
-    B = int(num_sequences)
-    platform = platform or target_platform()
-    fit = B if kv_budget_tokens is None else int(kv_budget_tokens) // page_size // seq_pages
-    queued = -(-B // QUEUE_DEPTH)
-    queued = -(-queued // SLOT_MULTIPLE) * SLOT_MULTIPLE
-    return max(1, min(B, fit, max(FLAT_ROWS.get(platform, FLAT_ROWS["cpu"]), queued)))
-
-
-def plan(
-    num_sequences: int,
-    prompt_width: int,
-    max_new_tokens: int,
-    *,
-    num_slots=None,
-    page_size: int = 16,
-    kv_budget_tokens=None,
-    platform: str | None = None,
-) -> PagePlan:
-    """The page plan, checked (ValueError naming the option): num_slots None =
-    `default_num_slots` for `platform` (default: the one compiled for), else capped at the
-    sequence count; kv_budget_tokens None = every slot at full length (no row ever waits),
-    else ⌊budget / page_size⌋ pages, at least one full-length sequence's."""
-    for name, value in (("num_slots", num_slots), ("kv_budget_tokens", kv_budget_tokens)):
-        if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
-            raise ValueError(f"{name} must be None or an int >= 1, got {value!r}")
-    if isinstance(page_size, bool) or int(page_size) != page_size or page_size < 1:
-        raise ValueError(f"page_size must be an int >= 1, got {page_size!r}")
-    seq_pages = -(-max_new_tokens // page_size) + 1
-    if num_slots is None:
-        num_slots = default_num_slots(
-            num_sequences, seq_pages, page_size, kv_budget_tokens, platform
-        )
-    S = min(int(num_slots), num_sequences)
-    if kv_budget_tokens is None:
-        num_pages = S * seq_pages
-    else:
-        num_pages = int(kv_budget_tokens) // page_size
-        if num_pages < seq_pages:
-            raise ValueError(
-                f"kv_budget_tokens={kv_budget_tokens} holds {num_pages} pages of page_size="
-                f"{page_size}; one sequence of max_new_tokens={max_new_tokens} needs up to "
-                f"{seq_pages} pages ({seq_pages * page_size} tokens): raise the budget"
-            )
-    return PagePlan(S, int(page_size), num_pages, -(-prompt_width // page_size), seq_pages)
 
 
 @struct.dataclass
@@ -518,46 +428,9 @@ def _engine(
     rules = sharding.layout_rules(layout)
     if replicas:
         rules = sharding.LOGICAL_RULES if rules is None else rules
-        return _per_replica(args, num_sequences, static, rules, replicas)
+        return replicas_lib.per_replica(_engine_body, args, num_sequences, static, rules, replicas)
     with partition.layout(rules):
         return _engine_body(*args, num_sequences, *static)
-
-
-def _per_replica(args, num_sequences, static, rules, replicas):
-    """`_engine_body` in a shard_map over the `replicas` mesh axes (see `_engine`)."""
-    cfg, params, prompt_pages, plen_Q, logits_QV, rng, eos_ids_E, pad_id = args
-    mesh = partition.context_mesh()
-    D = 1
-    for axis in replicas:
-        D *= mesh.shape[axis]
-    local_B = num_sequences // D
-    inner = partition.without_axes(rules, replicas)
-    P = jax.sharding.PartitionSpec
-    rows = P(replicas)
-
-    def one(params, prompt_pages, plen_Q, logits_QV, rng, eos_ids_E, pad_id):
-        offset = jax.lax.axis_index(replicas) * local_B
-        with partition.layout(inner):
-            out = _engine_body(
-                cfg, params, prompt_pages, plen_Q, logits_QV, rng, eos_ids_E, pad_id,
-                local_B, *static, seq_offset=offset,
-            )  # fmt: skip
-        *per_row, steps, row_steps, preempted = out
-        return (
-            *per_row,
-            jax.lax.pmax(steps, replicas),
-            jax.lax.psum(row_steps, replicas),
-            jax.lax.psum(preempted, replicas),
-        )
-
-    return jax.shard_map(
-        one,
-        mesh=mesh,
-        in_specs=(P(), rows, rows, rows, P(), P(), P()),
-        out_specs=(rows,) * 5 + (P(),) * 3,
-        axis_names=frozenset(replicas),
-        check_vma=False,
-    )(params, prompt_pages, plen_Q, logits_QV, rng, eos_ids_E, pad_id)
 
 
 def _engine_body(
@@ -626,23 +499,6 @@ def _engine_body(
     )
 
 
-DRAIN_MIN_WIDTH = 32  # the default drain's narrowest loop (rows)
-DEFAULT_DRAIN_LEVELS = 2
-
-
-def drain_widths(num_slots: int, drain_levels: int | None) -> tuple[int, ...]:
-    """Loop widths: num_slots, then halved `drain_levels` times (while ≥ 1); None: up to
-    DEFAULT_DRAIN_LEVELS times while the half is ≥ DRAIN_MIN_WIDTH rows."""
-    floor = 1 if drain_levels is not None else DRAIN_MIN_WIDTH
-    levels = DEFAULT_DRAIN_LEVELS if drain_levels is None else drain_levels
-    widths = [num_slots]
-    for _ in range(levels):
-        if widths[-1] // 2 < floor:
-            break
-        widths.append(widths[-1] // 2)
-    return tuple(widths)
-
-
 def _compact(state: EngineState, width: int) -> EngineState:
     """The running slots (at most `width`) moved to the first `width` slots; the per-slot
     arrays shrink to them."""
@@ -673,23 +529,23 @@ class EngineStats:
     preemptions: jax.Array
 
 
-def run(cfg, params, tokens_NP, mask_NP, rng, eos_ids, pad_id, *, options: dict, page_plan):
+def run(cfg, params, tokens_NP, mask_NP, rng, eos_ids, pad_id, *, options, page_plan):
     """Prefill + engine on checked inputs (sampler.sample validates). Returns (tokens, mask,
     logprobs, lengths, truncated, prompt tokens [B, P], prompt mask [B, P], EngineStats)."""
-    G = options["num_samples"]
+    G = options.num_samples
     pages, plen, logits, tokens_BP, mask_BP = _prefill_pages(
         cfg,
         params,
         tokens_NP,
         mask_NP,
         num_samples=G,
-        share_prefix=options["share_prefix"],
+        share_prefix=options.share_prefix,
         page_size=page_plan.page_size,
-        layout=options.get("layout", "trainer"),
-        kv_dtype=options.get("kv_dtype", "auto"),
+        layout=options.layout,
+        kv_dtype=options.kv_dtype,
     )
     B = tokens_NP.shape[0] * G
-    layout = options.get("layout", "trainer")
+    layout = options.layout
     replicas, local_plan = replica_axes(
         partition.context_mesh(), layout, tokens_NP.shape[0], page_plan
     )
@@ -703,62 +559,20 @@ def run(cfg, params, tokens_NP, mask_NP, rng, eos_ids, pad_id, *, options: dict,
         eos_ids,
         pad_id,
         num_sequences=B,
-        max_new_tokens=options["max_new_tokens"],
+        max_new_tokens=options.max_new_tokens,
         page_plan=local_plan,
-        temperature=options["temperature"],
-        top_k=options["top_k"],
-        top_p=options["top_p"],
+        temperature=options.temperature,
+        top_k=options.top_k,
+        top_p=options.top_p,
         impl=models.paged_attention_impl(cfg.attention_impl, head_dim=cfg.head_dim),
-        drain_levels=options.get("drain_levels"),
+        drain_levels=options.drain_levels,
         layout=layout,
         replicas=replicas,
     )
-    rows = _row_sharding(tokens_NP)
+    rows = replicas_lib.row_sharding(tokens_NP)
     if rows is not None:
-        tokens, mask, logprobs, lengths, truncated, tokens_BP, mask_BP = _place(
+        tokens, mask, logprobs, lengths, truncated, tokens_BP, mask_BP = replicas_lib.place(
             rows, (tokens, mask, logprobs, lengths, truncated, tokens_BP, mask_BP)
         )
     stats = EngineStats(steps=steps, row_steps=row_steps, preemptions=preempted)
     return tokens, mask, logprobs, lengths, truncated, tokens_BP, mask_BP, stats
-
-
-def replica_axes(mesh, layout: str, num_prompts: int, p: PagePlan) -> tuple[tuple, PagePlan]:
-    """(mesh axes the engine runs one replica per, each replica's page plan).
-
-    The candidates are the layout's row axes but expert ("trainer": data, fsdp; "tensor":
-    data) of size > 1: each replica decodes its own prompts' sequences on its own slots and
-    pages, and the other axes split the model inside it. The longest leading run of them
-    whose product D divides the prompts and the slots, and leaves each replica the pages of
-    one full-length sequence; with none (or no mesh), one engine over GSPMD's layout.
-    Each replica's plan: num_slots / D slots, num_pages / D response pages."""
-    if mesh is None:
-        return (), p
-    target = (sharding.layout_rules(layout) or sharding.LOGICAL_RULES)["batch"]
-    axes = (target,) if isinstance(target, str) else tuple(target or ())
-    axes = [a for a in axes if a != "expert" and mesh.shape.get(a, 1) > 1]
-    while axes:
-        D = 1
-        for axis in axes:
-            D *= mesh.shape[axis]
-        if num_prompts % D == 0 and p.num_slots % D == 0 and p.num_pages // D >= p.seq_pages:
-            local = dataclasses.replace(p, num_slots=p.num_slots // D, num_pages=p.num_pages // D)
-            return tuple(axes), local
-        axes.pop()
-    return (), p
-
-
-def _row_sharding(tokens_NP):
-    """The prompts' row sharding (a NamedSharding splitting their first axis), else None.
-    Without replicas the engine's outputs come out replicated (rows are written by
-    sequence index from any slot), with them split over the replica axes; the static
-    engine's follow the prompts' rows, and a multi-process loop reads only its own rows
-    (`sharding.to_local`), so the outputs are put back on that layout."""
-    s = getattr(tokens_NP, "sharding", None)
-    if not isinstance(s, jax.sharding.NamedSharding) or not s.spec or s.spec[0] is None:
-        return None
-    return jax.sharding.NamedSharding(s.mesh, jax.sharding.PartitionSpec(s.spec[0]))
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _place(sharding, arrays):
-    return jax.lax.with_sharding_constraint(arrays, sharding)

@@ -67,248 +67,30 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
 
 from gspo_jax import models, sharding
 from gspo_jax.algorithm.old_policy import BiasedPiOldWarning, warn_if_biased_pi_old
 from gspo_jax.models import partition
 from gspo_jax.sampling import continuous
-from gspo_jax.sampling.draw import next_token, row_keys
-from gspo_jax.sampling.layout import traced_under_layout
+from gspo_jax.sampling.options import DEFAULT_BUCKETS, EngineOptions, SampleOptions
+from gspo_jax.sampling.output import SampleOutput
+from gspo_jax.sampling.static import SamplerState, _sample_static, _segment_count
 
 __all__ = [
     "DEFAULT_BUCKETS",
     "BiasedPiOldWarning",
+    "SampleOptions",
     "SampleOutput",
     "SamplerState",
     "choose_bucket",
     "sample",
+    "sample_with",
     "warn_if_biased_pi_old",
 ]
 
 F32 = jnp.float32
-DEFAULT_BUCKETS = tuple(2**i for i in range(4, 16))  # 16, 32, …, 32768
 
 # --------------------------------------------------------------------------------- pytrees
-
-
-@struct.dataclass
-class SampleOutput:
-    """What `sample` returns (all rows B = N·G, the G samples of prompt n at n·G … n·G+G−1).
-
-    tokens        int32 [B, T]  response tokens; pad_id after the end token
-    mask          int32 [B, T]  1 for generated tokens up to and including the first end token
-    logprobs      f32 [B, T]    log softmax(logits / τ) at each sampled token, 0 where mask is 0
-                                (see `sample` for exactly which distribution)
-    lengths       int32 [B]     Σ_t mask (the end token included)
-    truncated     bool [B]      no end token within max_new_tokens
-    prompt_tokens int32 [B, P]  the prompts as fed to the model: trimmed to the bucket, left
-                                padded, repeated G times (row-aligned with `tokens`)
-    prompt_mask   int32 [B, P]  their mask
-    num_steps     int32 []      columns generated before the loop stopped (≤ T; < T when every
-                                row ended early — the columns after it hold pad_id)
-    row_steps     int32 []      decode rows computed: Σ over the token loop's steps of the rows
-                                it ran (B · num_steps for the static engine); Σ lengths /
-                                row_steps is the useful share of the decode
-    preemptions   int32 []      sequences preempted and decoded again for want of KV pages
-                                (continuous engine; 0 for the static one)
-    """
-
-    tokens: jax.Array
-    mask: jax.Array
-    logprobs: jax.Array
-    lengths: jax.Array
-    truncated: jax.Array
-    prompt_tokens: jax.Array
-    prompt_mask: jax.Array
-    num_steps: jax.Array
-    row_steps: jax.Array | None = None
-    preemptions: jax.Array | None = None
-
-    def sequences(self):
-        """(tokens [B, P+T], attention_mask [B, P+T]) = concat(prompt, response): the input
-        of `models.forward` / the trainer; logits at column P+t−1 predict response token t."""
-        tokens = jnp.concatenate([self.prompt_tokens, self.tokens], axis=1)
-        mask = jnp.concatenate([self.prompt_mask, self.mask.astype(self.prompt_mask.dtype)], 1)
-        return tokens, mask
-
-
-@struct.dataclass
-class SamplerState:
-    """The decode loop's carry (donated into `_decode`).
-
-    step      int32 []        tokens generated so far = column written next
-    tokens    int32 [B, T]    pad_id where nothing (or padding after the end) was generated
-    logprobs  f32 [B, T]
-    done      bool [B]        the row has emitted an end token
-    length    int32 [B]       generated tokens up to and including the end token
-    last      int32 [B]       token fed to the next decode step (response slot step − 1,
-                              position = real prompt length + step − 1)
-    rng       key             the call's key; token t of row b draws with
-                              fold_in(fold_in(rng, b), t) (`draw.row_keys`)
-    cache     models.ResponseCache: the rows' response keys/values in time segments
-    """
-
-    step: jax.Array
-    tokens: jax.Array
-    logprobs: jax.Array
-    done: jax.Array
-    length: jax.Array
-    last: jax.Array
-    rng: jax.Array
-    cache: models.ResponseCache
-
-
-# ------------------------------------------------------------------------ cache schedule
-
-
-def _segments(T: int, segments: int) -> list[tuple[int, int]]:
-    """(start, width) of the response-cache segments: T slots in `segments` equal runs."""
-    return list(models.response_segments(T, segments))
-
-
-def _auto_segments(T: int) -> int:
-    """Default segment count: about one per 32 response slots, at most 4 (each segment is
-    one more compiled copy of the decode step)."""
-    return max(1, min(4, T // 32))
-
-
-# ------------------------------------------------------------------------- jitted stages
-
-
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "model_config",
-        "num_samples",
-        "share_prefix",
-        "max_new_tokens",
-        "segments",
-        "layout",
-        "kv_dtype",
-    ),
-)
-@traced_under_layout
-def _prefill(
-    model_config,
-    params,
-    tokens_NP,
-    mask_NP,
-    rng,
-    *,
-    num_samples,
-    share_prefix,
-    max_new_tokens,
-    segments=1,
-    layout="trainer",
-    kv_dtype="auto",
-):
-    """Prompt cache, initial state (nothing generated yet) and the first-token logits
-    ([N, V] shared, [B, V] not shared), plus the prompts repeated G times. `layout`: the
-    rules the stage is traced under (`sharding.layout_rules`); `kv_dtype`: the caches'
-    float dtype ("auto": the compute dtype)."""
-    if layout == "tensor":
-        params = models.for_decoding(model_config, params)  # a no-op on rollout_params
-    cfg, G, T = model_config, num_samples, max_new_tokens
-    B = tokens_NP.shape[0] * G
-    tokens_BP = jnp.repeat(tokens_NP, G, axis=0)
-    mask_BP = jnp.repeat(mask_NP, G, axis=0)
-    tokens_QP, mask_QP = (tokens_NP, mask_NP) if share_prefix else (tokens_BP, mask_BP)
-    dtype = None if kv_dtype == "auto" else kv_dtype
-    prompt, logits_QV, _ = models.prefill_shared(cfg, params, tokens_QP, mask_QP, dtype=dtype)
-    state = SamplerState(
-        step=jnp.zeros((), jnp.int32),
-        tokens=jnp.zeros((B, T), jnp.int32),
-        logprobs=jnp.zeros((B, T), F32),
-        done=jnp.zeros((B,), bool),
-        length=jnp.zeros((B,), jnp.int32),
-        last=jnp.zeros((B,), jnp.int32),
-        rng=rng,
-        cache=models.init_response_cache(cfg, B, T, segments=segments, dtype=dtype),
-    )
-    return prompt, state, logits_QV, tokens_BP, mask_BP.astype(jnp.int32)
-
-
-@functools.partial(
-    jax.jit,
-    static_argnames=("model_config", "temperature", "top_k", "top_p", "layout"),
-    donate_argnames=("state",),
-)
-@traced_under_layout
-def _decode(
-    model_config,
-    params,
-    prompt,
-    state,
-    first_logits_QV,
-    eos_ids_E,
-    pad_id,
-    *,
-    temperature,
-    top_k,
-    top_p,
-    layout="trainer",
-):
-    """First token from the prefill logits, then the while_loop; returns (final state,
-    response mask [B, T], truncated [B]). `layout`: as `_prefill`'s."""
-    cfg = model_config
-    B, T = state.tokens.shape
-    params = models.for_decoding(cfg, params)  # weights gathered once, not once per token
-
-    def emit(state, logits_BV):
-        """Draws token `step` for every row, writes it (pad / 0 for finished rows)."""
-        keys = row_keys(state.rng, jnp.arange(B, dtype=jnp.int32), jnp.full((B,), state.step))
-        token, logprob = next_token(logits_BV, keys, temperature, top_k, top_p)
-        live = ~state.done
-        token = jnp.where(live, token, pad_id)
-        col = (jnp.zeros((), jnp.int32), state.step)
-        is_end = jnp.any(token[:, None] == eos_ids_E[None, :], axis=-1) & live
-        return state.replace(
-            step=state.step + 1,
-            tokens=jax.lax.dynamic_update_slice(state.tokens, token[:, None], col),
-            logprobs=jax.lax.dynamic_update_slice(
-                state.logprobs, jnp.where(live, logprob, 0.0)[:, None], col
-            ),
-            done=state.done | is_end,
-            length=state.length + live.astype(jnp.int32),
-            last=token,
-        )
-
-    first_BV = jnp.repeat(first_logits_QV, B // first_logits_QV.shape[0], axis=0)
-    state = emit(state, first_BV)
-    layers = models.split_layers(cfg, params)  # once: slicing inside the loop copies weights
-
-    def run_segment(state, seg: int, start: int, width: int):
-        """Decode steps writing response slots [start, start + width) (slot = step − 1)."""
-
-        def cond(state):
-            return (state.step < T) & (state.step <= start + width) & ~jnp.all(state.done)
-
-        def body(state):
-            logits_BV, cache, _ = models.decode_step_shared(
-                cfg,
-                params,
-                prompt,
-                state.cache,
-                state.last,
-                state.step - 1,
-                segment=seg,
-                layer_params=layers,
-            )
-            return emit(state.replace(cache=cache), logits_BV)
-
-        return jax.lax.while_loop(cond, body, state)
-
-    # One while_loop per cache segment (Python-unrolled, each compiled once): early steps
-    # attend over the first segments only, so the response cache is read ~(S+1)/2S as much.
-    for seg, (start, width) in enumerate(state.cache.segments):
-        state = run_segment(state, seg, start, width)
-    mask_BT = (jnp.arange(T)[None, :] < state.length[:, None]).astype(jnp.int32)
-    # Columns never reached (every row ended early) still hold the buffer's initial value.
-    state = state.replace(tokens=jnp.where(mask_BT > 0, state.tokens, pad_id))
-    # The whole final state is returned so that every donated buffer is aliased to an output
-    # (the response caches are updated in place from the first step to the last).
-    return state, mask_BT, ~state.done
 
 
 # ------------------------------------------------------------------------------- host side
@@ -536,53 +318,86 @@ def sample(
     kv_budget_tokens below one full-length response, an unknown kv_dtype or "int8" with the
     static engine.
     """
-    cfg = model_config
-    eos_ids = _check_options(
-        cfg, num_samples, max_new_tokens, temperature, top_k, top_p, eos_ids, pad_id
+    return sample_with(
+        model_config,
+        params,
+        prompt_tokens,
+        prompt_mask,
+        rng,
+        options=SampleOptions(
+            num_samples=num_samples,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            eos_ids=eos_ids,
+            pad_id=pad_id,
+            max_prompt_length=max_prompt_length,
+            buckets=buckets,
+            share_prefix=share_prefix,
+            max_cache_len=max_cache_len,
+            logprobs_as_pi_old=logprobs_as_pi_old,
+            decode_segments=decode_segments,
+            engine=engine,
+            num_slots=num_slots,
+            page_size=page_size,
+            kv_budget_tokens=kv_budget_tokens,
+            drain_levels=drain_levels,
+            layout=layout,
+            kv_dtype=kv_dtype,
+        ),
     )
-    segments = _segment_count(max_new_tokens, decode_segments)
-    temperature = float(temperature)
-    top_k = None if top_k is None or top_k >= cfg.vocab_size else int(top_k)
-    top_p = None if top_p is None or top_p >= 1.0 else float(top_p)
-    if logprobs_as_pi_old:
+
+
+def sample_with(
+    model_config, params, prompt_tokens, prompt_mask, rng, *, options: SampleOptions
+) -> SampleOutput:
+    """`sample` with its options as one typed `SampleOptions` (what the RL loop binds once:
+    config/specs.py's `SamplerSpec.options`). The arguments and the checks are `sample`'s."""
+    o, cfg = options, model_config
+    eos_ids = _check_options(
+        cfg, o.num_samples, o.max_new_tokens, o.temperature, o.top_k, o.top_p, o.eos_ids, o.pad_id
+    )
+    segments = _segment_count(o.max_new_tokens, o.decode_segments)
+    temperature = float(o.temperature)
+    top_k = None if o.top_k is None or o.top_k >= cfg.vocab_size else int(o.top_k)
+    top_p = None if o.top_p is None or o.top_p >= 1.0 else float(o.top_p)
+    if o.logprobs_as_pi_old:
         warn_if_biased_pi_old(top_k, top_p, temperature)
     if temperature == 0.0:
         top_k = top_p = None  # greedy: filters change nothing
     prompt_tokens, prompt_mask, lengths = _checked_prompts(
-        prompt_tokens, prompt_mask, cfg.vocab_size, max_prompt_length
+        prompt_tokens, prompt_mask, cfg.vocab_size, o.max_prompt_length
     )
+    width = np.shape(prompt_tokens)[1]
     bucket = _bucket_within_cache(
-        lengths,
-        np.shape(prompt_tokens)[1],
-        buckets,
-        max_new_tokens,
-        max_cache_len,
-        cfg.max_position_embeddings,
+        lengths, width, o.buckets, o.max_new_tokens, o.max_cache_len, cfg.max_position_embeddings
     )
-
-    options = {
-        "num_samples": int(num_samples),
-        "max_new_tokens": int(max_new_tokens),
-        "temperature": temperature,
-        "top_k": top_k,
-        "top_p": top_p,
-        "share_prefix": bool(share_prefix),
-        "drain_levels": _drain_levels(drain_levels),
-        "layout": _layout(layout, cfg.num_kv_heads),
-        "kv_dtype": _kv_dtype(kv_dtype, engine),
-    }
-    B = np.shape(prompt_tokens)[0] * int(num_samples)
-    page_plan = _page_plan(engine, B, bucket, options, num_slots, page_size, kv_budget_tokens)
+    engine = EngineOptions(
+        num_samples=int(o.num_samples),
+        max_new_tokens=int(o.max_new_tokens),
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        share_prefix=bool(o.share_prefix),
+        drain_levels=_drain_levels(o.drain_levels),
+        layout=_layout(o.layout, cfg.num_kv_heads),
+        kv_dtype=_kv_dtype(o.kv_dtype, o.engine),
+    )
+    B = np.shape(prompt_tokens)[0] * int(o.num_samples)
+    page_plan = _page_plan(
+        o.engine, B, bucket, engine, o.num_slots, o.page_size, o.kv_budget_tokens
+    )
     tokens_NP = _trim_to_int32(prompt_tokens, bucket)
     mask_NP = _trim_to_int32(prompt_mask, bucket)
     # numpy, not device arrays: the same on every process of a multi-host run.
     eos_E = np.asarray(eos_ids, np.int32).reshape(len(eos_ids))
-    if engine == "static":
+    if o.engine == "static":
         return _sample_static(
-            cfg, params, tokens_NP, mask_NP, rng, eos_E, pad_id, options, segments
+            cfg, params, tokens_NP, mask_NP, rng, eos_E, o.pad_id, engine, segments
         )
     return _sample_continuous(
-        cfg, params, tokens_NP, mask_NP, rng, eos_E, pad_id, options, page_plan
+        cfg, params, tokens_NP, mask_NP, rng, eos_E, o.pad_id, engine, page_plan
     )
 
 
@@ -663,71 +478,11 @@ def _page_plan(engine, num_sequences, bucket, options, num_slots, page_size, kv_
     return continuous.plan(
         num_sequences,
         bucket,
-        options["max_new_tokens"],
+        options.max_new_tokens,
         num_slots=num_slots,
         page_size=page_size,
         kv_budget_tokens=kv_budget_tokens,
     )
-
-
-def _sample_static(cfg, params, tokens_NP, mask_NP, rng, eos_E, pad_id, options, segments):
-    """The static engine: `_prefill`, then `_decode` until every row has ended."""
-    prompt, state, first_logits, tokens_BP, mask_BP = _prefill(
-        cfg,
-        params,
-        tokens_NP,
-        mask_NP,
-        rng,
-        num_samples=options["num_samples"],
-        share_prefix=options["share_prefix"],
-        max_new_tokens=options["max_new_tokens"],
-        segments=segments,
-        layout=options["layout"],
-        kv_dtype=options["kv_dtype"],
-    )
-    state, mask, truncated = _decode(
-        cfg,
-        params,
-        prompt,
-        state,
-        first_logits,
-        eos_E,
-        np.int32(pad_id),
-        temperature=options["temperature"],
-        top_k=options["top_k"],
-        top_p=options["top_p"],
-        layout=options["layout"],
-    )
-    tokens, logprobs, lengths = state.tokens, state.logprobs, state.length
-    rows = continuous._row_sharding(tokens_NP)
-    if rows is not None and options["layout"] == "tensor":  # rows came out replicated
-        tokens, mask, logprobs, lengths, truncated, tokens_BP, mask_BP = continuous._place(
-            rows, (tokens, mask, logprobs, lengths, truncated, tokens_BP, mask_BP)
-        )
-    return SampleOutput(
-        tokens=tokens,
-        mask=mask,
-        logprobs=logprobs,
-        lengths=lengths,
-        truncated=truncated,
-        prompt_tokens=tokens_BP,
-        prompt_mask=mask_BP,
-        num_steps=state.step,
-        row_steps=state.step * jnp.int32(state.tokens.shape[0]),
-        preemptions=jnp.zeros((), jnp.int32),
-    )
-
-
-def _segment_count(max_new_tokens: int, decode_segments) -> int:
-    """How many time segments the response cache has (`decode_segments` checked; None: the
-    automatic choice, see the module docstring)."""
-    if decode_segments is not None and (
-        isinstance(decode_segments, bool)
-        or not isinstance(decode_segments, (int, np.integer))
-        or decode_segments < 1
-    ):
-        raise ValueError(f"decode_segments must be None or an int >= 1, got {decode_segments!r}")
-    return len(_segments(max_new_tokens, decode_segments or _auto_segments(max_new_tokens)))
 
 
 def _checked_prompts(prompt_tokens, prompt_mask, vocab_size: int, max_prompt_length):

@@ -21,6 +21,7 @@ from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ref_ragged_pa
 from gspo_jax import models, sampling
 from gspo_jax.models import paged
 from gspo_jax.sampling import continuous, draw
+from gspo_jax.sampling.options import EngineOptions
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "models"
 BUCKET, T, G = 16, 12, 4
@@ -169,15 +170,17 @@ def test_continuous_equals_static_with_queue_waits_and_preemption(model_and_prom
     lengths = np.asarray(static.lengths)
     assert lengths.min() <= 3 and lengths.max() == T  # rows end at very different times
     plan = continuous.plan(4 * G, BUCKET, T, num_slots=5, page_size=4, kv_budget_tokens=16)
-    options = {
-        "num_samples": G,
-        "max_new_tokens": T,
-        "temperature": 1.0,
-        "top_k": None,
-        "top_p": None,
-        "share_prefix": True,
-        "drain_levels": 2,  # the default drains only batches of >= 64 slots
-    }
+    options = EngineOptions(
+        num_samples=G,
+        max_new_tokens=T,
+        temperature=1.0,
+        top_k=None,
+        top_p=None,
+        share_prefix=True,
+        drain_levels=2,
+        layout="trainer",
+        kv_dtype="auto",
+    )
     out = continuous.run(
         cfg,
         params,
