@@ -302,7 +302,9 @@ def _unknown_bodies(comps) -> set[str]:
                 callees |= set(re.findall(r"%?([\w.\-]+)", branches))
             edges.setdefault(caller, set()).update(callees)
             if ins.opcode == "while" and _trip_count(comps, caller, ins) is None:
-                roots |= {c for role, c in _CALLEES.findall(ins.rest) if role in ("body", "condition")}
+                roots |= {
+                    c for role, c in _CALLEES.findall(ins.rest) if role in ("body", "condition")
+                }
     seen, todo = set(), list(roots)
     while todo:
         name = todo.pop()
@@ -313,7 +315,9 @@ def _unknown_bodies(comps) -> set[str]:
     return seen
 
 
-def _call_graph(comps, unknown: int = 1, inner: int | None = None) -> dict[str, list[tuple[str, int]]]:
+def _call_graph(
+    comps, unknown: int = 1, inner: int | None = None
+) -> dict[str, list[tuple[str, int]]]:
     """{callee: [(caller, executions of the callee per execution of the caller)]}; a while
     whose trip count is unknown runs `unknown` times, or `inner` times when it is itself
     inside such a loop (None: `unknown` too)."""
