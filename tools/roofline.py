@@ -191,8 +191,9 @@ def _qkv_arrays(types) -> list[tuple[tuple[int, ...], int]]:
 
 
 # matmuls of one (query block, key block) pair, x2 FLOPs each: forward q·kᵀ and p·v; dq
-# recomputes q·kᵀ, do·vᵀ and forms ds·k; dkv recomputes q·kᵀ, do·vᵀ and forms pᵀ·do, dsᵀ·q
-_SPLASH_FLOPS = {"fwd": 4, "dq": 6, "dkv": 8}
+# recomputes q·kᵀ, do·vᵀ and forms ds·k; dkv recomputes q·kᵀ, do·vᵀ and forms pᵀ·do, dsᵀ·q;
+# the fused backward (one kernel, dq partials per key block as an extra output) all five
+_SPLASH_FLOPS = {"fwd": 4, "dq": 6, "dkv": 8, "fused": 10}
 
 
 def kernel_cost(op) -> tuple[float, float]:
@@ -206,11 +207,15 @@ def kernel_cost(op) -> tuple[float, float]:
     if "splash_mha" not in name:
         return 0.0, float(op.bytes)
     from gspo_jax.models.attention import _splash_block
+    from gspo_jax.sharding import hlo_stats
 
     kind = next((k for k in ("dkv", "dq", "fwd") if f"_{k}" in name), "fwd")
     arrays = _qkv_arrays(op.operands)
     if not arrays:
         return 0.0, float(op.bytes)
+    rank = max(len(s) for t in op.operands for _, s in hlo_stats._arrays(t))
+    if kind == "dkv" and any(len(s) > rank for _, s in hlo_stats._arrays(op.shape)):
+        kind = "fused"  # use_fused_bwd_kernel: dq partials per key block come out too
     (B, H, L, C), _ = max(arrays, key=lambda a: a[0][1])
     (_, K, _, _), kv_size = min(arrays, key=lambda a: a[0][1])
     n = L // _splash_block(L)

@@ -198,3 +198,14 @@ def test_splash_kernel_of_one_row_comes_without_its_batch_dimension():
     op = _op("kernel", 0.0, 0, op="kernel:splash_mha_dkv_segmented", operands=(q, kv, kv))
     n = 9216 // 512
     assert roofline.kernel_cost(op)[0] == pytest.approx(8 * 16 * 128 * 9216**2 * (n + 1) / (2 * n))
+
+
+def test_splash_fused_backward_counts_dq_in_its_dkv_kernel():
+    # use_fused_bwd_kernel: the dkv kernel also writes dq partials, one per key block
+    q, kv = "bf16[16,9216,128]{2,1,0}", "bf16[8,9216,128]{2,1,0}"
+    n = 9216 // 512
+    unfused = _op("kernel", 0.0, 0, op="kernel:splash_mha_dkv_x", operands=(q, kv, kv))
+    fused = dataclasses.replace(unfused, shape=f"(bf16[{n},16,9216,128], {kv}, {kv})")
+    assert roofline.kernel_cost(fused)[0] == pytest.approx(
+        roofline.kernel_cost(unfused)[0] * 10 / 8
+    )
