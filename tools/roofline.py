@@ -207,7 +207,7 @@ def kernel_cost(op) -> tuple[float, float]:
     if "splash_mha" not in name:
         return 0.0, float(op.bytes)
     from gspo_jax.models.attention import _splash_block
-    from gspo_jax.sharding import hlo_stats
+    from tools import hlo_stats
 
     kind = next((k for k in ("dkv", "dq", "fwd") if f"_{k}" in name), "fwd")
     arrays = _qkv_arrays(op.operands)
