@@ -106,3 +106,26 @@ def _correction_metrics(mode, level, mask_BT, rho_BT, weight_BT, out_BT) -> dict
         ),
     }
     return {k: jax.lax.stop_gradient(jnp.asarray(v, jnp.float32)) for k, v in metrics.items()}
+
+
+def correction_args(
+    sampler_logprobs, mode: str, *, level: str, threshold, log_ratio_clamp: float
+) -> dict | None:
+    """`rollout_correction_weights`' arguments, or None without a correction."""
+    choice_of("rollout_correction", mode, ROLLOUT_CORRECTIONS)
+    if mode == "none":
+        if sampler_logprobs is not None:
+            raise ValueError(
+                "policy_loss: sampler_logprobs given with rollout_correction='none' (they "
+                "would be ignored); pass rollout_correction='tis' or 'mask' to use them"
+            )
+        return None
+    if sampler_logprobs is None:
+        raise ValueError(f"policy_loss: rollout_correction={mode!r} needs sampler_logprobs")
+    return {
+        "sampler_logprobs": sampler_logprobs,
+        "mode": mode,
+        "level": level,
+        "threshold": threshold,
+        "log_ratio_clamp": log_ratio_clamp,
+    }

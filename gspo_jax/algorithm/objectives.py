@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from gspo_jax.algorithm.correction import (  # noqa: F401 (objectives.* names)
     ROLLOUT_CORRECTION_LEVELS,
     ROLLOUT_CORRECTIONS,
-    choice_of,
+    correction_args,
     rollout_correction_weights,
 )
 from gspo_jax.algorithm.kl import (  # noqa: F401 (objectives.* names)
@@ -386,11 +386,7 @@ def policy_loss(
       sqrt(sum / count) is log s_i's spread at that length (paper: token noise averages
       out over long responses).
     """
-    if rollout_logprobs is not None:  # the old name, for one release
-        warnings.warn(
-            "policy_loss(rollout_logprobs=...) is now sampler_logprobs=", DeprecationWarning, 2
-        )
-        sampler_logprobs = rollout_logprobs if sampler_logprobs is None else sampler_logprobs
+    sampler_logprobs = _renamed(sampler_logprobs, rollout_logprobs)
     ratio = RATIOS.get(importance_sampling)
     mode = LOSS_MODES.get(loss_mode)
     _check_policy_args(logprobs, old_logprobs, advantages, mask, clip_low, clip_high)
@@ -398,7 +394,7 @@ def policy_loss(
     hp |= dict(sapo_tau_neg=sapo_tau_neg, dppo_delta_low=dppo_delta_low)  # noqa: C408
     hp |= dict(dppo_delta_high=dppo_delta_high, dppo_max_weight=dppo_max_weight)  # noqa: C408
     _check_loss_mode(loss_mode, mode, importance_sampling, hp, dual_clip_loss, opsm_delta)
-    correction = _correction_args(
+    correction = correction_args(
         sampler_logprobs if rollout_correction != "none" or opsm_delta is None else None,
         rollout_correction,
         level=rollout_correction_level,
@@ -449,6 +445,16 @@ def policy_loss(
         ratio.sequence_level, loss, logp_BT, old_BT, mask_BT, ratio_BT, flags, clamp
     )
     return loss, {**metrics, **opsm_metrics, **correction_metrics}
+
+
+def _renamed(sampler_logprobs, rollout_logprobs):
+    """`rollout_logprobs`, the old name of `sampler_logprobs`, read for one release."""
+    if rollout_logprobs is None:
+        return sampler_logprobs
+    warnings.warn(
+        "policy_loss(rollout_logprobs=...) is now sampler_logprobs=", DeprecationWarning, 3
+    )
+    return rollout_logprobs if sampler_logprobs is None else sampler_logprobs
 
 
 def _dual_clip(loss_BT, x: LossInputs, flags: dict, ratio: float | None):
@@ -507,29 +513,6 @@ def _check_loss_mode(name, mode: LossMode, importance_sampling, hp, dual_clip_lo
             )
     if isinstance(opsm_delta, int | float) and not opsm_delta >= 0:
         raise ValueError(f"policy_loss: opsm_delta must be >= 0 (or None), got {opsm_delta}")
-
-
-def _correction_args(
-    sampler_logprobs, mode: str, *, level: str, threshold, log_ratio_clamp: float
-) -> dict | None:
-    """`rollout_correction_weights`' arguments, or None without a correction."""
-    choice_of("rollout_correction", mode, ROLLOUT_CORRECTIONS)
-    if mode == "none":
-        if sampler_logprobs is not None:
-            raise ValueError(
-                "policy_loss: sampler_logprobs given with rollout_correction='none' (they "
-                "would be ignored); pass rollout_correction='tis' or 'mask' to use them"
-            )
-        return None
-    if sampler_logprobs is None:
-        raise ValueError(f"policy_loss: rollout_correction={mode!r} needs sampler_logprobs")
-    return {
-        "sampler_logprobs": sampler_logprobs,
-        "mode": mode,
-        "level": level,
-        "threshold": threshold,
-        "log_ratio_clamp": log_ratio_clamp,
-    }
 
 
 def _check_policy_args(logprobs, old_logprobs, advantages, mask, clip_low, clip_high) -> None:

@@ -304,36 +304,8 @@ class ModelConfig:
         any other field. Raises ValueError naming the unsupported architecture / field.
         """
         model_type = hf.get("model_type")
-        architectures = hf.get("architectures") or []
-        if model_type not in ARCHS:
-            raise ValueError(
-                f"unsupported architecture: model_type={model_type!r}, "
-                f"architectures={architectures!r}; supported model_type: {ARCHS}"
-            )
-        expected = HF_ARCHITECTURES[model_type]
-        if architectures and list(architectures) != [expected]:
-            raise ValueError(
-                f"unsupported architecture: architectures={architectures!r} for "
-                f"model_type={model_type!r}; only [{expected!r}] (causal LM) is supported"
-            )
-
         read = _HfReader(hf)
-
-        act = hf.get("hidden_act", "silu")
-        if act != "silu":
-            raise ValueError(f"unsupported hidden_act={act!r} (only 'silu' / SwiGLU)")
-        if read.flag("use_sliding_window", False):
-            raise ValueError(
-                f"unsupported: use_sliding_window=true (sliding_window={hf.get('sliding_window')})"
-                " — sliding-window attention is not implemented"
-            )
-        layer_types = hf.get("layer_types") or []
-        other = sorted({t for t in layer_types if t != "full_attention"})
-        if other:
-            raise ValueError(f"unsupported layer_types {other}: only 'full_attention' layers")
-        partial = hf.get("partial_rotary_factor")
-        if partial not in (None, 1, 1.0):
-            raise ValueError(f"unsupported partial_rotary_factor={partial!r} (only 1.0)")
+        _check_supported(hf, read)
 
         rope_theta, rope_scaling = _parse_rope(hf)
         hidden, heads = read.count("hidden_size"), read.count("num_attention_heads")
@@ -395,24 +367,7 @@ class ModelConfig:
                 "whole groups)"
             )
         fields.update(overrides)
-        vocab = fields["vocab_size"]
-        for key in ("bos_token_id", "pad_token_id"):
-            if fields[key] is not None and not fields[key] < vocab:
-                raise ValueError(f"{key}={fields[key]} is outside the vocabulary [0, {vocab})")
-        for eos in fields["eos_token_ids"]:
-            if not eos < vocab:
-                raise ValueError(f"eos_token_id={eos} is outside the vocabulary [0, {vocab})")
-        step = fields.get("decoder_sparse_step", 1)
-        if model_type == "qwen3_moe" and step > fields["num_layers"]:
-            raise ValueError(
-                f"decoder_sparse_step={step} exceeds num_hidden_layers={fields['num_layers']}: "
-                "no layer would hold the experts"
-            )
-        for i in fields.get("mlp_only_layers", ()):
-            if not i < fields["num_layers"]:
-                raise ValueError(
-                    f"mlp_only_layers lists layer {i}, but num_hidden_layers={fields['num_layers']}"
-                )
+        _check_ids_and_layers(fields, model_type)
         return cls(**fields)
 
     def to_hf_config(self, dtype: str | None = None) -> dict[str, Any]:
@@ -537,6 +492,61 @@ class _HfReader:
         if self.integer(key, value) < 0:
             raise ValueError(f"{key}={value!r} must be a token id >= 0")
         return value
+
+
+def _check_supported(hf: dict[str, Any], read) -> None:
+    """The architecture and the features a config.json asks for are ones implemented here."""
+    model_type = hf.get("model_type")
+    architectures = hf.get("architectures") or []
+    if model_type not in ARCHS:
+        raise ValueError(
+            f"unsupported architecture: model_type={model_type!r}, "
+            f"architectures={architectures!r}; supported model_type: {ARCHS}"
+        )
+    expected = HF_ARCHITECTURES[model_type]
+    if architectures and list(architectures) != [expected]:
+        raise ValueError(
+            f"unsupported architecture: architectures={architectures!r} for "
+            f"model_type={model_type!r}; only [{expected!r}] (causal LM) is supported"
+        )
+
+    act = hf.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"unsupported hidden_act={act!r} (only 'silu' / SwiGLU)")
+    if read.flag("use_sliding_window", False):
+        raise ValueError(
+            f"unsupported: use_sliding_window=true (sliding_window={hf.get('sliding_window')})"
+            " — sliding-window attention is not implemented"
+        )
+    layer_types = hf.get("layer_types") or []
+    other = sorted({t for t in layer_types if t != "full_attention"})
+    if other:
+        raise ValueError(f"unsupported layer_types {other}: only 'full_attention' layers")
+    partial = hf.get("partial_rotary_factor")
+    if partial not in (None, 1, 1.0):
+        raise ValueError(f"unsupported partial_rotary_factor={partial!r} (only 1.0)")
+
+
+def _check_ids_and_layers(fields: dict[str, Any], model_type: str) -> None:
+    """Token ids inside the vocabulary; MoE layer indices inside the model."""
+    vocab = fields["vocab_size"]
+    for key in ("bos_token_id", "pad_token_id"):
+        if fields[key] is not None and not fields[key] < vocab:
+            raise ValueError(f"{key}={fields[key]} is outside the vocabulary [0, {vocab})")
+    for eos in fields["eos_token_ids"]:
+        if not eos < vocab:
+            raise ValueError(f"eos_token_id={eos} is outside the vocabulary [0, {vocab})")
+    step = fields.get("decoder_sparse_step", 1)
+    if model_type == "qwen3_moe" and step > fields["num_layers"]:
+        raise ValueError(
+            f"decoder_sparse_step={step} exceeds num_hidden_layers={fields['num_layers']}: "
+            "no layer would hold the experts"
+        )
+    for i in fields.get("mlp_only_layers", ()):
+        if not i < fields["num_layers"]:
+            raise ValueError(
+                f"mlp_only_layers lists layer {i}, but num_hidden_layers={fields['num_layers']}"
+            )
 
 
 def _parse_rope(hf: dict[str, Any]) -> tuple[float, tuple[tuple[str, Any], ...] | None]:

@@ -42,6 +42,11 @@ from gspo_jax.trainer import memory, preemption
 from gspo_jax.trainer import state as state_lib
 from gspo_jax.trainer import warm_start as warm_start_lib
 from gspo_jax.trainer.io import checkpoint, writers
+from gspo_jax.trainer.io.summary import (  # noqa: F401 (loop.* names)
+    OUTCOME_KEYS,
+    SUMMARY_FILE,
+    write_summary,
+)
 from gspo_jax.trainer.setup import Trainer, prepare_prompts, setup
 from gspo_jax.trainer.state import RunState
 
@@ -66,10 +71,6 @@ PROGRESS_KEYS = {
 # and below for sane rates, ~1e4 for the typo 1e3 (for 1e-3). At 1 one update is as large
 # as the whole model: no learning rate that trains does that.
 UPDATE_RATIO_WARN = 1.0
-SUMMARY_FILE = "summary.json"
-# How one invocation ended and what it wrote: never carried over from an earlier
-# invocation's summary.json when a later one merges into it (`write_summary`).
-OUTCOME_KEYS = ("preempted", "stopped_after", "error", "export", "plot")
 
 
 class NothingTrainedError(RuntimeError):
@@ -113,35 +114,6 @@ def run(
     finally:
         trainer.close()
     return summary
-
-
-def write_summary(workdir: str, summary: dict) -> dict:
-    """Merge `summary` into WORKDIR/summary.json: a re-run of a finished workdir, a resume
-    or a longer run keeps what earlier invocations recorded (eval_start, eval_end, ...)
-    and overwrites what it measured again; how the earlier one ended (OUTCOME_KEYS) is
-    dropped. `origin` is the run's (a resume's own goes to `resumed_from`). Written whole (a temporary file renamed), so a crash never leaves half of it."""
-    path = os.path.join(workdir, SUMMARY_FILE)
-    previous: Any = {}
-    try:
-        with open(path) as f:
-            previous = json.load(f)
-    except FileNotFoundError:
-        pass
-    except (OSError, ValueError) as e:
-        log.warning("%s is unreadable (%s): rewritten from this run alone", path, e)
-    if not isinstance(previous, dict):
-        previous = {}
-    merged = {k: v for k, v in previous.items() if k not in OUTCOME_KEYS} | summary
-    if summary.get("start_step") and "origin" in previous:
-        # A resume (or a re-run of a finished workdir) starts from the run's own checkpoint:
-        # where the run's weights came from (a warm start, its target) stays the record.
-        merged["origin"] = previous["origin"]
-        merged["resumed_from"] = summary.get("origin")
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(merged, f, indent=2, default=str)
-    os.replace(tmp, path)
-    return merged
 
 
 def train(trainer: Trainer, state: RunState, *, stop_after: int | None = None) -> dict[str, Any]:
