@@ -166,3 +166,21 @@ def test_the_checker_finds_what_is_stale(tmp_path):
         "gspo_jax/train.py",
         "trainer/x.py",
     ]
+
+
+def test_the_map_lists_every_module_tool_benchmark_and_launch_script():
+    """docs/architecture.md's tree names every .py / .sh of the package, tools/, benchmarks/
+    and launch/ (a file name that occurs in several folders, as often as it occurs)."""
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    tree = doc[doc.index("## The tree") : doc.index("## Glossary")]
+    files: dict[str, int] = {}
+    for folder in ("gspo_jax", "tools", "benchmarks", "launch"):
+        for path in (ROOT / folder).rglob("*"):
+            if path.suffix in (".py", ".sh") and path.name != "__init__.py":
+                files[path.name] = files.get(path.name, 0) + 1
+    missing = [
+        name
+        for name, count in sorted(files.items())
+        if len(re.findall(rf"(?<![\w/]){re.escape(name)}", tree)) < count
+    ]
+    assert not missing, f"docs/architecture.md's tree does not list: {missing}"
