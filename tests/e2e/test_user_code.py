@@ -49,7 +49,7 @@ def test_a_reward_from_your_own_file_trains_through_main(tmp_path):
 def test_a_checkpoint_by_hub_id_from_the_cache_trains_through_main(tmp_path):
     """`--config.model.hf_path=org/name` with the checkpoint in a Hugging Face cache laid
     out locally (HF_HUB_CACHE): the run reads it from the snapshot, nothing is downloaded."""
-    fixture = Path(__file__).resolve().parents[2] / "fixtures" / "models" / "default_warm_start"
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "models" / "default_warm_start"
     commit = "0123456789abcdef0123456789abcdef01234567"
     repo = tmp_path / "cache" / "models--gspo-test--tiny"
     (repo / "refs").mkdir(parents=True)

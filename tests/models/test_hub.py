@@ -11,7 +11,7 @@ from gspo_jax import models
 from gspo_jax.config.validate import ConfigError, validate
 from gspo_jax.models import hub
 
-FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "models" / "default_warm_start"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "models" / "default_warm_start"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from gspo_jax import models, sampling
 
-FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "models" / "qwen3"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "models" / "qwen3"
 
 
 def test_the_keyword_form_and_the_typed_form_sample_the_same():
