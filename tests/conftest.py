@@ -113,8 +113,16 @@ assert not _missing, f"conftest.LONGEST_FIRST names files that do not exist: {_m
 # because it took more than SLOW_S seconds of one worker in the measured full run (its
 # compiles, not its logic: a whole train step, a model through the sampler). Everything
 # else is the fast tier. CI runs every tier.
-SLOW_S = 4.0
-SLOW = frozenset()
+SLOW_S = 3.0
+
+
+def _slow_tests() -> frozenset[str]:
+    path = os.path.join(_TESTS, "slow_tests.txt")
+    with open(path, encoding="utf-8") as f:
+        return frozenset(line.rsplit(None, 1)[0] for line in f if line.strip() and line[0] != "#")
+
+
+SLOW = _slow_tests()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -124,5 +132,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if str(item.path).startswith(e2e):
             item.add_marker(pytest.mark.e2e)
-        if item.nodeid.split("[")[0] in SLOW:
+        if item.nodeid in SLOW:
             item.add_marker(pytest.mark.slow)
+    ids = {item.nodeid for item in items}
+    files = {nodeid.split("::")[0] for nodeid in ids}
+    stale = sorted(s for s in SLOW if s.split("::")[0] in files and s not in ids)
+    assert not stale, f"tests/slow_tests.txt names tests that do not exist: {stale}"
