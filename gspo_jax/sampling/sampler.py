@@ -350,11 +350,12 @@ def sample(
 
 
 def sample_with(
-    model_config, params, prompt_tokens, prompt_mask, rng, *, options: SampleOptions
+    model_config, params, prompt_tokens, prompt_mask, rng, *, options: SampleOptions, **changes
 ) -> SampleOutput:
     """`sample` with its options as one typed `SampleOptions` (what the RL loop binds once:
-    config/specs.py's `SamplerSpec.options`). The arguments and the checks are `sample`'s."""
-    o, cfg = options, model_config
+    config/specs.py's `SamplerSpec.options`), `changes` replacing some of them for this call
+    (`eos_ids=()`). The arguments and the checks are `sample`'s."""
+    o, cfg = options.replace(**changes) if changes else options, model_config
     eos_ids = _check_options(
         cfg, o.num_samples, o.max_new_tokens, o.temperature, o.top_k, o.top_p, o.eos_ids, o.pad_id
     )

@@ -23,6 +23,9 @@ def test_the_keyword_form_and_the_typed_form_sample_the_same():
     b = sampling.sample_with(cfg, params, tokens, mask, key, options=sampling.SampleOptions(**kw))
     np.testing.assert_array_equal(a.tokens, b.tokens)
     np.testing.assert_array_equal(a.logprobs, b.logprobs)
+    bound = sampling.SampleOptions(**(kw | {"eos_ids": (1,)}))
+    c = sampling.sample_with(cfg, params, tokens, mask, key, options=bound, eos_ids=())
+    np.testing.assert_array_equal(a.tokens, c.tokens)  # a call's change of a bound option
 
 
 def test_options_are_frozen_hashable_and_name_every_keyword_of_sample():
