@@ -39,16 +39,16 @@ def main():
     c.checkpoint.every_steps = 10_000
     c.log.progress_bar = False
     c.warm_start.steps = 0
-    run = setup.setup(c, tempfile.mkdtemp(prefix="loop_overlap_"))
-    state = loop.init_or_restore(run)
-    report = loop._Reporter(run, initial=0)
+    trainer = setup.setup(c, tempfile.mkdtemp(prefix="loop_overlap_"))
+    state = loop.init_or_restore(trainer)
+    report = loop._Reporter(trainer, initial=0)
     names = ("step", "sample", "reward", "train", "other", "logging")
     rows = []
     for _ in range(args.steps):
         t0 = time.perf_counter()
-        prompts = next(run.train_iter)
-        state = state.replace(data=json.dumps(run.train_iter.get_state()))
-        state, m = loop.train_on(run, state, run.rollouts.collect(state, prompts))
+        prompts = next(trainer.train_iter)
+        state = state.replace(data=json.dumps(trainer.train_iter.get_state()))
+        state, m = loop.train_on(trainer, state, trainer.rollouts.collect(state, prompts))
         t1 = time.perf_counter()
         report.step(state.step, m)
         t2 = time.perf_counter()
@@ -57,7 +57,7 @@ def main():
             (t2 - t0, m["time/sample_s"], m["time/reward_s"], m["time/train_s"], t1 - t0 - phases)
             + (t2 - t1,)
         )
-    run.close()
+    trainer.close()
     med = {k: statistics.median(r[i] for r in rows[2:]) for i, k in enumerate(names)}
     for key, value in med.items():
         print(f"{key:<8} {1e3 * value:8.2f} ms")

@@ -121,25 +121,27 @@ def _length_rows(root, length: int, dtype: str, rollouts: int, sources, devices)
     c = _noise_floor_config(dtype, root)
     c.response_length = length
     workdir = os.path.join(root, "noise_floor_length", f"L{length}_{dtype}_{time.time_ns()}")
-    run = setup.setup(c, workdir, devices=devices)
+    trainer = setup.setup(c, workdir, devices=devices)
     # No end token: every row samples `length` tokens (the bound sampler's other options kept).
-    sample = functools.partial(run.rollouts.sample, eos_ids=())
-    run = dataclasses.replace(run, rollouts=dataclasses.replace(run.rollouts, sample=sample))
+    sample = functools.partial(trainer.rollouts.sample, eos_ids=())
+    trainer = dataclasses.replace(
+        trainer, rollouts=dataclasses.replace(trainer.rollouts, sample=sample)
+    )
     rows = []
     try:
-        state = loop.init_or_restore(run)
-        outs = [run.rollouts.collect(state, next(run.train_iter)) for _ in range(rollouts)]
-        fns = _compiled(run)
+        state = loop.init_or_restore(trainer)
+        outs = [trainer.rollouts.collect(state, next(trainer.train_iter)) for _ in range(rollouts)]
+        fns = _compiled(trainer)
         for source in sources:
-            cell = _cell(run, fns, state, outs, source)
+            cell = _cell(trainer, fns, state, outs, source)
             rows.append({"length": length, "dtype": dtype, "pi_old": source, **cell})
             log.info("noise floor against length: %s", rows[-1])
     finally:
-        run.close()
+        trainer.close()
     return rows
 
 
-def _compiled(run) -> dict:
+def _compiled(trainer) -> dict:
     """The jitted functions every cell of a run shares: the train step per π_old kind
     (whole_batch feeds the sampler kind other log-probs) and the per-token pass."""
     import jax
@@ -148,14 +150,16 @@ def _compiled(run) -> dict:
 
     fns = {}
     for kind in ("recompute", "sampler"):
-        sc = dataclasses.replace(run.step_config, old_logprobs_source=kind)
-        step = make_train_step(sc, run.tx, state_shardings=run.state_shardings.train, mesh=run.mesh)
-        fns[kind] = dataclasses.replace(run, step_config=sc, train_step=step)
-    fns["pass"] = jax.jit(functools.partial(train_pass_logprobs, run.step_config))
+        sc = dataclasses.replace(trainer.step_config, old_logprobs_source=kind)
+        step = make_train_step(
+            sc, trainer.tx, state_shardings=trainer.state_shardings.train, mesh=trainer.mesh
+        )
+        fns[kind] = dataclasses.replace(trainer, step_config=sc, train_step=step)
+    fns["pass"] = jax.jit(functools.partial(train_pass_logprobs, trainer.step_config))
     return fns
 
 
-def _cell(run, fns: dict, state, outs, source: str) -> dict:
+def _cell(trainer, fns: dict, state, outs, source: str) -> dict:
     """One cell: the train step's own ratio and clip metrics at lr 0, and the spreads of the
     per-token and per-sequence log-ratios from `train_pass_logprobs` (`fns`: `_compiled`)."""
     import jax
@@ -167,7 +171,7 @@ def _cell(run, fns: dict, state, outs, source: str) -> dict:
     dev, clip, clip_range, d_BT, m_BT = [], [], [], [], []
     for out in outs:
         if source == "whole_batch":
-            out = _with_whole_batch_logprobs(run, state, out)
+            out = _with_whole_batch_logprobs(trainer, state, out)
         b = out.batch
         if source == "recompute":  # π_old is this very pass: d = 0 without running it
             d_BT.append(np.zeros(b["response_mask"].shape))

@@ -60,12 +60,12 @@ def warm_start(model: str, budget: Budget, root: str, seed: int | None = None) -
     if not os.path.exists(os.path.join(hf, "config.json")):
         t0 = time.perf_counter()
         arm = next(a for a in ARMS if a.model == model)
-        run = setup.setup(arm_config(arm, seed or 0, budget, root), workdir)
+        trainer = setup.setup(arm_config(arm, seed or 0, budget, root), workdir)
         try:
-            params = loop.init_or_restore(run).train.params  # the warm start
-            checkpoint.export_hf(run.model_config, run.tokenizer, params, hf)
+            params = loop.init_or_restore(trainer).train.params  # the warm start
+            checkpoint.export_hf(trainer.model_config, trainer.tokenizer, params, hf)
         finally:
-            run.close()
+            trainer.close()
         seconds = time.perf_counter() - t0
         record_seconds(root, phase, seconds)
         log.info("%s: %.0f s", phase, seconds)
@@ -104,20 +104,24 @@ def specialise(upcycled: str, hf: str, budget: Budget, root: str, seed: int) -> 
     config.warm_start.on_checkpoint = True
     config.warm_start.target_accuracy = None
     workdir = os.path.dirname(hf)
-    run = setup.setup(config, os.path.join(workdir, "specialise"))
+    trainer = setup.setup(config, os.path.join(workdir, "specialise"))
     try:
         it = warm_start_lib.demonstrations(  # the warm start's own, from a fixed seed
-            run.sft_source, run.tokenizer, run.warm_start, run.prompt, run.data_spec
+            trainer.sft_source,
+            trainer.tokenizer,
+            trainer.warm_start,
+            trainer.prompt,
+            trainer.data_spec,
         )
-        batches = [next(it) for _ in range(max(1, 256 // run.warm_start.batch_size))]
-        _, before = models.load_pretrained(upcycled, dtype=run.schedule.param_dtype)
-        measures = {"before": specialisation.measure(run.model_config, before, batches)}
-        params = loop.init_or_restore(run).train.params
-        measures["after"] = specialisation.measure(run.model_config, params, batches)
+        batches = [next(it) for _ in range(max(1, 256 // trainer.warm_start.batch_size))]
+        _, before = models.load_pretrained(upcycled, dtype=trainer.schedule.param_dtype)
+        measures = {"before": specialisation.measure(trainer.model_config, before, batches)}
+        params = loop.init_or_restore(trainer).train.params
+        measures["after"] = specialisation.measure(trainer.model_config, params, batches)
         measures["steps"] = int(config.warm_start.steps)
-        checkpoint.export_hf(run.model_config, run.tokenizer, params, hf)
+        checkpoint.export_hf(trainer.model_config, trainer.tokenizer, params, hf)
     finally:
-        run.close()
+        trainer.close()
     with open(os.path.join(workdir, SPECIALISATION), "w") as f:
         json.dump(measures, f, indent=1)
     log.info("specialised MoE (seed %d): %s", seed, measures)
@@ -301,20 +305,22 @@ def _noise_floor_rows(dtype: str, root: str, rollouts: int) -> list[dict]:
 
     c = _noise_floor_config(dtype, root)
     workdir = os.path.join(root, "noise_floor", f"{dtype}_{time.time_ns()}")
-    run = setup.setup(c, workdir)
+    trainer = setup.setup(c, workdir)
     rows = []
     try:
-        state = loop.init_or_restore(run)
-        outs = [run.rollouts.collect(state, next(run.train_iter)) for _ in range(rollouts)]
+        state = loop.init_or_restore(trainer)
+        outs = [trainer.rollouts.collect(state, next(trainer.train_iter)) for _ in range(rollouts)]
         for source in PI_OLD_SOURCES:
-            rows.append({"dtype": dtype, "pi_old": source, **_at_lr_0(run, state, outs, source)})
+            rows.append(
+                {"dtype": dtype, "pi_old": source, **_at_lr_0(trainer, state, outs, source)}
+            )
             log.info("noise floor: %s", rows[-1])
     finally:
-        run.close()
+        trainer.close()
     return rows
 
 
-def _at_lr_0(run, state, outs, source: str) -> dict:
+def _at_lr_0(trainer, state, outs, source: str) -> dict:
     """The largest |s_i − 1|, clipped fraction of sequences and train/given log-prob gap
     over the rollouts `outs`, each trained on from `state` with π_old taken from `source`."""
     import jax
@@ -324,15 +330,17 @@ def _at_lr_0(run, state, outs, source: str) -> dict:
     from gspo_jax.trainer import loop
 
     sc = dataclasses.replace(
-        run.step_config,
+        trainer.step_config,
         old_logprobs_source="recompute" if source == "recompute" else "sampler",
     )
-    step = make_train_step(sc, run.tx, state_shardings=run.state_shardings.train, mesh=run.mesh)
-    r = dataclasses.replace(run, step_config=sc, train_step=step)
+    step = make_train_step(
+        sc, trainer.tx, state_shardings=trainer.state_shardings.train, mesh=trainer.mesh
+    )
+    r = dataclasses.replace(trainer, step_config=sc, train_step=step)
     dev, clip, gap = [], [], []
     for out in outs:
         if source == "whole_batch":
-            out = _with_whole_batch_logprobs(run, state, out)
+            out = _with_whole_batch_logprobs(trainer, state, out)
         fresh = state.replace(train=jax.tree.map(jnp.copy, state.train))
         _, m = loop.train_on(r, fresh, out)
         m = jax.device_get({k: v for k, v in m.items() if not isinstance(v, float)})
@@ -346,11 +354,11 @@ def _at_lr_0(run, state, outs, source: str) -> dict:
     }
 
 
-def _with_whole_batch_logprobs(run, state, out):
+def _with_whole_batch_logprobs(trainer, state, out):
     """The rollout with its sampler log-probs replaced by one pass over the whole batch
     (how π_old was computed before the train step recomputed it)."""
     b = out.batch
-    whole = run.rollouts.logprobs_fn(
-        state.train.params, b["tokens"], b["attention_mask"], run.rollouts.spec.response_length
+    whole = trainer.rollouts.logprobs_fn(
+        state.train.params, b["tokens"], b["attention_mask"], trainer.rollouts.spec.response_length
     )[0]
     return dataclasses.replace(out, batch={**b, "sampler_logprobs": whole})

@@ -45,21 +45,23 @@ def bf16_run(tmp_path_factory):
     c.warm_start.steps = 0
     c.checkpoint.async_save = False
     c.log.progress_bar = c.log.plot = c.log.tensorboard = False
-    run = setup.setup(c, str(root / "run"))
-    state = loop.init_or_restore(run)
-    rollouts = [run.rollouts.collect(state, next(run.train_iter)) for _ in range(2)]
-    yield run, state, rollouts, c
-    run.close()
+    trainer = setup.setup(c, str(root / "run"))
+    state = loop.init_or_restore(trainer)
+    rollouts = [trainer.rollouts.collect(state, next(trainer.train_iter)) for _ in range(2)]
+    yield trainer, state, rollouts, c
+    trainer.close()
 
 
-def _step(run, state, out, **step_overrides):
+def _step(trainer, state, out, **step_overrides):
     """`loop.train_on` with the run's train step, or one built with other StepConfig fields."""
     if step_overrides:
-        sc = dataclasses.replace(run.step_config, **step_overrides)
-        step = make_train_step(sc, run.tx, state_shardings=run.state_shardings.train, mesh=run.mesh)
-        run = dataclasses.replace(run, step_config=sc, train_step=step)
+        sc = dataclasses.replace(trainer.step_config, **step_overrides)
+        step = make_train_step(
+            sc, trainer.tx, state_shardings=trainer.state_shardings.train, mesh=trainer.mesh
+        )
+        trainer = dataclasses.replace(trainer, step_config=sc, train_step=step)
     fresh = state.replace(train=jax.tree.map(jnp.copy, state.train))  # the step donates it
-    _, metrics = loop.train_on(run, fresh, out)
+    _, metrics = loop.train_on(trainer, fresh, out)
     return loop.flat_metrics(
         jax.device_get({k: v for k, v in metrics.items() if not isinstance(v, float)})
     )
@@ -73,12 +75,12 @@ def _deviation(m, updates) -> float:
 
 
 def test_bf16_at_lr0_nothing_clips_and_ratios_stay_within_eps_over_10(bf16_run):
-    run, state, rollouts, config = bf16_run
-    assert run.model_config.dtype == "bfloat16" and config.old_logprobs_source == "recompute"
+    trainer, state, rollouts, config = bf16_run
+    assert trainer.model_config.dtype == "bfloat16" and config.old_logprobs_source == "recompute"
     updates = range(config.num_mini_batches)
     for out in rollouts:
         assert np.ptp(np.asarray(out.batch["advantages"])) > 0.1
-        m = _step(run, state, out)
+        m = _step(trainer, state, out)
         for u in updates:
             assert m[f"updates/clipfrac/{u}"] == 0 and m[f"updates/clipfrac_seq/{u}"] == 0, u
         assert _deviation(m, updates) < EPS_LOW / 10
@@ -90,14 +92,14 @@ def test_bf16_at_lr0_nothing_clips_and_ratios_stay_within_eps_over_10(bf16_run):
 def test_a_whole_batch_pi_old_pass_in_bf16_exceeds_the_clip_range(bf16_run):
     """What π_old was before: one pass over the whole batch (other shapes than the updates'
     micro-batches). Fed to the step as given log-probs, the lr-0 ratios leave [1 − ε, 1 + ε]."""
-    run, state, rollouts, config = bf16_run
+    trainer, state, rollouts, config = bf16_run
     out = rollouts[0]
     b = out.batch
-    whole = run.rollouts.logprobs_fn(
+    whole = trainer.rollouts.logprobs_fn(
         state.train.params, b["tokens"], b["attention_mask"], config.response_length
     )[0]
     given = dataclasses.replace(out, batch={**b, "sampler_logprobs": whole})
-    m = _step(run, state, given, old_logprobs_source="sampler")
+    m = _step(trainer, state, given, old_logprobs_source="sampler")
     assert _deviation(m, range(config.num_mini_batches)) > EPS_HIGH
     assert max(m[f"updates/clipfrac_seq/{u}"] for u in range(4)) > 0
 
@@ -106,8 +108,8 @@ def test_sampler_pi_old_reports_the_train_inference_mismatch(bf16_run):
     """old_logprobs_source="sampler" (paper §5.4): the first update's ratios are
     exp(mean_t(log π_train − log π_sampler)), so the logged noise floor follows the logged
     per-sequence gap: ratio_noise_floor = max_i |exp(g_i) − 1| with |g_i| ≤ seq gap max."""
-    run, state, rollouts, _ = bf16_run
-    m = _step(run, state, rollouts[0], old_logprobs_source="sampler")
+    trainer, state, rollouts, _ = bf16_run
+    m = _step(trainer, state, rollouts[0], old_logprobs_source="sampler")
     gap = m["sampler/seq_logprob_gap_max"]
     assert gap > 0
     floor = m["policy/ratio_noise_floor"]

@@ -107,14 +107,14 @@ def _with_modes(config, ratio: str, agg: str):
 
 def _one_step(workdir, config, devices, modes) -> dict:
     """The rollout of RL step 0 and, per (ratio, agg) mode, the step's metrics and params."""
-    run = setup.setup(config, str(workdir), devices=devices)
+    trainer = setup.setup(config, str(workdir), devices=devices)
     try:
         # Traced under the mesh, as `loop.run` traces them: the model pins its activation
         # layouts (partition.constrain) only with a mesh in context.
-        with jax.set_mesh(run.mesh):
-            state = loop.init_or_restore(run)
-            prompts = next(run.train_iter)
-            out = run.rollouts.collect(state, prompts)
+        with jax.set_mesh(trainer.mesh):
+            state = loop.init_or_restore(trainer)
+            prompts = next(trainer.train_iter)
+            out = trainer.rollouts.collect(state, prompts)
             result = {
                 "tokens": np.asarray(out.batch["tokens"]),
                 "rewards": out.rewards,
@@ -123,16 +123,19 @@ def _one_step(workdir, config, devices, modes) -> dict:
             }
             for ratio, agg in modes:
                 variant = _with_modes(config, ratio, agg)
-                step_config = specs.step_config(variant, run.model_config)
+                step_config = specs.step_config(variant, trainer.model_config)
                 # What setup builds for `variant` (make_train_step with the run's shardings).
                 step = make_train_step(
-                    step_config, run.tx, state_shardings=run.state_shardings.train, mesh=run.mesh
+                    step_config,
+                    trainer.tx,
+                    state_shardings=trainer.state_shardings.train,
+                    mesh=trainer.mesh,
                 )
-                pieces = dataclasses.replace(run, step_config=step_config, train_step=step)
+                pieces = dataclasses.replace(trainer, step_config=step_config, train_step=step)
                 # The train step donates its state: give each mode its own copy.
                 fresh = state.replace(
                     train=jax.device_put(
-                        jax.tree.map(jnp.copy, state.train), run.state_shardings.train
+                        jax.tree.map(jnp.copy, state.train), trainer.state_shardings.train
                     )
                 )
                 new, metrics = loop.train_on(pieces, fresh, out)
@@ -149,7 +152,7 @@ def _one_step(workdir, config, devices, modes) -> dict:
             }
             return result
     finally:
-        run.close()
+        trainer.close()
 
 
 def _max_diff(a, b) -> float:

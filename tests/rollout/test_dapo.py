@@ -152,33 +152,35 @@ def dapo(tmp_path_factory):
     config.reward.spec = config.reward.accuracy = "test_dapo_parity"
     config.dynamic_sampling, config.dynamic_sampling_max_rounds = True, 3
     config.overlong_filter, config.overlong_buffer_len = True, 4
-    run = setup.setup(config, str(root / "run"))
-    with jax.set_mesh(run.mesh):
-        yield run, loop.init_or_restore(run)
-    run.close()
+    trainer = setup.setup(config, str(root / "run"))
+    with jax.set_mesh(trainer.mesh):
+        yield trainer, loop.init_or_restore(trainer)
+    trainer.close()
 
 
-def _collect(run, state, **spec_changes):
-    rollouts = run.rollouts
+def _collect(trainer, state, **spec_changes):
+    rollouts = trainer.rollouts
     if spec_changes:
         rollouts = dataclasses.replace(
             rollouts, spec=dataclasses.replace(rollouts.spec, **spec_changes)
         )
-    return rollouts.collect(state, next(run.train_iter), more_prompts=lambda: next(run.train_iter))
+    return rollouts.collect(
+        state, next(trainer.train_iter), more_prompts=lambda: next(trainer.train_iter)
+    )
 
 
 def test_dynamic_sampling_keeps_live_groups_and_masks_the_padding(dapo):
-    run, state = dapo
+    trainer, state = dapo
     g, n = 4, 4
-    eos = list(data.stop_token_ids(run.tokenizer))
+    eos = list(data.stop_token_ids(trainer.tokenizer))
     shapes = None
     for max_rounds in (3, 0):  # enough rounds to fill the batch (likely); none: padding
-        served = run.train_iter.get_state()["batches_served"]
-        out = _collect(run, state, dynamic_sampling_max_rounds=max_rounds)
+        served = trainer.train_iter.get_state()["batches_served"]
+        out = _collect(trainer, state, dynamic_sampling_max_rounds=max_rounds)
         m = out.host_metrics
         rounds = int(m["rollout/dynamic_rounds"])
         assert rounds <= max_rounds
-        assert run.train_iter.get_state()["batches_served"] == served + 1 + rounds
+        assert trainer.train_iter.get_state()["batches_served"] == served + 1 + rounds
         assert m["rollout/groups_sampled"] == n * (1 + rounds)
         live = round(m["rollout/groups_sampled"] * (1 - m["reward/frac_zero_std"]))
         assert m["rollout/groups_kept"] == min(n, live)
@@ -215,7 +217,7 @@ def test_a_resumed_position_repeats_the_step_exactly(dapo, monkeypatch):
     """The loop saves the data position after a step's extra rounds: a run resumed from it
     (the iterator set to it, the same state) draws exactly the same rollout. (The train
     step is a function of that rollout; the end-to-end test below runs it.)"""
-    run, state = dapo
+    trainer, state = dapo
     rollouts = []
 
     def train_on(trainer, state, rollout):  # the loop's bookkeeping, without the train step
@@ -223,12 +225,12 @@ def test_a_resumed_position_repeats_the_step_exactly(dapo, monkeypatch):
         return state.replace(step=state.step + 1), dict(rollout.host_metrics)
 
     monkeypatch.setattr(loop, "train_on", train_on)
-    start = json.dumps(run.train_iter.get_state())
+    start = json.dumps(trainer.train_iter.get_state())
     positions = []
     for _ in range(2):
-        run.train_iter.set_state(start)
-        positions.append(loop.rl_step(run, state)[0].data)
-    assert positions[0] == positions[1] == json.dumps(run.train_iter.get_state()) != start
+        trainer.train_iter.set_state(start)
+        positions.append(loop.rl_step(trainer, state)[0].data)
+    assert positions[0] == positions[1] == json.dumps(trainer.train_iter.get_state()) != start
     a, b = rollouts
     served = json.loads(positions[0])["batches_served"] - json.loads(start)["batches_served"]
     assert served == 1 + a.host_metrics["rollout/dynamic_rounds"]

@@ -349,17 +349,17 @@ def _collect(workdir, config, devices):
     import gspo_jax.rewards.testing  # noqa: F401  (registers test_checksum)
     from gspo_jax.trainer import loop, setup
 
-    run = setup.setup(config, str(workdir), devices=devices)
+    trainer = setup.setup(config, str(workdir), devices=devices)
     try:
-        with jax.set_mesh(run.mesh):
-            state = loop.init_or_restore(run)
+        with jax.set_mesh(trainer.mesh):
+            state = loop.init_or_restore(trainer)
             # As after a train step: the key on the trainer's mesh (a rollout mesh of its
             # own must take it off: "Mesh for all inputs should be equal" otherwise).
-            state = state.replace(rng=jax.device_put(state.rng, sharding.replicated(run.mesh)))
-            out = run.rollouts.collect(state, next(run.train_iter))
-            return out, run.rollouts.rollout_params
+            state = state.replace(rng=jax.device_put(state.rng, sharding.replicated(trainer.mesh)))
+            out = trainer.rollouts.collect(state, next(trainer.train_iter))
+            return out, trainer.rollouts.rollout_params
     finally:
-        run.close()
+        trainer.close()
 
 
 def test_the_rl_loop_samples_from_its_rollout_copy(tmp_path):

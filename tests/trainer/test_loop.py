@@ -18,14 +18,14 @@ from gspo_jax.trainer.io import checkpoint
 
 
 @pytest.fixture(scope="module")
-def pieces(tmp_path_factory):
+def trainer(tmp_path_factory):
     root = tmp_path_factory.mktemp("loop")
     config = tiny_config(root / "data")
     config.checkpoint.async_save = False
-    run = setup.setup(config, str(root / "run"))
+    trainer = setup.setup(config, str(root / "run"))
     # The config, for the tests' own arithmetic (the Trainer keeps none).
-    yield _WithConfig(run, config)
-    run.close()
+    yield _WithConfig(trainer, config)
+    trainer.close()
 
 
 class _WithConfig:
@@ -39,22 +39,22 @@ class _WithConfig:
 
 
 @pytest.fixture(scope="module")
-def first(pieces):
+def first(trainer):
     """The initial state and the first rollout collected from it."""
-    state = loop.init_or_restore(pieces)
-    return state, pieces.rollouts.collect(state, next(pieces.train_iter))
+    state = loop.init_or_restore(trainer)
+    return state, trainer.rollouts.collect(state, next(trainer.train_iter))
 
 
-def test_collect_returns_the_declared_train_batch(pieces, first):
+def test_collect_returns_the_declared_train_batch(trainer, first):
     state, out = first
-    c = pieces.config
+    c = trainer.config
     n, g = c.rollout_batch_size, c.num_return_sequences_in_group
     assert state.step == 0 and state.origin.startswith("scratch initialisation + 3")
-    assert set(out.batch) == set(batch_ndims(pieces.step_config))
+    assert set(out.batch) == set(batch_ndims(trainer.step_config))
     tokens = out.batch["tokens"]
     assert tokens.shape[0] == n * g and out.batch["response_mask"].shape == (n * g, 12)
     for name, array in out.batch.items():
-        assert array.sharding == pieces.rollouts.batch_shardings[name], name
+        assert array.sharding == trainer.rollouts.batch_shardings[name], name
     # The G responses of a prompt share its (left-padded) prompt columns.
     prompt_len = tokens.shape[1] - c.response_length
     prompts = np.asarray(tokens[:, :prompt_len]).reshape(n, g, prompt_len)
@@ -76,23 +76,23 @@ def test_collect_returns_the_declared_train_batch(pieces, first):
     assert np.all(logp[mask > 0] <= 0) and np.all(logp[mask == 0] == 0)
 
 
-def test_collect_is_a_function_of_the_state_and_the_prompts(pieces, first):
+def test_collect_is_a_function_of_the_state_and_the_prompts(trainer, first):
     state, out = first
     # The same state and prompts draw the same responses (the key is fold_in(rng, step)).
-    again = pieces.rollouts.collect(state, _first_batch(pieces))
+    again = trainer.rollouts.collect(state, _first_batch(trainer))
     np.testing.assert_array_equal(again.batch["tokens"], out.batch["tokens"])
     # Another RL step of the same state draws other responses.
-    other = pieces.rollouts.collect(state.replace(step=1), _first_batch(pieces))
+    other = trainer.rollouts.collect(state.replace(step=1), _first_batch(trainer))
     assert not np.array_equal(other.batch["tokens"], out.batch["tokens"])
 
 
-def _first_batch(run):
+def _first_batch(trainer):
     """The train iterator's first batch, read again from a fresh iterator of its data."""
-    it = run.train_iter.data.iterator(run.train_iter.batch_size, seed=run.config.seed)
+    it = trainer.train_iter.data.iterator(trainer.train_iter.batch_size, seed=trainer.config.seed)
     return next(it)
 
 
-def test_rl_step_applies_the_mini_batch_updates(pieces, first):
+def test_rl_step_applies_the_mini_batch_updates(trainer, first):
     state, out = first
     # The train step donates the state it is given: give it a copy (the fixture is shared).
     state = state.replace(train=jax.tree.map(jnp.copy, state.train))
@@ -100,11 +100,11 @@ def test_rl_step_applies_the_mini_batch_updates(pieces, first):
     # so give this one advantages that move the policy.
     num_rows = out.batch["advantages"].shape[0]
     advantages = np.where(np.arange(num_rows) % 2, 1.0, -1.0).astype(np.float32)
-    advantages = jax.device_put(advantages, pieces.rollouts.batch_shardings["advantages"])
+    advantages = jax.device_put(advantages, trainer.rollouts.batch_shardings["advantages"])
     out = dataclasses.replace(out, batch={**out.batch, "advantages": advantages})
     before = jax.tree.map(np.asarray, state.train.params)
-    new, metrics = loop.train_on(pieces, state, out)
-    minis = pieces.config.num_mini_batches
+    new, metrics = loop.train_on(trainer, state, out)
+    minis = trainer.config.num_mini_batches
     assert new.step == 1 and int(new.train.step) == minis
     assert float(metrics["policy/optimizer_step"]) == minis
     assert float(metrics["policy/skipped_updates"]) == 0
@@ -124,11 +124,11 @@ def test_rl_step_applies_the_mini_batch_updates(pieces, first):
     assert flat["updates/ratio_max/0"] == 1.0 and f"updates/clipfrac/{minis - 1}" in flat
 
 
-def test_run_state_checkpoint_round_trip(pieces, tmp_path):
-    state = loop.init_or_restore(pieces).replace(step=7, data='{"x": 1}', origin="test")
+def test_run_state_checkpoint_round_trip(trainer, tmp_path):
+    state = loop.init_or_restore(trainer).replace(step=7, data='{"x": 1}', origin="test")
     manager = checkpoint.make_manager(str(tmp_path / "ckpt"), async_save=False)
     checkpoint.save(manager, state)
-    restored = checkpoint.restore_latest(manager, pieces.abstract_state())
+    restored = checkpoint.restore_latest(manager, trainer.abstract_state())
     manager.close()
     assert restored.step == 7 and restored.data == '{"x": 1}'
     assert restored.origin.startswith("checkpoint 7 in ")
@@ -138,13 +138,13 @@ def test_run_state_checkpoint_round_trip(pieces, tmp_path):
         assert a.sharding == b.sharding
 
 
-def test_checkpoints_with_per_process_data_positions(pieces, tmp_path):
+def test_checkpoints_with_per_process_data_positions(trainer, tmp_path):
     """The format before global prompt batches kept one data position per process: one
     process's resumes (its order was the global one), several are refused by name."""
     import orbax.checkpoint as ocp
 
-    state = loop.init_or_restore(pieces)
-    position = json.dumps(pieces.train_iter.get_state())
+    state = loop.init_or_restore(trainer)
+    position = json.dumps(trainer.train_iter.get_state())
     for step, positions in ((1, [position]), (2, [position, position])):
         manager = checkpoint.make_manager(str(tmp_path / str(step)), async_save=False)
         meta = {**state.meta(), "step": step, "data": positions}
@@ -155,16 +155,16 @@ def test_checkpoints_with_per_process_data_positions(pieces, tmp_path):
             ),
         )
         if len(positions) == 1:
-            restored = checkpoint.restore_latest(manager, pieces.abstract_state())
+            restored = checkpoint.restore_latest(manager, trainer.abstract_state())
             assert restored.data == position and restored.step == 1
         else:
             with pytest.raises(ValueError, match="holds one data position per process .2 of"):
-                checkpoint.restore_latest(manager, pieces.abstract_state())
+                checkpoint.restore_latest(manager, trainer.abstract_state())
         manager.close()
 
 
 @pytest.mark.parametrize("num_prompts, batch_size", [(10, 8), (3, 64), (20, 5)])
-def test_evaluation_scores_exactly_the_first_num_prompts(pieces, num_prompts, batch_size):
+def test_evaluation_scores_exactly_the_first_num_prompts(trainer, num_prompts, batch_size):
     """Whatever the batch size (and so the padding of the last call): the first num_prompts
     of the split, each once. The accuracy reward here is the reference itself, so the
     per-problem scores (eval.save_per_problem) are the references in split order."""
@@ -183,16 +183,16 @@ def test_evaluation_scores_exactly_the_first_num_prompts(pieces, num_prompts, ba
     per_problem = []
     got = evaluation.greedy_accuracy(
         sample_greedy,
-        pieces.evaluator.eval_data,
-        pieces.tokenizer,
+        trainer.evaluator.eval_data,
+        trainer.tokenizer,
         scorer,
-        pieces.mesh,
+        trainer.mesh,
         num_prompts=num_prompts,
         batch_size=batch_size,
-        buckets=pieces.config.sampling.prompt_buckets,
+        buckets=trainer.config.sampling.prompt_buckets,
         per_problem=per_problem,
     )
-    references = pieces.evaluator.eval_data.arrays["reference"][:num_prompts].astype(float)
+    references = trainer.evaluator.eval_data.arrays["reference"][:num_prompts].astype(float)
     np.testing.assert_array_equal(np.concatenate([i for i, _ in per_problem]), range(num_prompts))
     np.testing.assert_allclose(np.concatenate([s for _, s in per_problem]), references)
     assert got["eval/num_prompts"] == num_prompts
@@ -202,43 +202,43 @@ def test_evaluation_scores_exactly_the_first_num_prompts(pieces, num_prompts, ba
     assert all(n % 8 == 0 or n == batch_size for n in seen) and sum(seen) >= num_prompts
 
 
-def _scripted_warm_start(pieces, accuracies, **spec):
+def _scripted_warm_start(trainer, accuracies, **spec):
     """warm_start.warm_start on the tiny run's pieces with a `check` that returns the given
     accuracies in turn; returns (WarmStartResult, the steps each check saw)."""
     from gspo_jax import models
     from gspo_jax.trainer import warm_start as warm_start_lib
 
     seen = iter(accuracies)
-    params = models.init_params(pieces.model_config, jax.random.PRNGKey(0))
+    params = models.init_params(trainer.model_config, jax.random.PRNGKey(0))
     _, result = warm_start_lib.warm_start(
-        pieces.model_config,
+        trainer.model_config,
         params,
-        pieces.sft_source,
-        pieces.tokenizer,
-        pieces.mesh,
-        spec=dataclasses.replace(pieces.warm_start, **spec),
-        prompt=pieces.prompt,
-        data_spec=pieces.data_spec,
+        trainer.sft_source,
+        trainer.tokenizer,
+        trainer.mesh,
+        spec=dataclasses.replace(trainer.warm_start, **spec),
+        prompt=trainer.prompt,
+        data_spec=trainer.data_spec,
         progress=False,
         check=lambda params: next(seen),
     )
     return result
 
 
-def test_a_warm_start_trained_to_a_target_stops_at_the_first_check_that_reaches_it(pieces):
+def test_a_warm_start_trained_to_a_target_stops_at_the_first_check_that_reaches_it(trainer):
     result = _scripted_warm_start(
-        pieces, [0.1, 0.2, 0.35, 0.9], steps=4, max_steps=6, check_every=1, target_accuracy=0.3
+        trainer, [0.1, 0.2, 0.35, 0.9], steps=4, max_steps=6, check_every=1, target_accuracy=0.3
     )
     assert result.steps == 3 and result.reached is True
     assert result.checks == ((1, 0.1), (2, 0.2), (3, 0.35))
     assert "3 supervised warm-start steps (target reached: 35.0%)" == result.describe()
 
 
-def test_a_warm_start_short_of_its_target_runs_to_max_steps_and_says_so(pieces, caplog):
+def test_a_warm_start_short_of_its_target_runs_to_max_steps_and_says_so(trainer, caplog):
     """Checks every check_every steps and at `steps` (the schedule's end), then at
     max_steps; it keeps what it trained and warns, naming the fields to change."""
     result = _scripted_warm_start(
-        pieces, [0.0, 0.1, 0.2, 0.3], steps=3, max_steps=5, check_every=2, target_accuracy=0.5
+        trainer, [0.0, 0.1, 0.2, 0.3], steps=3, max_steps=5, check_every=2, target_accuracy=0.5
     )
     assert result.reached is False and result.steps == 5
     assert result.checks == ((2, 0.0), (3, 0.1), (4, 0.2), (5, 0.3))
@@ -246,48 +246,48 @@ def test_a_warm_start_short_of_its_target_runs_to_max_steps_and_says_so(pieces, 
     assert "target NOT reached" in result.describe()
 
 
-def test_the_loops_warm_start_checks_the_train_split(pieces):
+def test_the_loops_warm_start_checks_the_train_split(trainer):
     """loop.warm_start builds its check from the held-out evaluator on the train split:
     with an unreachable target every check is a real greedy accuracy in [0, 1]."""
     from gspo_jax import models
 
     spec = dataclasses.replace(
-        pieces.warm_start, steps=2, max_steps=4, check_every=2, check_prompts=8
+        trainer.warm_start, steps=2, max_steps=4, check_every=2, check_prompts=8
     )
     trainer = types.SimpleNamespace(
-        **{k: getattr(pieces, k) for k in ("model_config", "sft_source", "tokenizer", "mesh")},
+        **{k: getattr(trainer, k) for k in ("model_config", "sft_source", "tokenizer", "mesh")},
         warm_start=dataclasses.replace(spec, target_accuracy=1.0),
-        prompt=pieces.prompt,
-        data_spec=pieces.data_spec,
-        evaluator=pieces.evaluator,
-        schedule=pieces.schedule,
-        state_shardings=pieces.state_shardings,
+        prompt=trainer.prompt,
+        data_spec=trainer.data_spec,
+        evaluator=trainer.evaluator,
+        schedule=trainer.schedule,
+        state_shardings=trainer.state_shardings,
         is_lead=False,
     )
-    params = models.init_params(pieces.model_config, jax.random.PRNGKey(0))
+    params = models.init_params(trainer.model_config, jax.random.PRNGKey(0))
     _, result = loop.warm_start(trainer, params)
     assert [s for s, _ in result.checks] == [2, 4] and result.reached is False
     assert all(0.0 <= a <= 1.0 for _, a in result.checks)
 
 
-def test_the_warm_start_trains_a_loaded_checkpoint(pieces, tmp_path):
+def test_the_warm_start_trains_a_loaded_checkpoint(trainer, tmp_path):
     """warm_start.steps > 0 with model.hf_path: the loaded weights, then supervised steps
     (how the experiment's upcycled MoE specialises its experts before RL); the origin names
     both, and the weights moved from the checkpoint's."""
     from gspo_jax import models
 
-    params = models.init_params(pieces.model_config, jax.random.PRNGKey(3))
+    params = models.init_params(trainer.model_config, jax.random.PRNGKey(3))
     hf = str(tmp_path / "hf")
-    checkpoint.export_hf(pieces.model_config, pieces.tokenizer, params, hf)
+    checkpoint.export_hf(trainer.model_config, trainer.tokenizer, params, hf)
     trainer = types.SimpleNamespace(
         **{
-            k: getattr(pieces, k)
+            k: getattr(trainer, k)
             for k in ("model_config", "sft_source", "tokenizer", "mesh", "prompt", "data_spec")
         },
-        warm_start=dataclasses.replace(pieces.warm_start, steps=2, target_accuracy=None),
-        evaluator=pieces.evaluator,
-        schedule=dataclasses.replace(pieces.schedule, hf_path=hf),
-        state_shardings=pieces.state_shardings,
+        warm_start=dataclasses.replace(trainer.warm_start, steps=2, target_accuracy=None),
+        evaluator=trainer.evaluator,
+        schedule=dataclasses.replace(trainer.schedule, hf_path=hf),
+        state_shardings=trainer.state_shardings,
         workdir=str(tmp_path / "run"),
         is_lead=False,
     )
