@@ -6,7 +6,7 @@ bandwidth, then for three functions of the RL step at two model sizes each
 
     train step   train_step.make_train_step (π_old pass + the updates, remat as configured)
     logprobs     train_step.make_logprobs_fn (the whole-batch log-prob pass)
-    decode       the continuous engine (sampling.continuous._engine): `--response_length`
+    decode       the continuous engine (sampling.continuous.engine_loop): `--response_length`
                  decode steps of `--batch` x group sequences, after a paged prefill
 
 compiles the program for the CPU (normal optimisation, not the tests' -O0), predicts its
@@ -259,7 +259,7 @@ def calibrate_size(hidden: int, layers: int, args) -> list[dict]:
     tokens_NP = tokens[:N, :P]
     mask_NP = jnp.ones((N, P), jnp.int32)
     opts = {"num_samples": G, "share_prefix": True, "page_size": ps, "layout": "trainer"}
-    pages, plen, logits = continuous._prefill_pages(a.cfg, params, tokens_NP, mask_NP, **opts)[:3]
+    pages, plen, logits = continuous.prefill_pages(a.cfg, params, tokens_NP, mask_NP, **opts)[:3]
     plan = continuous.plan(N * G, P, T, num_slots=N * G, page_size=ps)
     static = {
         "num_sequences": N * G,
@@ -276,7 +276,7 @@ def calibrate_size(hidden: int, layers: int, args) -> list[dict]:
     eos = jnp.asarray([-1], jnp.int32)  # never sampled: every sequence decodes T tokens
     pad = jnp.asarray(0, jnp.int32)
     engine_args = (a.cfg, params, pages, plen, logits, key, eos, pad)
-    compiled = continuous._engine.lower(*engine_args, **static).compile()
+    compiled = continuous.engine_loop.lower(*engine_args, **static).compile()
     # XLA's paged attention reads the pages in blocks of 8 (models/paged.py), in two while
     # loops per layer up to the longest row: ceil(context / (8 x page_size)) trips, the
     # context growing from P + 1 to P + T over the decode.

@@ -3,7 +3,7 @@ ragged paged attention kernel: does the TPU path compile, what does it hold in H
 which collectives does one decoded token cost?
 
 Nothing runs (no TPU needed): libtpu describes the chips, jax lowers and compiles
-`continuous._engine` (impl="pallas": `jax.experimental.pallas.ops.tpu.ragged_paged_attention`
+`continuous.engine_loop` (impl="pallas": `jax.experimental.pallas.ops.tpu.ragged_paged_attention`
 inside the decode loop) on `jax.ShapeDtypeStruct`s. Qwen3-0.6B widths in bfloat16, with
 `--layers` of its 28 layers (compile time grows with the unrolled layers; memory per layer
 is printed so the full model's can be read off).
@@ -132,7 +132,7 @@ def main():
     start = time.perf_counter()
     # The mesh in context tells Pallas's lowering which chips it compiles for.
     with jax.set_mesh(mesh):
-        compiled = continuous._engine.lower(cfg, *arrays, **static).compile()
+        compiled = continuous.engine_loop.lower(cfg, *arrays, **static).compile()
     seconds = time.perf_counter() - start
     mem = compiled.memory_analysis()
     text = compiled.as_text()

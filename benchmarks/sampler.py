@@ -4,7 +4,7 @@ Everything is measured in one run and reported as ratios (absolute times on a sh
 machine drift; ratios within a run do not):
 
   matmul rate   f32 1024×1024 matmul FLOP/s of this machine, the floor's yardstick
-  decode        ms per decode step of `static._decode` (B = N·G rows, eos_ids=() so every
+  decode        ms per decode step of `static.decode` (B = N·G rows, eos_ids=() so every
                 row runs all T steps; T − 1 `models.decode_step_shared` steps, token 0 comes
                 from the prefill)
   floor         one step's model FLOPs (benchmarks/common.py: B rows through the layer
@@ -19,7 +19,7 @@ machine drift; ratios within a run do not):
                 cores) and params replicated: jit follows the inputs' shardings, as `sample`
                 does on a pod's data axis. On one device the step's small ops run ~1.3 of
                 2 cores (XLA:CPU only splits a matmul over threads when its output is wide)
-  prefill       `static._prefill` at G = 8 with the shared prefix vs G = 1 (~1: the group
+  prefill       `static.prefill` at G = 8 with the shared prefix vs G = 1 (~1: the group
                 costs nothing), and G = 8 without sharing vs with
   tokens/s      whole `sample` calls (prefill + decode) vs (a) a naive loop: T jitted steps,
                 each re-running `models.forward` over the fixed padded [B, P + T] sequence
@@ -88,7 +88,7 @@ def prefill_fn(cfg, params, tokens, mask, g, share, t, segments=1):
     key = jax.random.key(1)
 
     def run():
-        return static._prefill(
+        return static.prefill(
             cfg,
             params,
             tokens,
@@ -104,12 +104,12 @@ def prefill_fn(cfg, params, tokens, mask, g, share, t, segments=1):
 
 
 def decode_fn(cfg, params):
-    """`static._decode` at τ = 1 with no end token. Runs wherever its inputs live (one
+    """`static.decode` at τ = 1 with no end token. Runs wherever its inputs live (one
     device, or rows sharded over a mesh)."""
     eos, pad = np.zeros((0,), np.int32), np.int32(0)
 
     def run(prompt, state, logits):
-        out = static._decode(
+        out = static.decode(
             cfg, params, prompt, state, logits, eos, pad, temperature=1.0, top_k=None, top_p=None
         )
         return jax.block_until_ready(out)
@@ -196,7 +196,7 @@ def _decode_hlo(prefill, params, cfg) -> str:
     """The compiled `_decode` program's text (its op names map profile events to jax ops)."""
     prompt, state, logits = prefill()[:3]
     return (
-        static._decode.lower(
+        static.decode.lower(
             cfg, params, prompt, state, logits, np.zeros((0,), np.int32), np.int32(0),
             temperature=1.0, top_k=None, top_p=None,
         )
@@ -230,7 +230,7 @@ def pin_to_cores(n: int) -> None:
 
 def decode_rounds(cfg, params, tokens, mask, G, T, rounds, floor_flops):
     """Per-round (decode s/step, matmul FLOP/s, decode / floor), interleaved as in main."""
-    segments = static._auto_segments(T)
+    segments = static.auto_segment_count(T)
     prefill = prefill_fn(cfg, params, tokens, mask, G, True, T, segments)
     run = decode_fn(cfg, params)
     time_decode_once(prefill, run, T)  # compile
@@ -297,7 +297,7 @@ def main():
     B = N * G
     params = models.init_params(cfg, jax.random.key(0))
     tokens, mask = make_prompts(N, P, cfg.vocab_size)
-    segments = static._auto_segments(T)
+    segments = static.auto_segment_count(T)
     print(
         f"model: {models.param_count(cfg) / 1e6:.2f}M params ({common.matmul_params(cfg) / 1e6:.2f}M in "
         f"matmuls), N={N} G={G} B={B} P={P} T={T}, decode segments {segments}, "

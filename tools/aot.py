@@ -14,10 +14,10 @@ one RL step calls:
 
     rollout reshard   sampling.RolloutLayout: the policy's rollout copy, once per RL step
                       (sampling.rollout_layout "tensor" only)
-    sampler prefill   the run's engine (sampling.engine): continuous._prefill_pages (one
-                      prefill per prompt, written into pages) or static._prefill (static)
-    sampler decode    continuous._engine (its loop, one replica per data-parallel chip
-                      group) or static._decode (static), every response response_length
+    sampler prefill   the run's engine (sampling.engine): continuous.prefill_pages (one
+                      prefill per prompt, written into pages) or static.prefill (static)
+    sampler decode    continuous.engine_loop (its loop, one replica per data-parallel chip
+                      group) or static.decode (static), every response response_length
                       tokens long
     logprobs          train_step.make_logprobs_fn: π_old (and π_ref) recompute
     advantages        rollout.make_advantage_fn (or the token-level-KL variant)
@@ -482,7 +482,7 @@ def _compile_sampler(a: _Abstract, functions) -> list[Report]:
     tokens_NP = _batch_sds(a.mesh, (N, P), jnp.int32)
     key = jax.eval_shape(lambda: jax.random.key(0))
     key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=a.rep)
-    segments = len(static._segments(T, static._auto_segments(T)))
+    segments = len(static.cache_segments(T, static.auto_segment_count(T)))
     prefill_kwargs = {
         "num_samples": a.G,
         "share_prefix": True,
@@ -492,7 +492,7 @@ def _compile_sampler(a: _Abstract, functions) -> list[Report]:
     reports = []
     report, compiled = _compile(
         "sampler prefill",
-        static._prefill,
+        static.prefill,
         cfg,
         a.params,
         tokens_NP,
@@ -508,7 +508,7 @@ def _compile_sampler(a: _Abstract, functions) -> list[Report]:
     if "decode" not in functions or compiled is None:
         return reports
     shapes = jax.eval_shape(
-        lambda p, t, k: static._prefill(cfg, p, t, t, k, **prefill_kwargs),
+        lambda p, t, k: static.prefill(cfg, p, t, t, k, **prefill_kwargs),
         a.abstract,
         jax.ShapeDtypeStruct((N, P), jnp.int32),
         jax.eval_shape(lambda: jax.random.key(0)),
@@ -518,7 +518,7 @@ def _compile_sampler(a: _Abstract, functions) -> list[Report]:
     per_token = _decode_flops_per_token(cfg, P, T)
     report, _ = _compile(
         "sampler decode",
-        static._decode,
+        static.decode,
         cfg,
         a.params,
         prompt,
@@ -563,7 +563,7 @@ def _compile_continuous(a: _Abstract, functions) -> list[Report]:
     page_size = int(s.page_size)
     report, compiled = _compile(
         "sampler prefill",
-        continuous._prefill_pages,
+        continuous.prefill_pages,
         cfg,
         params,
         tokens_NP,
@@ -581,7 +581,7 @@ def _compile_continuous(a: _Abstract, functions) -> list[Report]:
     if "decode" not in functions or compiled is None:
         return reports
     shapes = jax.eval_shape(
-        lambda p, t: continuous._prefill_pages(
+        lambda p, t: continuous.prefill_pages(
             cfg, p, t, t, num_samples=G, share_prefix=True, page_size=page_size, layout=layout
         ),
         jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params),
@@ -601,7 +601,7 @@ def _compile_continuous(a: _Abstract, functions) -> list[Report]:
     key = jax.eval_shape(lambda: jax.random.key(0))
     report, _ = _compile(
         "sampler decode",
-        continuous._engine,
+        continuous.engine_loop,
         cfg,
         params,
         pages,

@@ -34,7 +34,7 @@ log = logging.getLogger("experiments")
 RESULTS = "docs/results.md"
 
 
-def _results_path(args, budget) -> str:
+def results_path(args, budget) -> str:
     """Where the results go: --results; with --publish the published file under docs/
     (docs/results[_<task>].md, a sweep's docs/sweeps/<field>.md); else beside the runs, in
     <workdir>/ under the same name. Nothing is written under docs/ unless asked, and a
@@ -69,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         args.workdir = os.path.join(args.workdir, f"{budget.task}_{budget.scale}")
     if budget.dev:  # its own data split, so its own warm starts and runs
         args.workdir = os.path.join(args.workdir, "dev")
-    args.results = _results_path(args, budget)
+    args.results = results_path(args, budget)
     os.makedirs(args.workdir, exist_ok=True)
     import jax
 

@@ -5,10 +5,10 @@ continues prompt b // G). One `lax.while_loop` step decodes one token for every 
 slot; a slot whose sequence ends (end token or max_new_tokens) frees its pages and takes the
 next sequence from the queue in the same step, so no slot waits for the longest response.
 
-  jit 1  `_prefill_pages`: one prefill per prompt (`models.prefill_shared`, shared by its G
+  jit 1  `prefill_pages`: one prefill per prompt (`models.prefill_shared`, shared by its G
          responses), its keys/values written into pages (`models.prompt_pages`), and the
          prompts' last-position logits [Q, V]
-  jit 2  `_engine`: the while_loop; a sequence needs no prefill of its own — its slot draws
+  jit 2  `engine_loop`: the while_loop; a sequence needs no prefill of its own — its slot draws
          its first token from its prompt's logits, and points its page table at the
          prompt's pages (a prompt's partly filled last page is copied into a page of the
          slot's own, since the slot writes after it)
@@ -137,7 +137,7 @@ class EngineState:
     ),
 )
 @traced_under_layout
-def _prefill_pages(
+def prefill_pages(
     model_config,
     params,
     tokens_NP,
@@ -391,7 +391,7 @@ def _release(state: EngineState, finished, victim, p: PagePlan):
         "replicas",
     ),
 )
-def _engine(
+def engine_loop(
     model_config,
     params,
     prompt_pages,
@@ -533,7 +533,7 @@ def run(cfg, params, tokens_NP, mask_NP, rng, eos_ids, pad_id, *, options, page_
     """Prefill + engine on checked inputs (sampler.sample validates). Returns (tokens, mask,
     logprobs, lengths, truncated, prompt tokens [B, P], prompt mask [B, P], EngineStats)."""
     G = options.num_samples
-    pages, plen, logits, tokens_BP, mask_BP = _prefill_pages(
+    pages, plen, logits, tokens_BP, mask_BP = prefill_pages(
         cfg,
         params,
         tokens_NP,
@@ -549,7 +549,7 @@ def run(cfg, params, tokens_NP, mask_NP, rng, eos_ids, pad_id, *, options, page_
     replicas, local_plan = replica_axes(
         partition.context_mesh(), layout, tokens_NP.shape[0], page_plan
     )
-    tokens, mask, logprobs, lengths, truncated, steps, row_steps, preempted = _engine(
+    tokens, mask, logprobs, lengths, truncated, steps, row_steps, preempted = engine_loop(
         cfg,
         params,
         pages,

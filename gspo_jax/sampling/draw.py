@@ -1,6 +1,6 @@
 """Token draws: which distribution a sampled token comes from, and its log-prob.
 
-`static._decode` and `continuous._engine` call `next_token` once per decode step (inside
+`static.decode` and `continuous.engine_loop` call `next_token` once per decode step (inside
 their while_loops), every row with its own key (`row_keys`: sequence index, token index):
 temperature τ, then top-k, then top-p on the logits (`filter_logits`), then one
 categorical draw per row by inverse CDF (`draw_categorical`); greedy (τ = 0) is argmax.

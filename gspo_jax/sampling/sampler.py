@@ -74,7 +74,7 @@ from gspo_jax.models import partition
 from gspo_jax.sampling import continuous
 from gspo_jax.sampling.options import DEFAULT_BUCKETS, EngineOptions, SampleOptions
 from gspo_jax.sampling.output import SampleOutput
-from gspo_jax.sampling.static import SamplerState, _sample_static, _segment_count
+from gspo_jax.sampling.static import SamplerState, sample_static, segment_count
 
 __all__ = [
     "DEFAULT_BUCKETS",
@@ -359,7 +359,7 @@ def sample_with(
     eos_ids = _check_options(
         cfg, o.num_samples, o.max_new_tokens, o.temperature, o.top_k, o.top_p, o.eos_ids, o.pad_id
     )
-    segments = _segment_count(o.max_new_tokens, o.decode_segments)
+    segments = segment_count(o.max_new_tokens, o.decode_segments)
     temperature = float(o.temperature)
     top_k = None if o.top_k is None or o.top_k >= cfg.vocab_size else int(o.top_k)
     top_p = None if o.top_p is None or o.top_p >= 1.0 else float(o.top_p)
@@ -394,7 +394,7 @@ def sample_with(
     # numpy, not device arrays: the same on every process of a multi-host run.
     eos_E = np.asarray(eos_ids, np.int32).reshape(len(eos_ids))
     if o.engine == "static":
-        return _sample_static(
+        return sample_static(
             cfg, params, tokens_NP, mask_NP, rng, eos_E, o.pad_id, engine, segments
         )
     return _sample_continuous(

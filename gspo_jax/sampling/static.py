@@ -27,7 +27,7 @@ F32 = jnp.float32
 
 @struct.dataclass
 class SamplerState:
-    """The decode loop's carry (donated into `_decode`).
+    """The decode loop's carry (donated into `decode`).
 
     step      int32 []        tokens generated so far = column written next
     tokens    int32 [B, T]    pad_id where nothing (or padding after the end) was generated
@@ -54,12 +54,12 @@ class SamplerState:
 # ------------------------------------------------------------------------ cache schedule
 
 
-def _segments(T: int, segments: int) -> list[tuple[int, int]]:
+def cache_segments(T: int, segments: int) -> list[tuple[int, int]]:
     """(start, width) of the response-cache segments: T slots in `segments` equal runs."""
     return list(models.response_segments(T, segments))
 
 
-def _auto_segments(T: int) -> int:
+def auto_segment_count(T: int) -> int:
     """Default segment count: about one per 32 response slots, at most 4 (each segment is
     one more compiled copy of the decode step)."""
     return max(1, min(4, T // 32))
@@ -81,7 +81,7 @@ def _auto_segments(T: int) -> int:
     ),
 )
 @traced_under_layout
-def _prefill(
+def prefill(
     model_config,
     params,
     tokens_NP,
@@ -127,7 +127,7 @@ def _prefill(
     donate_argnames=("state",),
 )
 @traced_under_layout
-def _decode(
+def decode(
     model_config,
     params,
     prompt,
@@ -142,7 +142,7 @@ def _decode(
     layout="trainer",
 ):
     """First token from the prefill logits, then the while_loop; returns (final state,
-    response mask [B, T], truncated [B]). `layout`: as `_prefill`'s."""
+    response mask [B, T], truncated [B]). `layout`: as `prefill`'s."""
     cfg = model_config
     B, T = state.tokens.shape
     params = models.for_decoding(cfg, params)  # weights gathered once, not once per token
@@ -203,9 +203,9 @@ def _decode(
     return state, mask_BT, ~state.done
 
 
-def _sample_static(cfg, params, tokens_NP, mask_NP, rng, eos_E, pad_id, options, segments):
-    """The static engine: `_prefill`, then `_decode` until every row has ended."""
-    prompt, state, first_logits, tokens_BP, mask_BP = _prefill(
+def sample_static(cfg, params, tokens_NP, mask_NP, rng, eos_E, pad_id, options, segments):
+    """The static engine: `prefill`, then `decode` until every row has ended."""
+    prompt, state, first_logits, tokens_BP, mask_BP = prefill(
         cfg,
         params,
         tokens_NP,
@@ -218,7 +218,7 @@ def _sample_static(cfg, params, tokens_NP, mask_NP, rng, eos_E, pad_id, options,
         layout=options.layout,
         kv_dtype=options.kv_dtype,
     )
-    state, mask, truncated = _decode(
+    state, mask, truncated = decode(
         cfg,
         params,
         prompt,
@@ -251,7 +251,7 @@ def _sample_static(cfg, params, tokens_NP, mask_NP, rng, eos_E, pad_id, options,
     )
 
 
-def _segment_count(max_new_tokens: int, decode_segments) -> int:
+def segment_count(max_new_tokens: int, decode_segments) -> int:
     """How many time segments the response cache has (`decode_segments` checked; None: the
     automatic choice, see the module docstring)."""
     if decode_segments is not None and (
@@ -260,4 +260,6 @@ def _segment_count(max_new_tokens: int, decode_segments) -> int:
         or decode_segments < 1
     ):
         raise ValueError(f"decode_segments must be None or an int >= 1, got {decode_segments!r}")
-    return len(_segments(max_new_tokens, decode_segments or _auto_segments(max_new_tokens)))
+    return len(
+        cache_segments(max_new_tokens, decode_segments or auto_segment_count(max_new_tokens))
+    )

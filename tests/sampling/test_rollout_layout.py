@@ -173,11 +173,11 @@ def test_the_decode_loop_moves_no_weight_and_no_logits():
             tok, msk = jax.device_put(
                 (tokens, np.ones_like(tokens)), sharding.batch_sharding(mesh, 2)
             )
-            pages, plen, logits, _, _ = continuous._prefill_pages(
+            pages, plen, logits, _, _ = continuous.prefill_pages(
                 cfg, p, tok, msk, num_samples=G, share_prefix=True, page_size=8, layout=layout
             )
             text = (
-                continuous._engine.lower(
+                continuous.engine_loop.lower(
                     cfg,
                     p,
                     pages,

@@ -183,8 +183,8 @@ def test_cache_segments_do_not_change_samples(fixture_models, sampling_prompts, 
     )
     np.testing.assert_array_equal(segmented.tokens, tempered.tokens)
     np.testing.assert_allclose(segmented.logprobs, tempered.logprobs, atol=1e-5)
-    assert static._segments(T, 3) == [(0, 4), (4, 4), (8, 4)]
-    assert static._segments(128, static._auto_segments(128)) == [
+    assert static.cache_segments(T, 3) == [(0, 4), (4, 4), (8, 4)]
+    assert static.cache_segments(128, static.auto_segment_count(128)) == [
         (0, 32),
         (32, 32),
         (64, 32),
@@ -291,8 +291,8 @@ def test_draw_categorical_matches_softmax():
 def trace_counts() -> dict[str, int]:
     """Compiled versions of the sampler's two jitted stages (a new one = a recompile)."""
     return {
-        "prefill": static._prefill._cache_size() + continuous._prefill_pages._cache_size(),
-        "decode": static._decode._cache_size() + continuous._engine._cache_size(),
+        "prefill": static.prefill._cache_size() + continuous.prefill_pages._cache_size(),
+        "decode": static.decode._cache_size() + continuous.engine_loop._cache_size(),
     }
 
 
@@ -307,7 +307,7 @@ def test_prompts_of_a_known_bucket_do_not_recompile(fixture_models, sampling_pro
     assert trace_counts() == before
     # A longer prompt needs the next bucket (capped at the width 20): a new trace each.
     # (Another test in this process may have compiled that bucket already: start empty.)
-    for stage in (static._prefill, static._decode, continuous._prefill_pages, continuous._engine):
+    for stage in (static.prefill, static.decode, continuous.prefill_pages, continuous.engine_loop):
         stage.clear_cache()
     cleared = trace_counts()
     longer = np.ones_like(mask)

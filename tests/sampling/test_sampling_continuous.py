@@ -220,7 +220,7 @@ def test_the_page_pools_stay_in_place_in_the_compiled_loop(model_and_prompts, kv
     cfg, params, tokens, mask = model_and_prompts
     plan = continuous.plan(4 * G, BUCKET, T, num_slots=5, page_size=2)
     assert plan.table_width > 8  # more than one block of pages: the attention loops loop
-    pages, plen, logits, _, _ = continuous._prefill_pages(
+    pages, plen, logits, _, _ = continuous.prefill_pages(
         cfg,
         params,
         jnp.asarray(tokens),
@@ -230,7 +230,7 @@ def test_the_page_pools_stay_in_place_in_the_compiled_loop(model_and_prompts, kv
         page_size=plan.page_size,
         kv_dtype=kv_dtype,
     )
-    compiled = continuous._engine.lower(
+    compiled = continuous.engine_loop.lower(
         cfg,
         params,
         pages,

@@ -375,7 +375,7 @@ def test_analytic_count_by_hand():
 
 
 def test_the_samplers_decode_loop_gathers_the_weights_once():
-    """The static sampler's whole decode (`static._decode`: T tokens in a while_loop) under
+    """The static sampler's whole decode (`static.decode`: T tokens in a while_loop) under
     fsdp 8 gathers each weight once, before its loop (`models.for_decoding`), not once per
     token: all-gathered bytes, loop trip counts included, stay within 1.5x of one decode
     step's weights (per-token gathers would be T = 12 times that)."""
@@ -389,7 +389,7 @@ def test_the_samplers_decode_loop_gathers_the_weights_once():
         )
         params = init(cfg, jax.random.key(0))
         tokens = jnp.ones((B // 2, P), jnp.int32)
-        prompt, state, logits, _, _ = static._prefill(
+        prompt, state, logits, _, _ = static.prefill(
             cfg,
             params,
             tokens,
@@ -400,7 +400,7 @@ def test_the_samplers_decode_loop_gathers_the_weights_once():
             max_new_tokens=T,
         )
         eos = jnp.array([1], jnp.int32)
-        lowered = static._decode.lower(
+        lowered = static.decode.lower(
             cfg, params, prompt, state, logits, eos, 0, temperature=1.0, top_k=None, top_p=None
         )
         hlo = lowered.compile().as_text()

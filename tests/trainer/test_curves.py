@@ -17,17 +17,17 @@ class _Axis:
 
 def test_the_ratio_is_read_from_the_runs_config(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"importance_sampling": "seq"}))
-    assert writers._ratio_of_run(str(tmp_path / "metrics.jsonl")) == "s_i per response (GSPO)"
+    assert writers.ratio_of_run(str(tmp_path / "metrics.jsonl")) == "s_i per response (GSPO)"
     (tmp_path / "config.json").write_text(json.dumps({"importance_sampling": "token"}))
-    assert writers._ratio_of_run(str(tmp_path / "metrics.jsonl")) == "r_t per token (GRPO)"
+    assert writers.ratio_of_run(str(tmp_path / "metrics.jsonl")) == "r_t per token (GRPO)"
     (tmp_path / "config.json").write_text("{torn")
-    assert writers._ratio_of_run(str(tmp_path / "metrics.jsonl")) is None
+    assert writers.ratio_of_run(str(tmp_path / "metrics.jsonl")) is None
 
 
 def test_held_out_accuracy_gets_the_wilson_interval_of_its_problems():
     rows = [{"step": 0, "eval/accuracy": 0.5, "eval/num_prompts": 100.0}]
     ax = _Axis()
-    writers._binomial_band(ax, rows, [0], [0.5], "C0")
+    writers.binomial_band(ax, rows, [0], [0.5], "C0")
     ((_, lo, hi),) = ax.bands
     half = 1.96 * math.sqrt(0.25 / 100 + 1.96**2 / 40000) / (1 + 1.96**2 / 100)
     assert math.isclose(hi[0] - lo[0], 2 * half) and math.isclose((lo[0] + hi[0]) / 2, 0.5)

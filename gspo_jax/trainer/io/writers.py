@@ -187,7 +187,7 @@ _STYLES = ("-", "--", ":", "-.")
 _RATIOS = {"seq": "s_i per response (GSPO)", "seq_token": "s_i per response (GSPO-token)"}
 
 
-def _ratio_of_run(metrics_path: str) -> str | None:
+def ratio_of_run(metrics_path: str) -> str | None:
     """Which ratio the clip panels plot, from the run's config.json beside metrics.jsonl."""
     path = os.path.join(os.path.dirname(metrics_path), "config.json")
     try:
@@ -198,7 +198,7 @@ def _ratio_of_run(metrics_path: str) -> str | None:
     return _RATIOS.get(mode, "r_t per token (GRPO)" if mode == "token" else mode)
 
 
-def _binomial_band(ax, rows, xs, ys, color) -> None:
+def binomial_band(ax, rows, xs, ys, color) -> None:
     """The 95 % Wilson interval of each held-out accuracy over its eval/num_prompts problems."""
     n_by_step = {r["step"]: r.get("eval/num_prompts") for r in rows if "eval/accuracy" in r}
     lo, hi = [], []
@@ -234,7 +234,7 @@ def plot_curves(
     cols = 3
     nrows = max(1, math.ceil(len(panels) / cols))
     fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.0 * nrows), squeeze=False)
-    ratio = _ratio_of_run(metrics_path)
+    ratio = ratio_of_run(metrics_path)
     for ax, (title, keys) in zip(axes.flat, panels):
         for i, key in enumerate(keys):
             xs = [r["step"] for r in rows if isinstance(r.get(key), (int, float))]
@@ -245,7 +245,7 @@ def plot_curves(
             if len(xs) < 30:  # sparse (evaluations): every point matters
                 (line,) = ax.plot(xs, ys, style, marker=".", label=key)
                 if key == "eval/accuracy":
-                    _binomial_band(ax, rows, xs, ys, line.get_color())
+                    binomial_band(ax, rows, xs, ys, line.get_color())
                 continue
             # Per-step RL metrics are noisy: raw values faintly, an EMA on top.
             (line,) = ax.plot(xs, ys, alpha=0.25, linewidth=0.8)
