@@ -86,14 +86,14 @@ def series(rows: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(steps, float), np.asarray(values, float)
 
 
-def mean_band(arm: Arm, key: str):
+def mean_band(arm: Arm, key: str, window: int = 1):
     """(steps, mean, half-width of the 95 % t interval or None) over the arm's seeds, at the
-    steps every seed logged."""
+    steps every seed logged, each seed's series first smoothed over `window` steps."""
     per_seed = [dict(zip(*series(rows, key))) for rows in arm.rows]
     common = sorted(set.intersection(*(set(s) for s in per_seed))) if per_seed else []
     if not common:
         return np.zeros(0), np.zeros(0), None
-    values = np.asarray([[s[t] for t in common] for s in per_seed])  # [seeds, steps]
+    values = np.asarray([smooth(np.asarray([s[t] for t in common]), window) for s in per_seed])
     mean = values.mean(axis=0)
     n = values.shape[0]
     if n < 2:
@@ -123,12 +123,10 @@ def plot(arms: list[Arm], out: str, window: int = 1) -> None:
         for i, arm in enumerate(arms):
             color = f"C{i}"
             for j, key in enumerate(keys):
-                steps, mean, half = mean_band(arm, key)
+                training = not key.startswith("eval/")  # per-step metrics: smoothed per seed
+                steps, mean, half = mean_band(arm, key, window if training else 1)
                 if not len(steps):
                     continue
-                if not key.startswith("eval/"):  # per-step training metrics: smoothed
-                    mean = smooth(mean, window)
-                    half = None if half is None else smooth(half, window)
                 n = len(arm.workdirs)
                 name = f"{arm.label} (n={n})" if j == 0 else None
                 style = "-" if j == 0 else "--"
