@@ -576,7 +576,7 @@ def test_the_gspo_family_arms_are_their_presets_and_run_only_when_named(tmp_path
         assert c.loss_mode == modes[arm.name], arm.key
         assert (c.model.arch == "qwen3_moe") == (arm.model == "moe"), arm.key
         validate(c, num_devices=1)
-    with pytest.raises(ValueError, match="names none of"):
+    with pytest.raises(ValueError, match=r"unknown arm\(s\) \[.dense/ppo.\]; the arms are"):
         cli.main(["--arms=dense/ppo", f"--workdir={tmp_path}"])
 
 

@@ -332,7 +332,7 @@ def test_a_second_run_on_a_held_workdir_refuses_in_seconds_naming_the_holder(tmp
             "-c",
             (
                 "import sys, time\n"
-                "from gspo_jax.trainer import workdir\n"
+                "from gspo_jax.trainer.io import workdir\n"
                 f"held = workdir.lock({str(workdir)!r})\n"
                 "print('held', flush=True)\n"
                 "time.sleep(600)\n"

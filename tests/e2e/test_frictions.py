@@ -57,7 +57,7 @@ def test_a_config_error_is_the_only_line_and_comes_before_jax_starts(tmp_path):
     )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.splitlines() == [
-        "gspo_jax: error: config.clip_low=-1.0 must be a finite number in [0, 1)"
+        "gspo_jax: error: config.clip_low=-1.0 must be a finite number in [0, 1]"
     ], proc.stderr[-3000:]
 
 
