@@ -28,9 +28,9 @@ def sweep(tmp_path_factory):
         produced.append(np.asarray(out.lengths))
         return out
 
-    sample = sampling.sample
+    sample = sampling.sample_with
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(sampling, "sample", recording)  # bound by setup, per run
+        m.setattr(sampling, "sample_with", recording)  # bound by setup, per run
         rows = noise_length.noise_floor_lengths(root, LENGTHS, **KW, devices=jax.devices()[:1])
     return root, rows, produced
 
