@@ -394,24 +394,16 @@ def policy_loss(
     hp |= dict(sapo_tau_neg=sapo_tau_neg, dppo_delta_low=dppo_delta_low)  # noqa: C408
     hp |= dict(dppo_delta_high=dppo_delta_high, dppo_max_weight=dppo_max_weight)  # noqa: C408
     _check_loss_mode(loss_mode, mode, importance_sampling, hp, dual_clip_loss, opsm_delta)
+    clamp = 20.0 if log_ratio_clamp is None else log_ratio_clamp
+    mu = sampler_logprobs if rollout_correction != "none" or opsm_delta is None else None
     correction = correction_args(
-        sampler_logprobs if rollout_correction != "none" or opsm_delta is None else None,
-        rollout_correction,
-        level=rollout_correction_level,
-        threshold=rollout_correction_threshold,
-        log_ratio_clamp=20.0 if log_ratio_clamp is None else log_ratio_clamp,
-    )
+        mu, rollout_correction, level=rollout_correction_level,
+        threshold=rollout_correction_threshold, log_ratio_clamp=clamp,
+    )  # fmt: skip
     _check_extras(sampler_logprobs, opsm_delta, dual_clip_loss, dual_clip_ratio)
-    mask_BT = jnp.asarray(mask, jnp.float32)
-    valid_BT = mask_BT > 0
-    # Safe where: garbage (-inf, NaN) at masked positions is replaced before any arithmetic, so
-    # neither values nor gradients (0 · inf) can become NaN.
-    logp_BT = jnp.where(valid_BT, logprobs.astype(jnp.float32), 0.0)
-    old_BT = jax.lax.stop_gradient(jnp.where(valid_BT, old_logprobs.astype(jnp.float32), 0.0))
-    adv_BT = advantages[:, None] if advantages.ndim == 1 else advantages
-    adv_BT = jnp.where(valid_BT, jnp.broadcast_to(adv_BT, logp_BT.shape), 0.0)
-    adv_BT = jax.lax.stop_gradient(adv_BT.astype(jnp.float32))
-
+    mask_BT, valid_BT, logp_BT, old_BT, adv_BT = _sanitised(
+        logprobs, old_logprobs, advantages, mask
+    )
     log_ratio_BT = ratio.log_ratio(logp_BT, old_BT, mask_BT)
     if log_ratio_clamp is not None:
         log_ratio_BT = jnp.clip(log_ratio_BT, -log_ratio_clamp, log_ratio_clamp)
@@ -440,11 +432,23 @@ def policy_loss(
         num_valid_tokens=num_valid_tokens,
         num_valid_seqs=num_valid_seqs,
     )
-    clamp = 20.0 if log_ratio_clamp is None else log_ratio_clamp
     metrics = policy_metrics(
         ratio.sequence_level, loss, logp_BT, old_BT, mask_BT, ratio_BT, flags, clamp
     )
     return loss, {**metrics, **opsm_metrics, **correction_metrics}
+
+
+def _sanitised(logprobs, old_logprobs, advantages, mask):
+    """(mask, valid, log π_θ, log π_old, A [B, T]) in f32, 0 at masked positions: garbage
+    (-inf, NaN) there is replaced before any arithmetic (the "safe where"), so neither values
+    nor gradients (0 · inf) can become NaN; π_old and A carry no gradient."""
+    mask_BT = jnp.asarray(mask, jnp.float32)
+    valid_BT = mask_BT > 0
+    logp_BT = jnp.where(valid_BT, logprobs.astype(jnp.float32), 0.0)
+    old_BT = jax.lax.stop_gradient(jnp.where(valid_BT, old_logprobs.astype(jnp.float32), 0.0))
+    adv_BT = advantages[:, None] if advantages.ndim == 1 else advantages
+    adv_BT = jnp.where(valid_BT, jnp.broadcast_to(adv_BT, logp_BT.shape), 0.0)
+    return mask_BT, valid_BT, logp_BT, old_BT, jax.lax.stop_gradient(adv_BT.astype(jnp.float32))
 
 
 def _renamed(sampler_logprobs, rollout_logprobs):

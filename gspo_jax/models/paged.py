@@ -130,6 +130,18 @@ def paged_attention_impl(
     return "xla"
 
 
+def _block_half(table, pool_5, scale_4, start, bp: int, which: int, shape):
+    """Keys (which 0) or values (1) [S, W, K, C] of the block of `bp` pages from page-table
+    column `start`, and for an int8 pool their scales transposed to [S, K, 1, W] (else None)."""
+    S, W, K, C = shape
+    pages_Sb = jax.lax.dynamic_slice_in_dim(table, start, bp, axis=1)
+    x_SWKC = pool_5[pages_Sb, :, :, which].reshape(S, W, K, C)
+    if scale_4 is None:
+        return x_SWKC, None
+    scale_SWK = scale_4[pages_Sb, :, :, which].reshape(S, W, K)
+    return x_SWKC, scale_SWK.transpose(0, 2, 1)[:, :, None, :]
+
+
 def ragged_paged_attention(
     q_SHC, kv_pages, kv_lens_S, page_table_SM, *, sm_scale, block_pages=8, split_S=None
 ):
@@ -175,14 +187,7 @@ def ragged_paged_attention(
     scale_4 = kv_pages.scale.reshape(-1, page_size, K, 2) if quantized else None
 
     def half(j, which):
-        """Keys (which 0) or values (1) [S, W, K, C] of block j, and for an int8 pool their
-        scales transposed to [S, K, 1, W] (else None)."""
-        pages_Sb = jax.lax.dynamic_slice_in_dim(table, j * bp, bp, axis=1)
-        x_SWKC = pool_5[pages_Sb, :, :, which].reshape(S, W, K, C)
-        if scale_4 is None:
-            return x_SWKC, None
-        scale_SWK = scale_4[pages_Sb, :, :, which].reshape(S, W, K)
-        return x_SWKC, scale_SWK.transpose(0, 2, 1)[:, :, None, :]
+        return _block_half(table, pool_5, scale_4, j * bp, bp, which, (S, W, K, C))
 
     def stats(carry):
         j, m_SKR, l_SKR, s_all = carry
