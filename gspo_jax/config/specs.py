@@ -554,10 +554,15 @@ def step_config(config, model_config: models.ModelConfig) -> StepConfig:
     )
 
 
+def pass_k_field(config) -> str:
+    """The field k was given as: `eval.pass_k`, or its deprecated name `eval.num_samples`."""
+    return "eval.pass_k" if config.eval.get("num_samples") is None else "eval.num_samples"
+
+
 def pass_k(config) -> int:
-    """k of pass@k / maj@k: `eval.pass_k`, or its deprecated name `eval.num_samples`."""
-    old = config.eval.get("num_samples")
-    return config.eval.pass_k if old is None else old
+    """k of pass@k / maj@k, from whichever field `pass_k_field` names."""
+    field = pass_k_field(config).split(".")[1]
+    return config.eval[field]
 
 
 def checkpoint_dir(config) -> str | None:

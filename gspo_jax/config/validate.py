@@ -50,6 +50,7 @@ from gspo_jax.config.specs import (
     checkpoint_dir,
     lora_fields,
     normalize_reward_norm,
+    pass_k_field,
     scratch_model_config,
 )
 from gspo_jax.data.build import DATASETS
@@ -462,7 +463,7 @@ WANDB_MODES = ("online", "offline", "disabled")
 def _check_sampled_eval(config) -> None:
     """eval.pass_k / eval.temperature (pass@k, maj@k; trainer/evaluation.py): maj@k
     needs the answer that reward.accuracy grades (rewards/voting.py)."""
-    name = "eval.pass_k" if config.eval.get("num_samples") is None else "eval.num_samples"
+    name = pass_k_field(config)
     k = _int(config, name, minimum=0)
     _number(config, "eval.temperature", low=0.0, low_open=True)
     if k == 0:

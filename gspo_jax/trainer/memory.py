@@ -65,7 +65,7 @@ def sampling_loads(config) -> list[tuple[str, int, str]]:
     loads.append(("eval.batch_size", per_call, f"{per_call} greedy held-out responses"))
     k = specs.pass_k(c)
     if k:
-        name = "eval.pass_k" if c.eval.get("num_samples") is None else "eval.num_samples"
+        name = specs.pass_k_field(c)
         loads.append((name, per_call * k, f"{per_call} held-out prompts x {name}={k} samples"))
     return loads
 
