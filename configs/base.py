@@ -124,7 +124,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.model.tokenizer_path = _placeholder(str)  # tokenizer dir (default: hf_path)
     c.model.param_dtype = "float32"  # master weights
     c.model.dtype = "float32"  # compute dtype ("bfloat16" for bf16 compute, f32 master weights)
-    c.model.remat = "none"  # rematerialisation of each decoder layer: "none" | "full" | "dots"
+    # rematerialisation per decoder layer: "none" | "full" | "dots" | "save_qkv" |
+    # "save_qkv_attention" (models/config.py says what each keeps)
+    c.model.remat = "none"
     c.model.moe_impl = "ragged"  # MoE dispatch: "ragged" (sorted, lax.ragged_dot) | "dense"
     c.model.attention_impl = "auto"  # "auto" (splash on TPU, cudnn on GPU, xla on CPU) | "xla" |
     # "splash" | "cudnn": kernel of the full-sequence attention (gspo_jax/models/attention.py)
@@ -302,6 +304,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.log.progress_bar = True  # tqdm bar with reward, accuracy, clip fraction, KL
     c.log.tensorboard = True  # TensorBoard event files in workdir/tb (no TensorFlow needed)
     c.log.plot = True  # workdir/curves.png at the end
+    # RL steps (1-based) to trace with the JAX profiler into workdir/profile, e.g. (3, 4);
+    # view with `tensorboard --logdir workdir/profile` (the profile plugin). Step 1 compiles.
+    c.log.profile_steps = ()
     c.log.wandb_project = _placeholder(str)  # Weights & Biases project (None: no W&B); needs
     # `pip install wandb`. Run name: the workdir's name; run id kept in workdir/wandb_run_id
     c.log.wandb_entity = _placeholder(str)  # W&B team or user (None: your default entity)

@@ -333,6 +333,7 @@ class LoopSpec:
     max_all_skipped_steps: int  # RL steps in a row with every update skipped that stop the
     # run (0: never)
     wandb: WandbSpec | None = None  # the W&B run the metrics also go to (None: none)
+    profile_steps: tuple[int, ...] = ()  # RL steps traced into workdir/profile (io/profile.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -483,6 +484,7 @@ def _loop_spec(c, step: StepConfig) -> LoopSpec:
         param_dtype=c.model.param_dtype,
         max_all_skipped_steps=c.max_all_skipped_steps,
         wandb=wandb_spec(c),
+        profile_steps=tuple(int(s) for s in c.log.profile_steps),
     )
 
 

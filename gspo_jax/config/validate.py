@@ -485,6 +485,15 @@ def _check_wandb(config) -> None:
         if value is not None and (not isinstance(value, str) or not value.strip()):
             raise ConfigError(f"config.{name}={value!r} must be a non-empty string or None")
     _choice("log.wandb_mode", log.wandb_mode, WANDB_MODES)
+    steps = log.profile_steps
+    if not isinstance(steps, (tuple, list)) or any(
+        not isinstance(s, int) or isinstance(s, bool) or not 1 <= s <= config.num_steps
+        for s in steps
+    ):
+        raise ConfigError(
+            f"config.log.profile_steps={steps!r} must be a tuple of RL step numbers in "
+            f"[1, num_steps={config.num_steps}] (e.g. (3, 4); () profiles nothing)"
+        )
     if log.wandb_project is None or log.wandb_mode == "disabled":
         return
     if importlib.util.find_spec("wandb") is None:

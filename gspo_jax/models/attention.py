@@ -259,8 +259,15 @@ def _splash_kernel(num_heads: int, length: int, block: int, interpret: bool):
         block_q_dq=block,
         block_kv_dq=block,
     )
+    # The kernel names its residuals (output, log-sum-exp) "attention", so the remat policy
+    # "save_qkv_attention" keeps them and the backward's recomputed forward skips the kernel.
     return sk.make_splash_mha(
-        mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret
+        mask,
+        block_sizes=sizes,
+        head_shards=1,
+        q_seq_shards=1,
+        residual_checkpoint_name="attention",
+        interpret=interpret,
     )
 
 

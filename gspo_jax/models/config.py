@@ -31,7 +31,7 @@ HF_ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
 }
-REMAT_POLICIES = ("none", "full", "dots")
+REMAT_POLICIES = ("none", "full", "dots", "save_qkv", "save_qkv_attention")
 MOE_IMPLS = ("dense", "ragged")
 ATTENTION_IMPLS = ("auto", "xla", "splash", "cudnn")  # see attention.py
 DTYPES = ("float32", "bfloat16", "float16")
@@ -71,7 +71,11 @@ class ModelConfig:
     - `remat`: rematerialisation of each decoder layer in the backward pass:
       "none" (keep all activations), "full" (keep only each layer's input, recompute
       the layer), "dots" (keep the outputs of weight matmuls, recompute attention
-      scores/softmax and elementwise ops: `dots_with_no_batch_dims_saveable`).
+      scores/softmax and elementwise ops: `dots_with_no_batch_dims_saveable`),
+      "save_qkv" (keep each layer's input and its normed, rotated q/k/v: the backward
+      recomputes the MLP and the attention, not the q/k/v projections), "save_qkv_attention"
+      (also keep the attention output, so the backward does not re-run the attention
+      forward; the kernel's own residuals are still recomputed where it keeps any).
     - `moe_impl`: "ragged" (tokens sorted by expert, `jax.lax.ragged_dot` per expert
       group: compute proportional to top-k) or "dense" (every expert on every token,
       weighted by the sparse gates: an exact reference for tests and tiny models).

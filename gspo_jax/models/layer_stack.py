@@ -94,9 +94,15 @@ def layer_runs(cfg: ModelConfig) -> tuple[LayerRun, ...]:
     return tuple(out)
 
 
+# What each selective policy saves, by the `checkpoint_name`s layers.Attention gives.
+REMAT_SAVED_NAMES = {"save_qkv": ("qkv",), "save_qkv_attention": ("qkv", "attention")}
+
+
 def _remat_policy(name: str):
     if name == "dots":
         return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+    if name in REMAT_SAVED_NAMES:
+        return jax.checkpoint_policies.save_only_these_names(*REMAT_SAVED_NAMES[name])
     return None  # "full": save nothing but the layer's inputs
 
 

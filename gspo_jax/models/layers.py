@@ -26,6 +26,7 @@ import math
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from gspo_jax.models import partition
 from gspo_jax.models.config import ModelConfig
@@ -174,8 +175,10 @@ class Attention(nnx.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # Names the selective remat policies save (layer_stack.REMAT_SAVED_NAMES).
+        q, k, v = (checkpoint_name(t, "qkv") for t in (q, k, v))
         out_BLHC, cache_entry = attention(q, k, v)
-        out_BLHC = partition.constrain(out_BLHC, partition.HEADS)
+        out_BLHC = checkpoint_name(partition.constrain(out_BLHC, partition.HEADS), "attention")
         return partition.constrain(self.o_proj(out_BLHC), partition.RESIDUAL), cache_entry
 
 

@@ -41,7 +41,7 @@ from gspo_jax.rollout.stage import Rollout
 from gspo_jax.trainer import memory, preemption
 from gspo_jax.trainer import state as state_lib
 from gspo_jax.trainer import warm_start as warm_start_lib
-from gspo_jax.trainer.io import checkpoint, writers
+from gspo_jax.trainer.io import checkpoint, profile, writers
 from gspo_jax.trainer.io.summary import (  # noqa: F401 (loop.* names)
     OUTCOME_KEYS,
     SUMMARY_FILE,
@@ -134,7 +134,8 @@ def train(trainer: Trainer, state: RunState, *, stop_after: int | None = None) -
         report.write(0, first)
         summary["eval_start"] = first["eval/accuracy"]
     saved = state.step if state.step in trainer.manager.all_steps() else None
-    with preemption.StopOnSignal() as signals:
+    profiler = profile.StepProfiler(trainer.workdir, schedule.profile_steps)
+    with preemption.StopOnSignal() as signals, profiler:
         while state.step < schedule.num_steps:
             if signum := signals.requested():
                 _stop_on_signal(trainer, state, signum, summary, saved=saved == state.step)
@@ -144,7 +145,9 @@ def train(trainer: Trainer, state: RunState, *, stop_after: int | None = None) -
                     "compiling",
                     f"RL step {state.step + 1}: compiling the RL step (first step only)",
                 )
+            profiler.before(state.step + 1)
             state, metrics = rl_step(trainer, state)
+            profiler.after(state.step, state.train.params)
             report.phase(None)
             dead_groups.after_step(state.step, metrics)
             done, last = state.step, state.step == schedule.num_steps

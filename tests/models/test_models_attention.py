@@ -99,14 +99,19 @@ def test_cudnn_wrapper_equals_einsum_reference():
     _check(functools.partial(cudnn_attention, implementation="xla"))
 
 
-def test_model_with_splash_equals_xla():
+@pytest.mark.parametrize("remat", ["none", "save_qkv_attention"])
+def test_model_with_splash_equals_xla(remat):
     """The fixture Qwen3 (GQA 4/2, head dim 16) with left padding: logits and gradients of
-    the splash model equal the einsum model's at real tokens."""
+    the splash model equal the einsum model's at real tokens; also when the backward reuses
+    the kernel's saved residuals (remat "save_qkv_attention": the kernel names them)."""
     cfg, params = models.load_pretrained(FIXTURES / "qwen3")
     ref = dict(np.load(FIXTURES / "reference_qwen3.npz"))
     tokens, mask = jnp.asarray(ref["tokens"]), jnp.asarray(ref["mask_left"])
     real = ref["mask_left"].astype(bool)
-    configs = {impl: dataclasses.replace(cfg, attention_impl=impl) for impl in ("xla", "splash")}
+    configs = {
+        impl: dataclasses.replace(cfg, attention_impl=impl, remat=remat)
+        for impl in ("xla", "splash")
+    }
 
     def loss(c, p):
         logits = models.forward(c, p, tokens, mask)

@@ -6,7 +6,8 @@ the stacked layers and the scan over them.
 - abstract_params matches init_params without allocating;
 - params can be created sharded on an 8-device mesh from the logical names alone, and
   the sharded forward equals the single-device one (no model-code change);
-- remat "none" / "full" / "dots" give the same loss and gradients;
+- every remat policy (none, full, dots, save_qkv, save_qkv_attention) gives the same loss and
+  gradients;
 - the scanned decoder equals a plain Python loop over its layers (one Block per layer),
   for mixed dense/MoE orders too, and `layer_runs` cuts them as documented.
 """
@@ -21,6 +22,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from gspo_jax import models
+from gspo_jax.models.config import REMAT_POLICIES
 
 MOE = models.ModelConfig(
     arch="qwen3_moe",
@@ -177,12 +179,9 @@ def test_remat_policies_give_identical_gradients():
     )
     assert "checkpoint" in jaxpr or "remat" in jaxpr  # the policy is really applied
     value_and_grad = jax.jit(jax.value_and_grad(loss, argnums=1), static_argnums=0)
-    results = {
-        r: value_and_grad(dataclasses.replace(MOE, remat=r), params)
-        for r in ("none", "full", "dots")
-    }
+    results = {r: value_and_grad(dataclasses.replace(MOE, remat=r), params) for r in REMAT_POLICIES}
     base_loss, base_grad = results["none"]
-    for r in ("full", "dots"):
+    for r in REMAT_POLICIES[1:]:
         loss_r, grad_r = results[r]
         np.testing.assert_allclose(loss_r, base_loss, rtol=1e-6)
         for a, b in zip(jax.tree.leaves(grad_r), jax.tree.leaves(base_grad)):
@@ -287,3 +286,28 @@ def test_scanned_layers_equal_an_unrolled_loop(cfg, runs, scan):
     g_loop = jax.jit(jax.grad(functools.partial(loss, _unrolled_forward)))(params)
     for a, b in zip(jax.tree.leaves(g_scan), jax.tree.leaves(g_loop)):
         np.testing.assert_allclose(a, b, atol=1e-5 * max(1.0, float(np.abs(b).max())))
+
+
+def test_selective_remat_policies_save_exactly_their_named_tensors():
+    """save_qkv keeps each layer's q, k and v ([B, L, H + 2K, C] per layer) beyond what "full"
+    keeps; save_qkv_attention also keeps the attention output ([B, L, H, C]): the residual
+    bytes grow by exactly those sizes, so the names really reach the policy."""
+    from jax._src.ad_checkpoint import saved_residuals
+
+    params = _random_params(MOE, seed=5)
+    B, L = 2, 8
+    tokens = jnp.zeros((B, L), jnp.int32)
+    mask = jnp.ones((B, L), jnp.int32)
+
+    def residual_bytes(remat):
+        cfg = dataclasses.replace(MOE, remat=remat)
+
+        def loss(p):
+            return jnp.mean(jax.nn.log_softmax(models.forward(cfg, p, tokens, mask))[..., 3])
+
+        return sum(a.size * a.dtype.itemsize for a, _ in saved_residuals(loss, params))
+
+    per_token = B * L * MOE.num_layers * MOE.head_dim * jnp.dtype(MOE.dtype).itemsize
+    full, qkv, qkv_attn = map(residual_bytes, ("full", "save_qkv", "save_qkv_attention"))
+    assert qkv - full == per_token * (MOE.num_heads + 2 * MOE.num_kv_heads)
+    assert qkv_attn - qkv == per_token * MOE.num_heads
