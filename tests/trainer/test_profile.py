@@ -49,10 +49,12 @@ def test_consecutive_steps_share_a_trace_and_gaps_start_a_new_one(monkeypatch, t
 
 def test_a_trace_open_at_an_error_is_stopped(monkeypatch, tmp_path):
     calls = _calls(monkeypatch)
-    with pytest.raises(RuntimeError, match="boom"):
-        with profile.StepProfiler(str(tmp_path), (1, 2)) as p:
-            p.before(1)
-            raise RuntimeError("boom")
+    with (
+        pytest.raises(RuntimeError, match="boom"),
+        profile.StepProfiler(str(tmp_path), (1, 2)) as p,
+    ):
+        p.before(1)
+        raise RuntimeError("boom")
     assert calls[-1] == ("stop",)
 
 
