@@ -85,6 +85,9 @@ options (each also read from the environment variable in capitals):
                                   first, and use it
   --allow-dirty          setup: ship HEAD although tracked files have uncommitted changes
   --worker N|all         logs/ssh: which host (default 0)
+  --libtpu-init-args ARGS LIBTPU_INIT_ARGS  run: the XLA:TPU flags the trainer gets (default:
+                                  async collectives overlapped with compute, listed in
+                                  docs/tpu_pods.md; "none": no flags)
   --yes                  delete without gcloud's confirmation prompt
   --dry-run              DRY_RUN=1  print every command instead of running it
   -h, --help             this help
@@ -134,6 +137,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--install-python", action="store_true")
     p.add_argument("--allow-dirty", action="store_true")
     p.add_argument("--worker")
+    p.add_argument("--libtpu-init-args")
     p.add_argument("--yes", action="store_true")
     p.add_argument("--dry-run", action="store_true", default=None)
     return p
@@ -202,6 +206,7 @@ def resolve(opts: argparse.Namespace, env: dict[str, str]) -> argparse.Namespace
     o.remote_dir = pick("remote_dir", "REMOTE_DIR") or "gspo_jax"
     o.python = pick("python", "HOST_PYTHON")
     o.queued = flag("queued", "QUEUED")
+    o.libtpu_init_args = pick("libtpu_init_args", "LIBTPU_INIT_ARGS") or DEFAULT_LIBTPU_INIT_ARGS
     o.dry_run = flag("dry_run", "DRY_RUN")
     # ssh commands and scp paths start in the home directory: ~/x is just x
     o.remote_dir = o.remote_dir.removeprefix("~/")
@@ -302,6 +307,22 @@ _INSTALL = (
     ' $(venv/bin/python -c "import jax; print(jax.__version__)")"'
 )
 
+# LIBTPU_INIT_ARGS the run gets unless --libtpu-init-args says otherwise: XLA:TPU flags that
+# let collectives run asynchronously and overlap with compute (FSDP's weight all-gathers,
+# the gradients' reduce-scatters), as MaxText's TPU scripts set them
+# (end_to_end/tpu/test_host_offload.sh, its docs' "XLA flags" recipes). Each is accepted by
+# the pinned libtpu (tests/launch/test_libtpu_flags.py compiles with them); an unknown flag
+# makes libtpu abort at start-up. docs/tpu_pods.md says what each does.
+DEFAULT_LIBTPU_INIT_ARGS = (
+    "--xla_tpu_enable_async_collective_fusion=true"
+    " --xla_tpu_enable_async_collective_fusion_fuse_all_gather=true"
+    " --xla_tpu_enable_async_collective_fusion_multiple_steps=true"
+    " --xla_tpu_overlap_compute_collective_tc=true"
+    " --xla_enable_async_all_gather=true"
+    " --xla_tpu_enable_data_parallel_all_reduce_opt=true"
+    " --xla_tpu_data_parallel_opt_different_sized_ops=true"
+)
+
 # The trainer writes its own pid (sh's $$, kept by exec) before becoming python, so
 # run.pid is right whether or not setsid forked; setsid gives it a process group of its
 # own that `stop` signals whole (the reward worker pool included), and nohup plus the
@@ -313,6 +334,7 @@ _RUN = (
     ' echo "gspo_jax: a run is already going on $(hostname) (pid $(cat ../run.pid)):'
     ' stop it first (tpu_pod.sh stop)." >&2; exit 1; fi; '
     'echo "=== $(date -u +%Y-%m-%dT%H:%M:%SZ) commit $(cat COMMIT) ===" >> ../run.log; '
+    'export LIBTPU_INIT_ARGS=@LIBTPU@; echo "LIBTPU_INIT_ARGS=$LIBTPU_INIT_ARGS" >> ../run.log; '
     r'setsid nohup sh -c "echo \$\$ > ../run.pid && exec \"\$0\" \"\$@\""'
     " ../venv/bin/python -m gspo_jax.main @ARGS@ >> ../run.log 2>&1 < /dev/null & "
     'echo "gspo_jax: started on $(hostname); log: $R/run.log"'
@@ -467,7 +489,10 @@ def plan_run(o, args: list[str]) -> list[list[str]]:
     # --distributed: on a GCE TPU VM the slice's hosts are listed in the metadata server,
     # not in TPU_WORKER_HOSTNAMES, so main.py's auto-detection would not fire there.
     trainer = [f"--config={config}", f"--workdir={workdir}", "--distributed", *extra]
-    script = _script(_RUN, {"R": o.remote_dir}, ARGS=shlex.join(trainer))
+    libtpu = "" if o.libtpu_init_args == "none" else o.libtpu_init_args
+    script = _script(
+        _RUN, {"R": o.remote_dir}, ARGS=shlex.join(trainer), LIBTPU=shlex.quote(libtpu)
+    )
     return [ssh(o, script)]
 
 

@@ -11,6 +11,7 @@ changes. No jax, no network.
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import json
 import os
 import shlex
@@ -35,6 +36,16 @@ def _jax_pin() -> str:
 
 
 JAX = _jax_pin()
+
+
+def _default_libtpu_init_args() -> str:
+    spec = importlib.util.spec_from_file_location("tpu_pod", PROJECT / "launch" / "tpu_pod.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.DEFAULT_LIBTPU_INIT_ARGS
+
+
+DEFAULT_LIBTPU_INIT_ARGS = _default_libtpu_init_args()
 
 
 def git(repo: Path, *args: str) -> str:
@@ -312,6 +323,8 @@ def test_run_v5p_64_prints_the_exact_command(repo):
         '"$(cat ../run.pid)" 2>/dev/null; then echo "gspo_jax: a run is already going on '
         '$(hostname) (pid $(cat ../run.pid)): stop it first (tpu_pod.sh stop)." >&2; exit 1; '
         'fi; echo "=== $(date -u +%Y-%m-%dT%H:%M:%SZ) commit $(cat COMMIT) ===" >> ../run.log; '
+        f"export LIBTPU_INIT_ARGS='{DEFAULT_LIBTPU_INIT_ARGS}'; "
+        'echo "LIBTPU_INIT_ARGS=$LIBTPU_INIT_ARGS" >> ../run.log; '
         r'setsid nohup sh -c "echo \$\$ > ../run.pid && exec \"\$0\" \"\$@\"" '
         "../venv/bin/python -m gspo_jax.main --config=configs/gspo_paper.py "
         "--workdir=/mnt/shared/runs/a --distributed --config.seed=1 >> ../run.log 2>&1 "
@@ -319,8 +332,24 @@ def test_run_v5p_64_prints_the_exact_command(repo):
     )
     assert out.stdout == (
         "gcloud compute tpus tpu-vm ssh gspo-v5p --zone=us-east5-a --project=my-proj "
-        f"--worker=all '--command={script}'\n"
+        f"--worker=all {shlex.quote('--command=' + script)}\n"
     )
+
+
+@pytest.mark.parametrize(
+    "args,env,exported",
+    [
+        (["--libtpu-init-args=--xla_a=1 --xla_b=2"], {}, "'--xla_a=1 --xla_b=2'"),
+        ([], {"LIBTPU_INIT_ARGS": "--xla_c=3"}, "--xla_c=3"),
+        (["--libtpu-init-args=none"], {}, "''"),
+    ],
+)
+def test_run_passes_the_chosen_libtpu_init_args(repo, args, env, exported):
+    out = launch(
+        repo, *args, "run", "configs/default.py", "/mnt/x", env={"TPU": "t", "ZONE": "z", **env}
+    )
+    assert out.returncode == 0, out.stderr
+    assert f"export LIBTPU_INIT_ARGS={exported}; " in shlex.split(out.stdout)[-1]
 
 
 def test_run_arguments_survive_both_shells(repo):
@@ -429,6 +458,8 @@ def on_term(signum, frame):
 
 
 signal.signal(signal.SIGTERM, on_term)
+with open(out + ".env", "w") as f:
+    f.write(os.environ.get("LIBTPU_INIT_ARGS", "<unset>"))
 with open(out + ".tmp", "w") as f:
     json.dump(sys.argv[1:], f)
 os.replace(out + ".tmp", out)  # whole, for the test polling it
@@ -585,6 +616,9 @@ def test_setup_run_status_stop_on_a_fake_host(repo, fake, subreaper):
         ]
         log = (root / "run.log").read_text()
         assert log.startswith("=== ") and f" commit {commit_of(repo)} ===\n" in log
+        # the trainer runs with the launcher's XLA:TPU flags, and the log says which
+        assert Path(f"{fake['trainer_argv']}.env").read_text() == DEFAULT_LIBTPU_INIT_ARGS
+        assert f"LIBTPU_INIT_ARGS={DEFAULT_LIBTPU_INIT_ARGS}\n" in log
 
         status = launch(repo, "status", env=env, dry=False)
         assert f": running (pid {pid}, commit {commit_of(repo)})" in status.stdout
