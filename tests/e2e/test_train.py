@@ -22,10 +22,12 @@ _TIMING = ("time/", "perf/")
 
 @pytest.fixture(scope="module")
 def main_run(tmp_path_factory):
-    """`python -m gspo_jax.main` on the tiny config: the uninterrupted reference run."""
+    """`python -m gspo_jax.main` on the tiny config: the uninterrupted reference run, with RL
+    step 2 profiled (`log.profile_steps`; the resumed run compared with it is not)."""
     root = tmp_path_factory.mktemp("main")
     workdir, data_dir = root / "run", root / "data"
-    cmd = main_command(workdir, f"--config.data.data_dir={data_dir}", *TINY_RUN)
+    profile = "--config.log.profile_steps=(2,)"
+    cmd = main_command(workdir, f"--config.data.data_dir={data_dir}", *TINY_RUN, profile)
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return workdir, data_dir
@@ -57,6 +59,8 @@ def test_main_entry_point_writes_everything(main_run):
         assert row["policy/optimizer_step"] == 2 * step and row["policy/skipped_updates"] == 0
     summary = json.loads((workdir / "summary.json").read_text())
     assert summary["origin"].startswith("scratch initialisation + 3 supervised warm-start")
+    (trace,) = (workdir / "profile").glob("plugins/profile/*/*.xplane.pb")  # one trace
+    assert trace.stat().st_size > 0
 
 
 def test_a_restart_with_a_config_that_changes_the_run_stops_and_keeps_the_record(main_run):
