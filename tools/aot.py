@@ -50,6 +50,7 @@ bucket the sampler can pick) and every response `response_length` long.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -446,9 +447,9 @@ def compile_run(
     `num_processes` (default: the topology's hosts) only enters the config validation."""
     a = _abstract_run(config, model_config, devices, num_processes)
     reports: list[Report] = []
+    if "prefill" in functions or "decode" in functions:
+        reports += _compile_sampler(a, functions)  # sets its mesh (the rollout's may differ)
     with jax.set_mesh(a.mesh):
-        if "prefill" in functions or "decode" in functions:
-            reports += _compile_sampler(a, functions)
         if "logprobs" in functions:
             reports.append(_compile_logprobs(a))
         if "advantages" in functions:
@@ -478,6 +479,12 @@ def _compile_sampler(a: _Abstract, functions) -> list[Report]:
     (`sampling.engine`): the continuous one is `_compile_continuous`."""
     if a.c.sampling.engine == "continuous":
         return _compile_continuous(a, functions)
+    with jax.set_mesh(a.mesh):
+        return _compile_static(a, functions)
+
+
+def _compile_static(a: _Abstract, functions) -> list[Report]:
+    """The static engine's prefill and decode (`_compile_sampler`)."""
     cfg, N, P, T = a.cfg, a.N, a.P, a.T
     tokens_NP = _batch_sds(a.mesh, (N, P), jnp.int32)
     key = jax.eval_shape(lambda: jax.random.key(0))
@@ -546,19 +553,39 @@ def _compile_continuous(a: _Abstract, functions) -> list[Report]:
     response_length long, so a slot is refilled only when its sequence has decoded them
     all: ⌈sequences / slots⌉ x response_length loop steps per replica."""
     from gspo_jax import sampling
+
+    c, cfg = a.c, a.cfg
+    s = c.sampling
+    layout = rollout_layout(c, cfg, a.mesh.shape)
+    own = int(s.rollout_mesh.tensor)
+    mesh = sampling.rollout_mesh(a.mesh.devices.flat, own) if own else a.mesh
+    layout = "tensor" if own else layout
+    reports = []
+    params = a.params
+    if layout == "tensor":  # the reshard: from the trainer's params to the rollout's copy
+        copy = sampling.RolloutLayout(cfg, mesh, layout)
+        # across two meshes (own): no context mesh, the shardings are explicit
+        with contextlib.nullcontext() if own else jax.set_mesh(mesh):
+            report, _ = _compile("rollout reshard", copy.jitted(a.params), a.params)
+        reports.append(report)
+        out = jax.eval_shape(lambda p: models.rollout_params(cfg, p), a.abstract)
+        params = _sds(out, sampling.rollout_shardings(cfg, out, mesh, layout))
+    # The engine compiles on the rollout's own mesh (sampling.rollout_mesh) or the trainer's.
+    with jax.set_mesh(mesh):
+        return reports + _compile_engine(
+            dataclasses.replace(a, mesh=mesh), functions, params, layout
+        )
+
+
+def _compile_engine(a: _Abstract, functions, params, layout: str) -> list[Report]:
+    """The continuous engine's prefill and loop on `a.mesh` with the rollout copy
+    `params` in `layout` (`_compile_continuous`)."""
+    from gspo_jax import sampling
     from gspo_jax.sampling import continuous
 
     c, cfg, N, P, T, G = a.c, a.cfg, a.N, a.P, a.T, a.G
     s = c.sampling
-    layout = rollout_layout(c, cfg, a.mesh.shape)
     reports = []
-    params = a.params
-    if layout == "tensor":
-        copy = sampling.RolloutLayout(cfg, a.mesh, layout)
-        report, compiled = _compile("rollout reshard", copy.jitted(a.params), a.params)
-        reports.append(report)
-        out = jax.eval_shape(lambda p: models.rollout_params(cfg, p), a.abstract)
-        params = _sds(out, sampling.rollout_shardings(cfg, out, a.mesh, layout))
     tokens_NP = _batch_sds(a.mesh, (N, P), jnp.int32)
     page_size = int(s.page_size)
     report, compiled = _compile(
@@ -865,9 +892,17 @@ def _engine_note(config, cfg, mesh_sizes) -> str:
     if config.sampling.engine != "continuous":
         return "\nsampler rows: the static engine (every row decodes response_length tokens)"
     layout = rollout_layout(config, cfg, mesh_sizes)
+    where = (
+        f"rollout layout {layout!r} (sampling.rollout_layout={config.sampling.rollout_layout!r})"
+    )
+    if tensor := int(config.sampling.rollout_mesh.tensor):
+        chips = math.prod(dict(mesh_sizes).values())
+        where = (
+            f"on a rollout mesh of its own (sampling.rollout_mesh.tensor={tensor}: "
+            f"{chips // tensor} replicas x tensor {tensor}, layout 'tensor')"
+        )
     return (
-        "\nsampler rows: the continuous engine, rollout layout "
-        f"{layout!r} (sampling.rollout_layout={config.sampling.rollout_layout!r}), at its "
+        f"\nsampler rows: the continuous engine, {where}, at its "
         "worst case: every response response_length long (no slot refilled early); its "
         "decode HBM bytes are analytic (each step: the chip's weights and its rows' real "
         "context), the HLO handing the kernel whole page pools"

@@ -125,21 +125,21 @@ def _check_deprecated_names(config) -> None:
 
 
 def _check_rollout_mesh(config, num_devices, num_processes: int) -> None:
-    """sampling.rollout_mesh.tensor: 0 (the trainer's mesh) or a group size dividing the
-    devices; one process for now (the prompts go onto the rollout mesh and the samples
-    back within one process: untested across processes)."""
+    """sampling.rollout_mesh.tensor: 0 (the trainer's mesh) or a group size dividing each
+    process's devices (a tensor-parallel group stays within a process: sampling/layout.py)."""
     tensor = _int(config, "sampling.rollout_mesh.tensor", minimum=0)
-    if not tensor:
+    if not tensor or num_devices is None:
         return
-    if num_processes > 1:
-        raise ConfigError(
-            f"config.sampling.rollout_mesh.tensor={tensor}: a rollout mesh of its own runs on "
-            f"one process so far, not {num_processes}; use sampling.rollout_layout"
-        )
-    if num_devices is not None and num_devices % tensor:
-        raise ConfigError(
-            f"config.sampling.rollout_mesh.tensor={tensor} does not divide the "
+    per_process = num_devices // max(num_processes, 1)
+    if per_process % tensor:
+        where = (
             f"{num_devices} devices"
+            if num_processes <= 1
+            else (f"{per_process} devices of each of the {num_processes} processes")
+        )
+        raise ConfigError(
+            f"config.sampling.rollout_mesh.tensor={tensor} does not divide the {where} "
+            "(a tensor-parallel group of the rollout stays within one process)"
         )
 
 

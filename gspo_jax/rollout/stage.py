@@ -397,7 +397,8 @@ class Rollouts:
         policy = state.train.params if policy is None else policy
         if self.rollout_mesh is None:
             return self.sample(policy, prompt_tokens, prompt_mask, key)
-        key = jax.device_put(key, sharding_lib.replicated(mesh))  # off the trainer's mesh
+        # off the trainer's mesh: the key's data, which every process holds whole
+        key = jax.random.wrap_key_data(sharding_lib.to_replicated(mesh, jax.random.key_data(key)))
         with jax.set_mesh(self.rollout_mesh):
             out = self.sample(policy, prompt_tokens, prompt_mask, key)
         return _onto(self.mesh, out)

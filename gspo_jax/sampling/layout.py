@@ -54,7 +54,12 @@ def rollout_mesh(devices, tensor: int) -> jax.sharding.Mesh:
     chips that split the model (mesh.tensor) × len(devices) / tensor replicas (mesh.data).
     `mesh_utils.create_device_mesh` puts a group on neighbouring chips;
     allow_split_physical_axes lets a group take part of a physical axis (4 chips of a
-    4x4 slice's row), where the trainer's mesh may use the whole axis otherwise."""
+    4x4 slice's row), where the trainer's mesh may use the whole axis otherwise.
+
+    With several processes each group stays within one process (`tensor` must divide each
+    process's device count) and the replicas are in process order: process p's prompts
+    (`sharding.to_global`: rows in process order) land on process p's own replicas, so
+    the samples that come back to it are those of its own prompts."""
     devices = list(devices)
     n = len(devices)
     if isinstance(tensor, bool) or int(tensor) != tensor or tensor < 1 or n % tensor:
@@ -62,10 +67,32 @@ def rollout_mesh(devices, tensor: int) -> jax.sharding.Mesh:
             f"sampling.rollout_mesh.tensor={tensor!r} must be a positive int dividing the "
             f"{n} devices"
         )
-    shape = (n // int(tensor), 1, int(tensor), 1)
-    grid = mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+    tensor = int(tensor)
+    by_process: dict[int, list] = {}
+    for d in devices:
+        by_process.setdefault(d.process_index, []).append(d)
+    local = {len(v) for v in by_process.values()}
+    if len(local) != 1 or next(iter(local)) % tensor:
+        raise ValueError(
+            f"sampling.rollout_mesh.tensor={tensor} must divide every process's devices "
+            f"({sorted(local)} per process): a tensor-parallel group stays within a process"
+        )
+    grid = np.concatenate([_group_grid(by_process[p], tensor) for p in sorted(by_process)], axis=0)
     auto = (jax.sharding.AxisType.Auto,) * len(sharding.MESH_AXES)
-    return jax.sharding.Mesh(np.asarray(grid), sharding.MESH_AXES, axis_types=auto)
+    return jax.sharding.Mesh(grid, sharding.MESH_AXES, axis_types=auto)
+
+
+def _group_grid(devices: list, tensor: int) -> np.ndarray:
+    """[len/tensor, 1, tensor, 1] devices of one process, neighbours in a group where the
+    physical layout is known (TPU); in the given order elsewhere."""
+    shape = (len(devices) // tensor, 1, tensor, 1)
+    try:
+        return np.asarray(
+            mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+        )
+    except (ValueError, NotImplementedError, AssertionError):
+        # a subset of a slice whose physical shape mesh_utils cannot tile (one host's chips)
+        return np.asarray(devices).reshape(shape)
 
 
 def rollout_shardings(model_config, abstract_params, mesh, layout: str):
@@ -98,9 +125,14 @@ class RolloutLayout:
             layout, dict(mesh.shape), kv_heads=model_config.num_kv_heads
         )
         self._fn = None
+        self._target = None  # the shardings on `mesh` when the jit lands on its twin
 
     def jitted(self, params):
-        """The jitted reshard for params shaped like `params` (arrays or ShapeDtypeStructs)."""
+        """The jitted cast + reshard for params shaped like `params` (arrays or
+        ShapeDtypeStructs) onto `self.mesh`; or, where `params` live on the same devices in
+        another order (a rollout mesh of its own on a TPU slice: one jit cannot take inputs
+        and outputs in two device orders), onto its twin in the params' order, whose shards
+        `__call__` then moves onto `self.mesh` (jax.device_put: a permutation of shards)."""
         if self._fn is None:
             cfg, rules = self.model_config, sharding.layout_rules(self.layout)
 
@@ -109,9 +141,29 @@ class RolloutLayout:
                     return models.rollout_params(cfg, p)
 
             abstract = jax.eval_shape(lambda p: models.rollout_params(cfg, p), params)
-            out = rollout_shardings(cfg, abstract, self.mesh, self.layout)
+            mesh = _twin(self.mesh, params)
+            out = rollout_shardings(cfg, abstract, mesh, self.layout)
             self._fn = jax.jit(make, out_shardings=out)
+            if mesh is not self.mesh:
+                self._target = rollout_shardings(cfg, abstract, self.mesh, self.layout)
         return self._fn
 
     def __call__(self, params):
-        return self.jitted(params)(params)
+        out = self.jitted(params)(params)
+        if self._target is not None:
+            out = jax.device_put(out, self._target, donate=True)
+        return out
+
+
+def _twin(mesh, params):
+    """`mesh`, or the same shape and axes over the devices of `params` in their order when
+    those are `mesh`'s devices in another order."""
+    leaf = jax.tree.leaves(params)[0]
+    source = getattr(getattr(leaf, "sharding", None), "mesh", None)
+    if source is None:
+        return mesh
+    ours, theirs = list(mesh.devices.flat), list(source.devices.flat)
+    if ours == theirs or set(ours) != set(theirs):
+        return mesh
+    devices = np.asarray(theirs).reshape(mesh.devices.shape)
+    return jax.sharding.Mesh(devices, mesh.axis_names, axis_types=mesh.axis_types)

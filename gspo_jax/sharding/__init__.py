@@ -21,6 +21,7 @@ from gspo_jax.sharding.multihost import (
     process_rows,
     to_global,
     to_local,
+    to_replicated,
 )
 from gspo_jax.sharding.rules import (
     LOGICAL_RULES,
@@ -64,5 +65,6 @@ __all__ = [
     "resolve_rollout_layout",
     "to_global",
     "to_local",
+    "to_replicated",
     "tree_shardings",
 ]

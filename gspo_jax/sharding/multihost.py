@@ -49,6 +49,17 @@ def to_global(mesh: Mesh, local_tree):
     return jax.tree.map(put, local_tree)
 
 
+def to_replicated(mesh: Mesh, value) -> jax.Array:
+    """A value every process holds whole (a fully replicated array, numpy) -> one global
+    array replicated over `mesh`, e.g. a key moved from the trainer's mesh to the
+    rollout's (device_put cannot target another mesh's devices from several processes)."""
+    value = np.asarray(value)
+    sharding = replicated(mesh)
+    if jax.process_count() == 1:
+        return jax.device_put(value, sharding)
+    return jax.make_array_from_process_local_data(sharding, value)
+
+
 def process_rows(mesh: Mesh, num_rows: int) -> np.ndarray:
     """The rows of a global batch of `num_rows` that this process holds under the batch
     sharding, in the order `to_global` takes them and `to_local` returns them (all rows with

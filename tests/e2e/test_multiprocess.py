@@ -26,7 +26,7 @@ import pytest
 from helpers import free_port, metrics_by_step, process_command, process_env
 
 
-def _run_two_processes(workdir, data_dir, num_steps, timeout_s=600):
+def _run_two_processes(workdir, data_dir, num_steps, *extra, timeout_s=600):
     """Both processes' output. If one fails, the other (blocked in a collective) is killed
     at once rather than at the timeout."""
     port = free_port()
@@ -41,6 +41,7 @@ def _run_two_processes(workdir, data_dir, num_steps, timeout_s=600):
                     f"--coordinator=127.0.0.1:{port}",
                     "--num_processes=2",
                     f"--process_id={i}",
+                    *extra,
                 ),
                 env=process_env(4),
                 stdout=log,
@@ -91,12 +92,14 @@ def _killed_after_step_2(src, dst):
 def test_two_processes_train_checkpoint_and_resume(tmp_path):
     data_dir = tmp_path / "data"
     ref, resumed, moved = tmp_path / "ref", tmp_path / "resumed", tmp_path / "one_process"
+    regrouped = tmp_path / "rollout_mesh"
     _run_two_processes(ref, data_dir, 3)
     want = metrics_by_step(ref)[3]
     assert want["policy/optimizer_step"] == 6  # 3 RL steps x 2 mini-batches
     assert want["policy/grad_norm"] > 0 and want["reward/std"] > 0  # a step worth comparing
     _killed_after_step_2(ref, resumed)
     _killed_after_step_2(ref, moved)
+    _killed_after_step_2(ref, regrouped)
 
     outputs = _run_two_processes(resumed, data_dir, 3)
     assert "starting at RL step 2 from checkpoint 2" in outputs[0]
@@ -119,3 +122,9 @@ def test_two_processes_train_checkpoint_and_resume(tmp_path):
     # Another mesh adds float rounding: the tolerance of tests/e2e/test_mesh_equality.py.
     diffs = _compare_step(metrics_by_step(moved)[3], want, rtol=1e-5, atol=1e-5)
     print({k: f"{v:.1e}" for k, v in sorted(diffs.items(), key=lambda kv: -kv[1])[:8]})
+
+    # The same two processes with a rollout mesh of their own (tensor groups of 2 within each
+    # process's 4 devices): each process's prompts are sampled on its own replicas and come
+    # back to it, so step 3's rewards, advantages and update match the trainer-mesh rollout.
+    _run_two_processes(regrouped, data_dir, 3, "--config.sampling.rollout_mesh.tensor=2")
+    _compare_step(metrics_by_step(regrouped)[3], want, rtol=1e-5, atol=1e-5)

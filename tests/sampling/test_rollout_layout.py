@@ -131,6 +131,26 @@ def test_rollout_params_are_the_compute_dtype_in_the_decode_layout(fixture_model
     np.testing.assert_array_equal(np.asarray(a.logprobs), np.asarray(b.logprobs))
 
 
+def test_a_rollout_mesh_in_another_device_order_gets_the_copy(fixture_model):
+    """On a TPU slice the rollout's own mesh orders the chips otherwise than the trainer's
+    (groups of neighbours), and one jit cannot take inputs and outputs in two device
+    orders: the copy is cast onto the rollout mesh's twin in the trainer's order, then its
+    shards are moved (tools.aot compiled the 8B run into this error before). Here: the
+    same 4 devices reversed."""
+    cfg, params, _, _ = fixture_model
+    cfg16 = dataclasses.replace(cfg, dtype="bfloat16")
+    trainer = _mesh(4, fsdp=4)
+    devices = np.asarray(jax.devices()[:4][::-1]).reshape(2, 1, 2, 1)
+    auto = (jax.sharding.AxisType.Auto,) * 4
+    own = jax.sharding.Mesh(devices, sharding.MESH_AXES, axis_types=auto)
+    copy = sampling.RolloutLayout(cfg16, own, "tensor")
+    rollout = copy(_on_mesh(cfg16, params, trainer))
+    for x in jax.tree.leaves(rollout):
+        assert x.sharding.mesh.devices.tolist() == own.devices.tolist()
+    want = jax.tree.map(lambda p: np.asarray(p.astype(jnp.bfloat16)), params)
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, rollout), want)
+
+
 def test_the_moe_router_stays_float32():
     cfg, _ = models.load_pretrained(FIXTURES / "qwen3_moe")
     cfg = dataclasses.replace(cfg, dtype="bfloat16")
@@ -407,7 +427,7 @@ def test_a_rollout_mesh_of_its_own_samples_what_one_device_samples(tmp_path, chi
     )
 
 
-def test_a_rollout_mesh_must_divide_the_devices_and_run_on_one_process():
+def test_a_rollout_mesh_must_divide_each_process_s_devices():
     from configs import default
     from gspo_jax.config.validate import ConfigError, validate
 
@@ -417,7 +437,10 @@ def test_a_rollout_mesh_must_divide_the_devices_and_run_on_one_process():
         validate(c, num_devices=8)
     c.sampling.rollout_mesh.tensor = 2
     validate(c, num_devices=8)
-    with pytest.raises(ConfigError, match=r"rollout_mesh.tensor=2: a rollout mesh of its own"):
+    c.eval.batch_size = 64  # (a whole number of prompts per process)
+    validate(c, num_devices=8, num_processes=2)  # groups of 2 within each process's 4
+    c.sampling.rollout_mesh.tensor = 8
+    with pytest.raises(ConfigError, match=r"tensor=8 does not divide the 4 devices of each of"):
         validate(c, num_devices=8, num_processes=2)
     with pytest.raises(ValueError, match=r"rollout_mesh.tensor=3 must be a positive int"):
         sampling.rollout_mesh(jax.devices(), 3)

@@ -80,6 +80,8 @@ FREE_ON_RESUME = (
     "model.moe_impl",
     "model.attention_impl",
     "model.scan_layers",
+    "sampling.rollout_mesh.",  # where the rollout runs: the same samples (float rounding aside)
+    "sampling.rollout_layout",
 )
 
 
