@@ -200,7 +200,15 @@ def _efficiency_verdict(model: str, stats, problems, g: str, r: str):
         f"({reward.design})"
     )
     claim = f"§5.2 ({model}): GSPO trains more efficiently than GRPO{rr} (final held-out accuracy)"
-    return claim, _said(stats_lib.verdict(iv), iv), numbers
+    said = _said(stats_lib.verdict(iv), iv).replace(
+        "with the claim (", "with the claim in this run ("
+    )
+    if stats_lib.verdict(reward) == stats_lib.NOT_REPRODUCED:  # the secondary points the other way
+        said += (
+            f"; its secondary, training reward, is lower under GSPO (Δ = {reward.estimate:+.3f}, "
+            f"95 % CI [{reward.low:+.3f}, {reward.high:+.3f}])"
+        )
+    return claim, said, numbers
 
 
 def _clipping_verdict(model: str, g: dict, r: dict) -> tuple[str, str, str]:
@@ -239,11 +247,17 @@ def _clipping_verdict(model: str, g: dict, r: dict) -> tuple[str, str, str]:
 
 def _expert_change_verdict(moe: dict) -> tuple[str, str, str]:
     """§5.3: GRPO's expert change after one update is ~10%: consistent when its 95 % CI
-    lies in [5 %, 20 %], contradicted when wholly outside."""
+    lies in [5 %, 20 %], not reproduced on this test bed when wholly outside (a small MoE
+    cannot show a 48-layer, 128-expert model's volatility, so the verdict says so)."""
     change = moe["grpo"]["expert_change_1"]
     iv = stats_lib.one_sample(change[2])
     verdict = stats_lib.band_verdict(iv, 0.05, 0.20)
     said = _said(verdict, iv, "GRPO", "{:.2%}").replace("the null", "part of [5 %, 20 %]")
+    if verdict == stats_lib.NOT_REPRODUCED:
+        said += (
+            "; this test bed's MoE (a few layers, 8-16 experts, no load-balancing loss) "
+            "cannot show the paper's 48-layer, 128-expert volatility"
+        )
     return (
         "§5.3: ~10% of activated experts change after one update (GRPO)",
         said,
@@ -271,20 +285,18 @@ def collapses(stat_start, stat_end) -> tuple[int, int]:
 
 def _routing_replay_verdict(stats, problems) -> tuple[str, str, str]:
     """§5.3: GRPO + RR ends more accurate than GRPO (primary); GSPO without replay is not
-    behind GRPO + RR (secondary, contradicted only when its CI lies below 0)."""
+    behind GRPO + RR (secondary, said "behind" only when its CI lies below 0)."""
     iv = final_accuracy_difference(stats, problems, "moe/grpo_rr", "moe/grpo")
     gspo = final_accuracy_difference(stats, problems, "moe/gspo", "moe/grpo_rr")
-    second = stats_lib.verdict(gspo)
-    if second.startswith(("consistent", "not distinguishable")):
-        second = "not contradicted"  # contradicted: GSPO's CI wholly below GRPO + RR's
+    second = "behind" if stats_lib.verdict(gspo) == stats_lib.NOT_REPRODUCED else "not behind"
     return (
         "§5.3: GRPO on an MoE needs Routing Replay (GRPO + RR − GRPO, final held-out accuracy)",
         _said(stats_lib.verdict(iv), iv),
         (
             f"test: {_test(iv)}; final held-out accuracy GRPO "
             f"{pm(stats['moe/grpo']['eval_end'])}, GRPO + RR {pm(stats['moe/grpo_rr']['eval_end'])}"
-            f", GSPO {pm(stats['moe/gspo']['eval_end'])}. Secondary, GSPO without replay not "
-            f"behind GRPO + RR: {second} (Δ = {gspo.estimate:+.3f}, 95 % CI [{gspo.low:+.3f}, "
+            f", GSPO {pm(stats['moe/gspo']['eval_end'])}. Secondary, GSPO without replay against "
+            f"GRPO + RR: {second} (Δ = {gspo.estimate:+.3f}, 95 % CI [{gspo.low:+.3f}, "
             f"{gspo.high:+.3f}], p = {gspo.p:.3g}). Collapses (final held-out accuracy more "
             f"than {COLLAPSE_DROP:.2f} below the run's start): "
             + ", ".join(

@@ -139,6 +139,10 @@ class Budget:
     task: str = "add2"
     scale: str = "cpu"
     moe_testbed: str = "specialised"  # MOE_TESTBEDS: how the MoE arms' model is made
+    # (config field, value) pairs set on every config of the budget, warm start included,
+    # after the task's own settings (the mechanism test's harder task: mechanism.py); a
+    # workdir holds one such setting (its warm starts are not told apart by them).
+    warm_overrides: tuple[tuple[str, object], ...] = ()
 
     @property
     def moe(self) -> MoETestBed:
@@ -179,6 +183,8 @@ def arm_config(arm: Arm, seed: int, budget: Budget, root: str, warm: str | None 
     if budget.dev:
         c.data.train_split = f"train[{DEV_PROBLEMS}:]"
         c.data.eval_split = f"train[:{DEV_PROBLEMS}]"
+    for field, value in budget.warm_overrides:
+        set_field(c, field, value, "the budget's warm_overrides")
     if budget.quick:
         c.num_return_sequences_in_group = 4
         c.warm_start.steps, c.warm_start.batch_size = 3, 16

@@ -163,27 +163,33 @@ def paired_ratio(
     )
 
 
+NOT_REPRODUCED = "not reproduced on this test bed"
+
+
 def verdict(iv: Interval, *, direction: int = 1, null: float = 0.0) -> str:
-    """The pre-registered wording: the claim says the estimate is above `null`
-    (direction 1) or below it (−1); the interval decides. One seed decides nothing."""
+    """The claim says the estimate is above `null` (direction 1) or below it (−1); the
+    interval decides: "consistent with the claim" (wholly on the claim's side), "not
+    distinguishable at n = k" (contains the null), NOT_REPRODUCED (wholly on the other
+    side: what this test bed shows, not a refutation of the paper's model). One seed
+    decides nothing."""
     if iv.n_seeds < 2:
         return "not testable at n = 1 (one seed)"
     above, below = iv.low > null, iv.high < null
     if (above and direction > 0) or (below and direction < 0):
         return "consistent with the claim"
     if above or below:
-        return "contradicted"
+        return NOT_REPRODUCED
     return f"not distinguishable at n = {iv.n_seeds}"
 
 
 def band_verdict(iv: Interval, low: float, high: float) -> str:
     """For a claim that a quantity is about a value: consistent when the whole interval
-    lies in [low, high], contradicted when it lies wholly outside, else not
+    lies in [low, high], NOT_REPRODUCED when it lies wholly outside, else not
     distinguishable. One seed decides nothing."""
     if iv.n_seeds < 2:
         return "not testable at n = 1 (one seed)"
     if low <= iv.low and iv.high <= high:
         return "consistent with the claim"
     if iv.high < low or iv.low > high:
-        return "contradicted"
+        return NOT_REPRODUCED
     return f"not distinguishable at n = {iv.n_seeds}"

@@ -50,8 +50,8 @@ def _stats(**per_seed):
 def test_verdicts_follow_the_intervals():
     """Dense: GSPO +0.1 on every seed -> consistent; 50x the clipping -> consistent against
     10x. MoE: GSPO vs GRPO + RR equal on every problem -> CI [0, 0], not distinguishable;
-    5x the clipping -> contradicted; expert change ~10% -> consistent; GRPO + RR below GRPO
-    on every seed -> contradicted."""
+    5x the clipping -> not reproduced on this test bed; expert change ~10% -> consistent;
+    GRPO + RR below GRPO on every seed -> not reproduced."""
     n = 6
     seedwise = np.linspace(0.0, 0.02, n)
     base = {
@@ -85,7 +85,7 @@ def test_verdicts_follow_the_intervals():
         return next(v for c, v in got.items() if c.startswith(start))
 
     verdict, numbers = find("§5.2 (dense): GSPO trains")
-    assert verdict == "consistent with the claim (Δ = +0.100, 95 % CI [+0.100, +0.100])"
+    assert verdict == "consistent with the claim in this run (Δ = +0.100, 95 % CI [+0.100, +0.100])"
     assert "paired bootstrap over 6 seeds, 10,000 resamples" in numbers
     verdict, _ = find("§5.2 (dense): GSPO clips")
     assert verdict.startswith("consistent with the claim (ratio = 52x, 95 % CI [")
@@ -94,12 +94,32 @@ def test_verdicts_follow_the_intervals():
         "not distinguishable at n = 6 (Δ = +0.000, 95 % CI [+0.000, +0.000] contains the null)"
     )
     assert "6 seeds × 30 problems" in numbers
-    assert find("§5.2 (moe): GSPO clips")[0] == "contradicted (ratio = 5x, 95 % CI [5x, 5x])"
+    assert find("§5.2 (moe): GSPO clips")[0] == (
+        "not reproduced on this test bed (ratio = 5x, 95 % CI [5x, 5x])"
+    )
     assert find("§5.3: ~10%")[0].startswith("consistent with the claim (GRPO = 11.00%")
     verdict, numbers = find("§5.3: GRPO on an MoE")  # and its collapses (> 0.10 below start)
-    assert verdict == "contradicted (Δ = -0.050, 95 % CI [-0.050, -0.050])"
-    assert "not contradicted (Δ = +0.000" in numbers
+    assert verdict == "not reproduced on this test bed (Δ = -0.050, 95 % CI [-0.050, -0.050])"
+    assert "against GRPO + RR: not behind (Δ = +0.000" in numbers
     assert "below the run's start): GRPO 2/6, GRPO + RR 0/6, GSPO 0/6" in numbers
+
+
+def test_an_efficiency_verdict_says_when_its_training_reward_points_the_other_way():
+    """GSPO +0.1 held out on every seed but 0.01 lower training reward on every seed: the
+    verdict is "consistent ... in this run" and names the secondary's interval below 0."""
+    from experiments.gspo_vs_grpo import analysis
+
+    n = 5
+    s = np.linspace(0.0, 0.02, n)
+    stats = {
+        "dense/gspo": _stats(eval_end=0.4 + s, reward_mean=0.19 + s),
+        "dense/grpo": _stats(eval_end=0.3 + s, reward_mean=0.20 + s),
+    }
+    _, said, _ = analysis._efficiency_verdict("dense", stats, {}, "dense/gspo", "dense/grpo")
+    assert said == (
+        "consistent with the claim in this run (Δ = +0.100, 95 % CI [+0.100, +0.100]); its "
+        "secondary, training reward, is lower under GSPO (Δ = -0.010, 95 % CI [-0.010, -0.010])"
+    )
 
 
 def _fake_run(root, arm, seed, steps=4, end=0.2, start=0.1, **logged):
@@ -210,7 +230,7 @@ def test_a_zero_difference_gives_an_interval_around_zero_and_p_1():
     assert stats.verdict(iv) == "not distinguishable at n = 5"
 
 
-def test_a_clear_difference_is_consistent_or_contradicted_by_direction():
+def test_a_clear_difference_is_consistent_or_not_reproduced_by_direction():
     """Every seed +0.1 ± a little: the interval excludes 0; p is the smallest possible
     (1 + 0) · 2 / (R + 1) as no resample reaches 0."""
     from experiments.gspo_vs_grpo import stats
@@ -221,9 +241,9 @@ def test_a_clear_difference_is_consistent_or_contradicted_by_direction():
     assert 0.09 < iv.low < iv.estimate < iv.high < 0.11
     assert iv.p == pytest.approx(2 / (stats.RESAMPLES + 1))
     assert stats.verdict(iv) == "consistent with the claim"
-    assert stats.verdict(iv, direction=-1) == "contradicted"
+    assert stats.verdict(iv, direction=-1) == "not reproduced on this test bed"
     assert stats.band_verdict(stats.one_sample(a), 0.3, 0.6) == "consistent with the claim"
-    assert stats.band_verdict(stats.one_sample(a), 0.6, 0.9) == "contradicted"
+    assert stats.band_verdict(stats.one_sample(a), 0.6, 0.9) == "not reproduced on this test bed"
 
 
 def test_ratio_interval_is_the_exponentiated_log_ratio():

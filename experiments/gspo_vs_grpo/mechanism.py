@@ -1,0 +1,539 @@
+"""The pre-registered test of §5.2's mechanism (docs/mechanism_plan.md holds the plan):
+
+    python -m experiments.gspo_vs_grpo.mechanism --stage=dev    # stage 0: lr + headroom, dev
+    python -m experiments.gspo_vs_grpo.mechanism                # the test (test split)
+    python -m experiments.gspo_vs_grpo.mechanism --scale=gpu    # the same, sized for a GPU
+    python -m experiments.gspo_vs_grpo.mechanism --power        # the power analysis
+    python -m experiments.gspo_vs_grpo.mechanism --sd_only      # the seed-adding rule's look
+    python -m experiments.gspo_vs_grpo.mechanism --smoke        # 2 steps, 1 seed: it runs
+
+Design: {GSPO, GRPO} × num_mini_batches {1, 8} × response length {short: the default task,
+16-token answers; long: the scratchpad task made harder}, every seed from its own warm
+start (one per length), both arms at one learning rate per length (so that mb = 1, where
+both objectives make the same update, is a negative control). Primary, per length: the
+interaction I_s = (A_GSPO,8 − A_GRPO,8) − (A_GSPO,1 − A_GRPO,1) of seed s, A the area
+under the training-reward curve (`reward/mean` averaged over steps 1..T); its mean over
+seeds with the percentile bootstrap 95 % interval (stats.one_sample) and the t interval
+beside it, Holm over the two lengths. Secondary: GSPO − GRPO held-out accuracy at each
+mb and every evaluation, and their interaction (seeds × problems bootstrap), no verdicts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+import numpy as np
+
+from experiments.gspo_vs_grpo import forest, stats
+from experiments.gspo_vs_grpo.analysis import series
+from experiments.gspo_vs_grpo.arms import Arm, Budget, _dense, run_dir
+
+log = logging.getLogger("experiments")
+ALGOS = ("gspo", "grpo")
+MINI_BATCHES = (1, 8)
+LENGTHS = ("short", "long")
+# Short: the rate both arms share within noise of their dev best in
+# docs/sweeps/optim_learning_rate_dev.md (GSPO 0.358 at 3e-5 vs 0.359 at 1e-5, GRPO's best
+# 0.379 at 3e-5). Long: no dev sweep of the scratchpad task exists: stage 0 picks it.
+SHORT_LR = 3e-5
+LONG_LRS = (1e-5, 3e-5, 1e-4)
+# The long task's difficulty levels, tried in order by stage 0 until one has headroom: the
+# published scratchpad runs (level 0: teacher error 0.6, warm start to 30 %) reached ~80 %
+# held out within 10 of 40 steps, so stage 0 starts at level 1.
+DIFFICULTY = (
+    (("warm_start.teacher_error_rate", 0.6), ("warm_start.target_accuracy", 0.3)),
+    (("warm_start.teacher_error_rate", 0.8), ("warm_start.target_accuracy", 0.2)),
+    (("warm_start.teacher_error_rate", 0.95), ("warm_start.target_accuracy", 0.1)),
+)
+FIRST_LEVEL = 1
+HEADROOM_MAX = 0.6  # stage 0: mean training reward over steps 21-30 at most this ...
+HEADROOM_GAIN = 0.05  # ... and at least this above its mean over steps 1-10
+CONTROL_BAND = 0.005  # the mb = 1 control's GSPO − GRPO area is expected within ±this
+DELTA = 0.02  # the smallest interaction of interest (training reward, area per step)
+POWER = 0.8
+SCALES = {  # seeds, prompts per rollout, eval problems, (short, long) steps, eval every
+    "cpu": {"seeds": 10, "prompts": 8, "eval_prompts": 500, "steps": (100, 60), "eval_every": 20},
+    "gpu": {"seeds": 20, "prompts": 16, "eval_prompts": 500, "steps": (100, 60), "eval_every": 20},
+}
+MAX_SEEDS = {"cpu": 20, "gpu": 40}  # the seed-adding rule's cap: what the budget affords
+PILOT = os.path.join("docs", "mechanism", "pilot_reward_family_4seeds.csv")
+
+
+def arm(algo: str, mb: int, lr: float) -> Arm:
+    """The dense preset of `algo` at num_mini_batches = mb and learning rate lr."""
+    label = f"{algo.upper()} (dense) mb={mb} lr={lr:g}"
+    overrides = (("num_mini_batches", mb), ("optim.learning_rate", lr))
+    return Arm("dense", algo, label, _dense(algo), overrides)
+
+
+def budget(length: str, scale: str, seeds: int, *, dev=False, level=FIRST_LEVEL, smoke=False):
+    """The Budget of one length (its own task, steps and, long, difficulty)."""
+    s = SCALES[scale]
+    steps = s["steps"][LENGTHS.index(length)]
+    return Budget(
+        steps=2 if smoke else steps,
+        seeds=seeds,
+        prompts=4 if smoke else s["prompts"],
+        eval_every=0 if smoke else s["eval_every"],
+        eval_prompts=8 if smoke else s["eval_prompts"],
+        quick=smoke,
+        dev=dev,
+        independent_warm_starts=True,
+        task="add2" if length == "short" else "scratchpad",
+        scale=scale,
+        warm_overrides=DIFFICULTY[level] if length == "long" else (),
+    )
+
+
+def root_of(workdir: str, length: str, dev: bool = False, level: int = FIRST_LEVEL) -> str:
+    """One workdir per length (and, long, per difficulty level: its warm starts differ)."""
+    name = length if length == "short" else f"long_level{level}"
+    return os.path.join(workdir, "dev" if dev else "test", name)
+
+
+def run_cells(
+    workdir, length, scale, seeds, lrs, mbs, *, dev=False, level=FIRST_LEVEL, smoke=False
+):
+    """Every (seed, algo, mb, lr) run of one length, seeds outermost; returns the root."""
+    from experiments.gspo_vs_grpo.run import run_arm, warm_start
+
+    b = budget(length, scale, len(seeds), dev=dev, level=level, smoke=smoke)
+    root = root_of(workdir, length, dev, level)
+    os.makedirs(root, exist_ok=True)
+    for seed in seeds:
+        warm = warm_start("dense", b, root, seed)
+        for lr in lrs:
+            for mb in mbs:
+                for algo in ALGOS:
+                    run_arm(arm(algo, mb, lr), seed, b, root, warm)
+    return root
+
+
+def auc(root: str, a: Arm, seed: int) -> float:
+    """Area under the training-reward curve per step: mean of reward/mean over steps."""
+    _, reward = series(run_dir(root, a, seed), "reward/mean")
+    if reward.size == 0:
+        raise ValueError(f"{run_dir(root, a, seed)}: no reward/mean logged")
+    return float(reward.mean())
+
+
+def areas(root: str, lr: float, seeds) -> dict:
+    """(algo, mb) -> [seeds] training-reward areas."""
+    return {
+        (g, m): np.array([auc(root, arm(g, m, lr), s) for s in seeds])
+        for g in ALGOS
+        for m in MINI_BATCHES
+    }
+
+
+def interaction(root: str, lr: float, seeds) -> np.ndarray:
+    """[seeds] I_s = (A_GSPO,8 − A_GRPO,8) − (A_GSPO,1 − A_GRPO,1)."""
+    a = areas(root, lr, seeds)
+    hi, lo = MINI_BATCHES[-1], MINI_BATCHES[0]
+    return (a["gspo", hi] - a["grpo", hi]) - (a["gspo", lo] - a["grpo", lo])
+
+
+# ------------------------------------------------------------------------------ power
+
+
+def power(n: int, sd: float, delta: float = DELTA, alpha: float = stats.ALPHA / 2) -> float:
+    """Power of the two-sided one-sample t test of mean(I) = 0 at n seeds when the true
+    mean is `delta` and the per-seed sd is `sd` (noncentral t). alpha defaults to 0.025:
+    Holm's first step over the two lengths."""
+    from scipy import stats as st
+
+    df, nc = n - 1, delta * np.sqrt(n) / sd
+    q = st.t.ppf(1 - alpha / 2, df)
+    lower = np.nan_to_num(st.nct.cdf(-q, df, nc), nan=0.0)  # nan where it underflows
+    return float(st.nct.sf(q, df, nc) + lower)
+
+
+def seeds_needed(sd: float, delta: float = DELTA, target: float = POWER, cap: int = 1000) -> int:
+    """The smallest n >= 3 whose power reaches `target` (cap + 1 when none up to cap)."""
+    for n in range(3, cap + 1):
+        if power(n, sd, delta) >= target:
+            return n
+    return cap + 1
+
+
+def sd_from_interval(low: float, high: float, n: int) -> float:
+    """The per-seed sd a published percentile bootstrap interval over n seeds implies: its
+    half-width is ~1.96 · sd · sqrt((n − 1)/n) / sqrt(n) (the bootstrap's spread of a mean)."""
+    return (high - low) / (2 * forest.Z975) * np.sqrt(n) / np.sqrt((n - 1) / n)
+
+
+def pilot_sd(path: str = PILOT) -> tuple[float, int]:
+    """(sd over seeds of the GSPO − GRPO training-reward area, seeds) from the committed
+    per-step rewards of the family run (docs/findings.md: mb = 4, lr 1e-4, 50 steps)."""
+    rows = np.genfromtxt(path, delimiter=",", names=True, dtype=None, encoding="utf-8")
+    if rows.size == 0:
+        raise ValueError(f"{path}: no rows")
+    area = {}
+    for algo in ALGOS:
+        sel = rows[rows["arm"] == algo]
+        seeds = sorted(set(sel["seed"].tolist()))
+        area[algo] = np.array([sel["reward"][sel["seed"] == s].mean() for s in seeds])
+    d = area["gspo"] - area["grpo"]
+    return float(d.std(ddof=1)), d.size
+
+
+def power_table() -> str:
+    """The plan's power analysis, from the committed pilot file and published intervals."""
+    sd_pilot, n_pilot = pilot_sd()
+    sources = [
+        (f"{PILOT} (short, mb 4, lr 1e-4, {n_pilot} seeds, one warm start)", sd_pilot),
+        (
+            "docs/results.md dense training-reward Δ [-0.004, +0.004], 10 seeds (short, mb 4)",
+            sd_from_interval(-0.004, 0.004, 10),
+        ),
+        (
+            "docs/results_scratchpad.md training-reward Δ [-0.054, +0.032], 6 seeds (long, mb 4)",
+            sd_from_interval(-0.054, 0.032, 6),
+        ),
+    ]
+    lines = [
+        (
+            "| sd source | sd of I_s | n for Δ = 0.01 | n for Δ = 0.02 | n for Δ = 0.05 "
+            "| smallest Δ at 80 % power, n = 10 | n = 20 |"
+        ),
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, sd in sources:
+        ns = [seeds_needed(sd, d) for d in (0.01, 0.02, 0.05)]
+        mde = [_detectable(sd, n) for n in (10, 20)]
+        lines.append(
+            f"| {name} | {sd:.4f} | "
+            + " | ".join(map(str, ns))
+            + " | "
+            + " | ".join(f"{m:.3f}" for m in mde)
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+def _detectable(sd: float, n: int) -> float:
+    """The smallest Δ (to 0.001) with power >= POWER at n seeds."""
+    for delta in np.arange(0.001, 1.0, 0.001):
+        if power(n, sd, float(delta)) >= POWER:
+            return float(delta)
+    return float("nan")
+
+
+# ------------------------------------------------------------------------------ stage 0
+
+DEV_SEEDS, DEV_STEPS = 3, 30
+CHOICE = "choice.json"  # stage 0's decision, in <workdir>/dev/
+
+
+def headroom(root: str, lr: float, seeds) -> dict:
+    """Both arms' mean training reward over steps 1-10 and 21-30 at mb = 8 (mean over
+    seeds), and whether each has headroom (HEADROOM_MAX, HEADROOM_GAIN)."""
+    out = {}
+    for algo in ALGOS:
+        curves = [series(run_dir(root, arm(algo, 8, lr), s), "reward/mean")[1] for s in seeds]
+        early = float(np.mean([c[:10].mean() for c in curves]))
+        late = float(np.mean([c[20:30].mean() for c in curves]))
+        out[algo] = {"early": early, "late": late}
+    out["ok"] = all(
+        v["late"] <= HEADROOM_MAX and v["late"] >= v["early"] + HEADROOM_GAIN
+        for k, v in out.items()
+        if k in ALGOS
+    )
+    return out
+
+
+def stage_dev(workdir: str, scale: str, smoke: bool = False) -> dict:
+    """Stage 0 on the dev split: from FIRST_LEVEL up, run both arms at mb = 8 at every
+    LONG_LRS rate (DEV_SEEDS seeds, DEV_STEPS steps); the rate is the one with the largest
+    training-reward area averaged over both arms (ties within 0.005: the smaller rate);
+    the first level with headroom at that rate is used. Writes <workdir>/dev/choice.json."""
+    seeds = list(range(1 if smoke else DEV_SEEDS))
+    choice = {"level": None, "lr": None, "levels": {}}
+    for level in range(FIRST_LEVEL, len(DIFFICULTY)):
+        b_steps = 2 if smoke else DEV_STEPS
+        root = root_of(workdir, "long", True, level)
+        _run_dev(root, workdir, scale, seeds, level, smoke, b_steps)
+        areas = {
+            lr: np.mean([auc(root, arm(a, 8, lr), s) for a in ALGOS for s in seeds])
+            for lr in LONG_LRS
+        }
+        best = max(areas.values())
+        lr = min(r for r, v in areas.items() if v >= best - 0.005)
+        room = headroom(root, lr, seeds) if not smoke else {"ok": True}
+        choice["levels"][level] = {
+            "areas": {f"{k:g}": v for k, v in areas.items()},
+            "lr": lr,
+            "headroom": room,
+        }
+        if room["ok"]:
+            choice.update(level=level, lr=lr)
+            break
+    os.makedirs(os.path.join(workdir, "dev"), exist_ok=True)
+    with open(os.path.join(workdir, "dev", CHOICE), "w") as f:
+        json.dump(choice, f, indent=2, default=float)
+    return choice
+
+
+def _run_dev(root, workdir, scale, seeds, level, smoke, steps) -> None:
+    import dataclasses
+
+    from experiments.gspo_vs_grpo.run import run_arm, warm_start
+
+    b = budget("long", scale, len(seeds), dev=True, level=level, smoke=smoke)
+    b = dataclasses.replace(b, steps=steps, eval_every=0 if smoke else steps)
+    os.makedirs(root, exist_ok=True)
+    for seed in seeds:
+        warm = warm_start("dense", b, root, seed)
+        for lr in LONG_LRS:
+            for algo in ALGOS:
+                run_arm(arm(algo, 8, lr), seed, b, root, warm)
+
+
+def read_choice(workdir: str) -> dict:
+    """Stage 0's decision; a missing file names the command that makes it."""
+    path = os.path.join(workdir, "dev", CHOICE)
+    if not os.path.exists(path):
+        raise ValueError(
+            f"{path} is missing: run stage 0 first (python -m experiments.gspo_vs_grpo."
+            f"mechanism --stage=dev --workdir={workdir})"
+        )
+    with open(path) as f:
+        return json.load(f)
+
+
+# ------------------------------------------------------------------------------ the test
+
+
+def eval_steps(root: str, a: Arm, seed: int) -> list[int]:
+    """The steps at which the run saved per-problem held-out scores."""
+    d = os.path.join(run_dir(root, a, seed), "eval_problems")
+    return sorted({int(f[len("step") :].split("_")[0]) for f in os.listdir(d)})
+
+
+def scores(root: str, a: Arm, seeds, step: int) -> np.ndarray:
+    """[seeds, problems] held-out greedy scores at `step`, problems in split order."""
+    rows = []
+    for s in seeds:
+        d = os.path.join(run_dir(root, a, s), "eval_problems")
+        parts = [
+            np.load(os.path.join(d, f))
+            for f in sorted(os.listdir(d))
+            if f.startswith(f"step{step}_")
+        ]
+        if not parts:
+            raise ValueError(f"{d}: no per-problem scores at step {step}")
+        index = np.concatenate([p["index"] for p in parts])
+        rows.append(np.concatenate([p["score"] for p in parts])[np.argsort(index)])
+    return np.stack(rows).astype(float)
+
+
+def analyse(root: str, lr: float, seeds) -> dict:
+    """One length's primary (interaction of training-reward areas) and secondary
+    (held-out accuracy at every evaluation) statistics."""
+    inter = interaction(root, lr, seeds)
+    a = areas(root, lr, seeds)
+    out = {"n": len(seeds), "I": inter, "boot": stats.one_sample(inter)}
+    out["t"] = forest.t_interval(inter) if inter.size > 1 else None
+    out["control"] = stats.one_sample(a["gspo", 1] - a["grpo", 1])  # expected ~0
+    arms = {(g, m): arm(g, m, lr) for g in ALGOS for m in MINI_BATCHES}
+    out["clip8"] = {
+        g: stats.mean_sd(
+            [series(run_dir(root, arms[g, 8], s), "policy/clipfrac")[1].mean() for s in seeds]
+        )
+        for g in ALGOS
+    }
+    out["secondary"] = []
+    for step in eval_steps(root, arms["gspo", 1], seeds[0]):
+        sc = {k: scores(root, a, seeds, step) for k, a in arms.items()}
+        d8, d1 = sc["gspo", 8] - sc["grpo", 8], sc["gspo", 1] - sc["grpo", 1]
+        zero = np.zeros_like(d8)
+        out["secondary"].append(
+            (
+                step,
+                *(stats.paired_difference(x, zero) for x in (d8, d1)),
+                stats.paired_difference(d8, d1),
+            )
+        )
+    return out
+
+
+def verdict(iv: stats.Interval, holm_p: float) -> str:
+    """The plan's wording for the primary: the mechanism predicts I > 0; "consistent" needs
+    the interval above 0 and Holm's adjusted p below alpha."""
+    if np.isnan(iv.p):
+        return f"no verdict at n = {iv.n_seeds}"
+    said = stats.verdict(iv)
+    if said == "consistent with the claim" and holm_p >= stats.ALPHA:
+        return f"not distinguishable at n = {iv.n_seeds} after Holm's adjustment"
+    return said.replace("consistent with the claim", "consistent with §5.2's mechanism")
+
+
+def welch(x, y) -> tuple[float, float, float]:
+    """mean(x) − mean(y) and its Welch t 95 % interval (nan below 2 values in either)."""
+    from scipy import stats as st
+
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    d = float(x.mean() - y.mean())
+    if min(x.size, y.size) < 2:
+        return d, float("nan"), float("nan")
+    vx, vy = x.var(ddof=1) / x.size, y.var(ddof=1) / y.size
+    se = np.sqrt(vx + vy)
+    if se == 0:
+        return d, d, d
+    df = (vx + vy) ** 2 / (vx**2 / (x.size - 1) + vy**2 / (y.size - 1))
+    q = st.t.ppf(1 - stats.ALPHA / 2, df)
+    return d, float(d - q * se), float(d + q * se)
+
+
+SECONDARY = (
+    "Secondary, per length: the negative control (GSPO − GRPO training-reward area at mb 1, "
+    "expected within ±0.005 of 0), the binding clipped-token fraction at mb 8 (mean ± sd "
+    "over seeds), and the difference of the two lengths' interactions."
+)
+
+
+def report(results: dict, command: str, meta: str) -> str:
+    """The test's markdown: the primary per length (Holm over the lengths), the secondary."""
+    lengths = [k for k in LENGTHS if k in results]
+    adj = forest.holm([results[k]["boot"].p for k in lengths])
+    lines = [
+        "# §5.2's mechanism: the pre-registered test",
+        "",
+        "Generated by the command below (the plan, written before any run: docs/mechanism_plan.md).",
+        "",
+        f"```\n{command}\n```",
+        "",
+        meta,
+        "",
+        (
+            "| length | n | I = (GSPO − GRPO at mb 8) − (GSPO − GRPO at mb 1), training-reward "
+            "area | bootstrap 95 % CI | p | Holm p | t 95 % CI | verdict |"
+        ),
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for k, h in zip(lengths, adj):
+        r = results[k]
+        b, t = r["boot"], r["t"]
+        t_ci = f"[{t[1]:+.4f}, {t[2]:+.4f}]" if t else "—"
+        ci, p, hp = "—", "—", "—"
+        if not np.isnan(b.p):
+            ci, p, hp = f"[{b.low:+.4f}, {b.high:+.4f}]", f"{b.p:.3g}", f"{h:.3g}"
+        lines.append(
+            f"| {k} | {r['n']} | {b.estimate:+.4f} | {ci} | {p} | {hp} | {t_ci} | {verdict(b, h)} |"
+        )
+    lines += ["", SECONDARY, ""]
+    for k in lengths:
+        c, clip = results[k]["control"], results[k]["clip8"]
+        failed = c.low > CONTROL_BAND or c.high < -CONTROL_BAND  # nan: False
+        lines.append(
+            f"- {k}: control {c.estimate:+.4f} ({stats.ci_text(c, '{:+.4f}')}"
+            f"{': the control failed' if failed else ''}); clipped tokens "
+            f"at mb 8: GSPO {clip['gspo'][0]:.2e} ± {clip['gspo'][1]:.1e}, GRPO "
+            f"{clip['grpo'][0]:.2e} ± {clip['grpo'][1]:.1e}"
+        )
+    if len(lengths) == 2:
+        d, lo, hi = welch(results["long"]["I"], results["short"]["I"])
+        lines.append(f"- I_long − I_short = {d:+.4f}, Welch t 95 % CI [{lo:+.4f}, {hi:+.4f}]")
+    lines += [
+        "",
+        "Secondary: GSPO − GRPO held-out accuracy at each evaluation (seeds × problems).",
+        "",
+    ]
+    lines += ["| length | step | mb 8 | mb 1 | interaction |", "|---|---|---|---|---|"]
+    for k in lengths:
+        for step, d8, d1, di in results[k]["secondary"]:
+            cells = [f"{x.estimate:+.3f} [{x.low:+.3f}, {x.high:+.3f}]" for x in (d8, d1, di)]
+            lines.append(f"| {k} | {step} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------ command
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m experiments.gspo_vs_grpo.mechanism",
+        description=__doc__.split("\n\n")[0],
+        allow_abbrev=False,
+    )
+    p.add_argument("--stage", default="test", choices=("test", "dev"))
+    p.add_argument("--scale", default="cpu", choices=sorted(SCALES))
+    p.add_argument("--seeds", type=int, default=None, help="seeds per cell (default: the plan's)")
+    p.add_argument("--lengths", default="short,long", help="which lengths run")
+    p.add_argument("--workdir", default="/tmp/mechanism")
+    p.add_argument("--publish", action="store_true", help="write docs/results_mechanism.md")
+    p.add_argument("--smoke", action="store_true", help="2 steps, 1 seed: no result")
+    p.add_argument("--power", action="store_true", help="print the power analysis only")
+    p.add_argument("--sd_only", action="store_true", help="the seed-adding rule's look")
+    return p
+
+
+def main(argv=None) -> dict:
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    if args.power:
+        print(power_table())
+        return {}
+    if args.publish and args.smoke:
+        raise ValueError("--smoke never publishes (drop --publish)")
+    lengths = [x.strip() for x in args.lengths.split(",")]
+    if not lengths or any(x not in LENGTHS for x in lengths):
+        raise ValueError(f"--lengths={args.lengths!r}: each must be one of {LENGTHS}")
+    if args.seeds is not None and args.seeds < 1:
+        raise ValueError(f"--seeds={args.seeds} must be at least 1")
+    if args.stage == "dev":
+        return stage_dev(args.workdir, args.scale, args.smoke)
+    choice = {"level": FIRST_LEVEL, "lr": LONG_LRS[1]} if args.smoke else read_choice(args.workdir)
+    if choice["level"] is None and "long" in lengths:
+        log.warning("stage 0 found no difficulty level with headroom: the long length is not run")
+        lengths.remove("long")
+    n = 1 if args.smoke else (args.seeds or SCALES[args.scale]["seeds"])
+    seeds, results, roots = list(range(n)), {}, {}
+    for length in lengths:
+        lr = SHORT_LR if length == "short" else choice["lr"]
+        level = choice["level"] if length == "long" else FIRST_LEVEL
+        if args.sd_only:
+            roots[length] = root_of(args.workdir, length, False, level)
+        else:
+            roots[length] = run_cells(
+                args.workdir,
+                length,
+                args.scale,
+                seeds,
+                [lr],
+                MINI_BATCHES,
+                level=level,
+                smoke=args.smoke,
+            )
+        results[length] = analyse(roots[length], lr, seeds) if not args.sd_only else None
+        if args.sd_only:  # the spread only: the rule never sees the interaction's mean
+            sd = float(np.std(interaction(roots[length], lr, seeds), ddof=1))
+            want = min(max(n, seeds_needed(sd)), MAX_SEEDS[args.scale])
+            print(f"{length}: sd of I over {n} seeds = {sd:.4f}; run seeds up to n = {want}")
+    if args.sd_only:
+        return {}
+    command = "python -m experiments.gspo_vs_grpo.mechanism " + " ".join(
+        sys.argv[1:] if argv is None else argv
+    )
+    meta = (
+        f"Scale {args.scale}; seeds 0-{n - 1} per cell, each length's seed k from its own "
+        f"warm start; short: lr {SHORT_LR:g}; long: difficulty level {choice['level']} "
+        f"({dict(DIFFICULTY[choice['level']])}), lr {choice['lr']:g} ({'a smoke test: stage 0 not run' if args.smoke else 'stage 0'})."
+    )
+    path = (
+        "docs/results_mechanism.md"
+        if args.publish
+        else os.path.join(args.workdir, "results_mechanism.md")
+    )
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(report(results, command.strip(), meta))
+    log.info("wrote %s", path)
+    return results
+
+
+if __name__ == "__main__":
+    main()

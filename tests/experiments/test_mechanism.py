@@ -1,0 +1,109 @@
+"""Issue 43: the pre-registered §5.2 mechanism test's statistics and plumbing
+(experiments/gspo_vs_grpo/mechanism.py): power of the t test, the seeds it needs, the sd a
+published interval implies, the committed pilot file, the interaction on fake runs."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from experiments.gspo_vs_grpo import mechanism
+from experiments.gspo_vs_grpo.arms import run_dir
+
+
+def test_power_at_no_effect_is_the_tests_size():
+    """With Δ = 0 the noncentral t is the central one: P(|T| > t_{1-α/2}) = α exactly."""
+    for n in (3, 10, 40):
+        assert mechanism.power(n, 0.01, delta=0.0, alpha=0.05) == pytest.approx(0.05, abs=1e-9)
+
+
+def test_power_matches_a_monte_carlo_t_test():
+    """n = 8, sd 1, Δ = 1, α = 0.025: the share of 200,000 simulated two-sided t tests that
+    reject agrees with the noncentral-t power to Monte Carlo error (~0.001)."""
+    from scipy import stats as st
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(1.0, 1.0, size=(200_000, 8))
+    t = x.mean(1) / (x.std(1, ddof=1) / np.sqrt(8))
+    rejected = np.mean(np.abs(t) > st.t.ppf(1 - 0.0125, 7))
+    assert mechanism.power(8, 1.0, delta=1.0, alpha=0.025) == pytest.approx(rejected, abs=0.004)
+
+
+def test_seeds_needed_is_the_smallest_n_with_the_power():
+    n = mechanism.seeds_needed(0.01, 0.01)
+    assert mechanism.power(n, 0.01, 0.01) >= mechanism.POWER > mechanism.power(n - 1, 0.01, 0.01)
+    assert mechanism.seeds_needed(1.0, 0.001, cap=50) == 51  # none up to the cap
+
+
+def test_sd_from_interval_inverts_the_bootstraps_half_width():
+    """sd 0.01 at n = 10: half-width 1.96 · 0.01 · sqrt(9/10) / sqrt(10)."""
+    z, n = mechanism.forest.Z975, 10
+    half = z * 0.01 * np.sqrt((n - 1) / n) / np.sqrt(n)
+    assert mechanism.sd_from_interval(-half, half, n) == pytest.approx(0.01)
+
+
+def test_pilot_sd_reads_the_committed_file():
+    """Recomputed here from the CSV with plain Python: per seed, the mean reward of each
+    arm over its steps; the sd (ddof 1) of GSPO − GRPO over the 4 seeds."""
+    sums = {}
+    with open(mechanism.PILOT) as f:
+        next(f)
+        for line in f:
+            algo, seed, _, reward = line.strip().split(",")
+            sums.setdefault((algo, int(seed)), []).append(float(reward))
+    d = [np.mean(sums["gspo", s]) - np.mean(sums["grpo", s]) for s in range(4)]
+    sd, n = mechanism.pilot_sd()
+    assert n == 4 and sd == pytest.approx(np.std(d, ddof=1))
+
+
+def _fake(root, algo, mb, lr, seed, rewards):
+    d = run_dir(str(root), mechanism.arm(algo, mb, lr), seed)
+    os.makedirs(d)
+    with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+        f.writelines(
+            json.dumps({"step": step, "reward/mean": r}) + "\n" for step, r in enumerate(rewards, 1)
+        )
+
+
+def test_interaction_is_the_difference_of_differences_of_areas(tmp_path):
+    """Seed 0: areas GSPO/GRPO at mb 8 = 0.5/0.3, at mb 1 = 0.2/0.2 -> I = 0.2;
+    seed 1: 0.4/0.4 and 0.1/0.2 -> I = 0.1."""
+    areas = {(0, "gspo", 8): 0.5, (0, "grpo", 8): 0.3, (0, "gspo", 1): 0.2, (0, "grpo", 1): 0.2}
+    areas |= {(1, "gspo", 8): 0.4, (1, "grpo", 8): 0.4, (1, "gspo", 1): 0.1, (1, "grpo", 1): 0.2}
+    for (seed, algo, mb), a in areas.items():
+        _fake(tmp_path, algo, mb, 3e-5, seed, [a - 0.05, a + 0.05])  # mean a
+    np.testing.assert_allclose(mechanism.interaction(str(tmp_path), 3e-5, [0, 1]), [0.2, 0.1])
+
+
+def test_a_missing_stage_0_names_its_command(tmp_path):
+    with pytest.raises(ValueError, match="--stage=dev"):
+        mechanism.read_choice(str(tmp_path))
+    with pytest.raises(ValueError, match="--lengths='mid'"):
+        mechanism.main(["--lengths=mid"])
+    with pytest.raises(ValueError, match="never publishes"):
+        mechanism.main(["--smoke", "--publish"])
+
+
+def test_welch_matches_scipy():
+    from scipy import stats as st
+
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(0.02, 0.01, 7), rng.normal(0.0, 0.03, 11)
+    d, lo, hi = mechanism.welch(x, y)
+    ref = st.ttest_ind(x, y, equal_var=False).confidence_interval(0.95)
+    assert d == pytest.approx(x.mean() - y.mean())
+    assert (lo, hi) == pytest.approx((ref.low, ref.high), rel=1e-10)
+
+
+def test_the_primary_verdict_needs_the_interval_above_0_and_holm():
+    from experiments.gspo_vs_grpo import stats
+
+    above = stats.Interval(0.03, 0.01, 0.05, 0.03, 10)
+    assert mechanism.verdict(above, 0.03) == "consistent with §5.2's mechanism"
+    assert mechanism.verdict(above, 0.06) == (
+        "not distinguishable at n = 10 after Holm's adjustment"
+    )
+    below = stats.Interval(-0.03, -0.05, -0.01, 0.01, 10)
+    assert mechanism.verdict(below, 0.02) == "not reproduced on this test bed"
+    assert mechanism.verdict(stats.undefined(0.1, 1), float("nan")) == "no verdict at n = 1"
