@@ -80,6 +80,7 @@ from gspo_jax.models import lora
 from gspo_jax.models.attention import resolve_impl
 from gspo_jax.rollout import stage as rollout
 from gspo_jax.sampling import static
+from gspo_jax.sampling.replicas import replica_count
 from gspo_jax.train_step import TrainState, batch_ndims, make_logprobs_fn, make_train_step, optim
 from tools import hlo_stats, roofline
 
@@ -622,6 +623,7 @@ def _compile_engine(a: _Abstract, functions, params, layout: str) -> list[Report
         num_slots=s.num_slots,
         page_size=page_size,
         kv_budget_tokens=s.kv_budget_tokens,
+        replicas=replica_count(a.mesh, layout),
     )
     replicas, local = continuous.replica_axes(a.mesh, layout, N, plan)
     waves = -(-(N * G) // plan.num_slots)

@@ -50,10 +50,16 @@ def default_num_slots(
     page_size: int,
     kv_budget_tokens=None,
     platform: str | None = None,
+    replicas: int = 1,
 ) -> int:
     """Decode slots when `num_slots` is None:
 
-        S = min(B, S_kv, max(FLAT_ROWS[platform], ⌈B / QUEUE_DEPTH⌉ rounded up to 8))
+        S = min(B, S_kv, max(R · FLAT_ROWS[platform], ⌈B / QUEUE_DEPTH⌉ rounded up to 8))
+
+    R: the engine replicas the slots are split over (`replicas.replica_count`): FLAT_ROWS
+    is what one replica's step holds at the cost of fewer rows, so R replicas hold R times
+    that (before, 64 replicas of Qwen3-8B on v5p-128 got 4 slots each for 8 sequences: two
+    waves of weight reads where one does).
 
     S_kv: the slots whose full-length sequences fit `kv_budget_tokens` (⌊pages /
     seq_pages⌋; B without a budget), so no row waits for a page. Below FLAT_ROWS rows a
@@ -69,7 +75,8 @@ def default_num_slots(
     fit = B if kv_budget_tokens is None else int(kv_budget_tokens) // page_size // seq_pages
     queued = -(-B // QUEUE_DEPTH)
     queued = -(-queued // SLOT_MULTIPLE) * SLOT_MULTIPLE
-    return max(1, min(B, fit, max(FLAT_ROWS.get(platform, FLAT_ROWS["cpu"]), queued)))
+    flat = int(replicas) * FLAT_ROWS.get(platform, FLAT_ROWS["cpu"])
+    return max(1, min(B, fit, max(flat, queued)))
 
 
 def plan(
@@ -81,6 +88,7 @@ def plan(
     page_size: int = 16,
     kv_budget_tokens=None,
     platform: str | None = None,
+    replicas: int = 1,
 ) -> PagePlan:
     """The page plan, checked (ValueError naming the option): num_slots None =
     `default_num_slots` for `platform` (default: the one compiled for), else capped at the
@@ -94,7 +102,7 @@ def plan(
     seq_pages = -(-max_new_tokens // page_size) + 1
     if num_slots is None:
         num_slots = default_num_slots(
-            num_sequences, seq_pages, page_size, kv_budget_tokens, platform
+            num_sequences, seq_pages, page_size, kv_budget_tokens, platform, replicas
         )
     S = min(int(num_slots), num_sequences)
     if kv_budget_tokens is None:

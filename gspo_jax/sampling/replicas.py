@@ -9,12 +9,28 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 
 from gspo_jax import sharding
 from gspo_jax.models import partition
 from gspo_jax.sampling.pages import PagePlan
+
+
+def _candidate_axes(mesh, layout: str) -> list:
+    """The layout's row axes but expert, of size > 1 (`replica_axes`' candidates)."""
+    target = (sharding.layout_rules(layout) or sharding.LOGICAL_RULES)["batch"]
+    axes = (target,) if isinstance(target, str) else tuple(target or ())
+    return [a for a in axes if a != "expert" and mesh.shape.get(a, 1) > 1]
+
+
+def replica_count(mesh, layout: str) -> int:
+    """How many engine replicas `mesh` can run in `layout` at most (1 without a mesh): the
+    default slot count is per replica (`pages.default_num_slots`)."""
+    if mesh is None:
+        return 1
+    return math.prod(mesh.shape[a] for a in _candidate_axes(mesh, layout))
 
 
 def replica_axes(mesh, layout: str, num_prompts: int, p: PagePlan) -> tuple[tuple, PagePlan]:
@@ -28,9 +44,7 @@ def replica_axes(mesh, layout: str, num_prompts: int, p: PagePlan) -> tuple[tupl
     Each replica's plan: num_slots / D slots, num_pages / D response pages."""
     if mesh is None:
         return (), p
-    target = (sharding.layout_rules(layout) or sharding.LOGICAL_RULES)["batch"]
-    axes = (target,) if isinstance(target, str) else tuple(target or ())
-    axes = [a for a in axes if a != "expert" and mesh.shape.get(a, 1) > 1]
+    axes = _candidate_axes(mesh, layout)
     while axes:
         D = 1
         for axis in axes:

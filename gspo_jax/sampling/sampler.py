@@ -74,6 +74,7 @@ from gspo_jax.models import partition
 from gspo_jax.sampling import continuous
 from gspo_jax.sampling.options import DEFAULT_BUCKETS, EngineOptions, SampleOptions
 from gspo_jax.sampling.output import SampleOutput
+from gspo_jax.sampling.replicas import replica_count
 from gspo_jax.sampling.static import SamplerState, sample_static, segment_count
 
 __all__ = [
@@ -483,6 +484,7 @@ def _page_plan(engine, num_sequences, bucket, options, num_slots, page_size, kv_
         num_slots=num_slots,
         page_size=page_size,
         kv_budget_tokens=kv_budget_tokens,
+        replicas=replica_count(partition.context_mesh(), options.layout),
     )
 
 

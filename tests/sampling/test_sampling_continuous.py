@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ref_ragged_paged_attention
 
-from gspo_jax import models, sampling
+from gspo_jax import models, sampling, sharding
 from gspo_jax.models import paged
 from gspo_jax.sampling import continuous, draw
 from gspo_jax.sampling.options import EngineOptions
@@ -135,6 +135,22 @@ def test_default_slots_follow_the_budget_and_the_platform():
     p = continuous.plan(64, 16, 48, page_size=16, platform="cpu")
     assert (p.num_slots, p.num_pages) == (16, 16 * 4)
     assert continuous.plan(64, 16, 48, page_size=16, platform="tpu").num_slots == 64
+    # Over R replicas the flat region is R x 256 rows: 64 replicas of 8 sequences each get
+    # all 8 slots (one wave of weight reads), not 256 / 64 = 4 (two waves).
+    assert slots(512, 4, 16, None, "tpu", 64) == 512
+    assert slots(512, 4, 16, None, "tpu", 1) == 256
+    assert [slots(b, 4, 16, None, "cpu", 2) for b in (8, 64, 100, 200)] == [8, 32, 32, 56]
+
+
+def test_replica_count_is_the_layouts_row_axes_but_expert():
+    from gspo_jax.sampling.replicas import replica_count
+
+    devices = jax.devices()
+    assert replica_count(None, "trainer") == 1
+    mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 1, "expert": 2}, devices[:8])
+    assert replica_count(mesh, "trainer") == 4  # data x fsdp; expert splits the model
+    mesh = sharding.make_mesh({"data": 2, "fsdp": 4, "tensor": 1, "expert": 1}, devices[:8])
+    assert replica_count(mesh, "tensor") == 2  # "tensor": rows over data only
 
 
 def test_row_keys_depend_on_sequence_and_position_only():
