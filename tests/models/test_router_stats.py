@@ -48,7 +48,9 @@ def _router_logits(cfg, params, tokens, mask):
     stacks, dense, moe, out = params["layers"], 0, 0, []
     for i in range(cfg.num_layers):
         layer = {
-            k: jax.tree.map(lambda a: a[i], stacks[k]) for k in stacks if k not in ("mlp", "moe")
+            k: jax.tree.map(lambda a, i=i: a[i], stacks[k])
+            for k in stacks
+            if k not in ("mlp", "moe")
         }
         is_moe = cfg.is_moe_layer(i)
         kind, index = ("moe", moe) if is_moe else ("mlp", dense)
