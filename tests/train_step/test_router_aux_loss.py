@@ -135,3 +135,32 @@ def test_the_warm_start_adds_the_aux_loss(moe):
     assert float(m["sft/router_aux_loss"]) == pytest.approx(aux, rel=1e-6)
     assert float(m["sft/loss"]) == pytest.approx(float(loss0), rel=1e-6)
     assert float(loss) == pytest.approx(float(loss0) + COEF * aux, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "arch,coef,match",
+    [
+        ("qwen3_moe", -0.01, r"model.router_aux_loss_coef=-0.01 must be a finite number >= 0"),
+        ("qwen3", 0.01, r"model.router_aux_loss_coef=0.01 needs a Mixture-of-Experts model"),
+    ],
+)
+def test_bad_coefficients_are_one_line_errors_naming_the_field(arch, coef, match):
+    import warnings
+
+    from configs import base
+    from gspo_jax.config.validate import ConfigError, validate
+
+    c = base.get_config()
+    c.model.arch, c.model.num_experts = arch, 8 if arch == "qwen3_moe" else 0
+    c.model.router_aux_loss_coef = coef
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ConfigError, match=match) as info:
+            validate(c)
+    assert "\n" not in str(info.value)
+    c.model.router_aux_loss_coef = 0.0
+    if arch == "qwen3_moe":
+        c.model.router_aux_loss_coef = 0.01
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        validate(c)  # 0 on any model, > 0 on an MoE: fine
