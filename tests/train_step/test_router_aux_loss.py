@@ -164,3 +164,33 @@ def test_bad_coefficients_are_one_line_errors_naming_the_field(arch, coef, match
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         validate(c)  # 0 on any model, > 0 on an MoE: fine
+
+
+def test_sharding_does_not_change_the_aux_loss(moe):
+    """Each micro-batch's statistics are sums over its rows: split over 8 devices (data x
+    expert), GSPMD sums them across the devices, and the step equals the one-device step."""
+    from gspo_jax import sharding
+    from gspo_jax.train_step import TrainState, make_train_step
+
+    cfg, params = moe
+    sc = step_config_for(cfg, num_mini_batches=2, horizon=T, router_aux_loss_coef=COEF)
+    tx = sgd()
+    batch = train_batch(cfg, params, sc)
+    ref_state, ref = compiled_step(sc, tx)(train_state(params, tx), batch)
+    mesh = sharding.make_mesh({"data": 4, "fsdp": 1, "tensor": 1, "expert": 2})
+    abstract = models.abstract_params(cfg)
+    p_shard = sharding.tree_shardings(abstract, models.logical_axes(cfg), mesh)
+    shardings = TrainState(
+        step=sharding.replicated(mesh),
+        params=p_shard,
+        opt_state=sharding.optimizer_state_shardings(tx, abstract, p_shard, mesh),
+    )
+    state = jax.device_put(train_state(params, tx), shardings)
+    fn = make_train_step(sc, tx, state_shardings=shardings, mesh=mesh, donate=False)
+    new_state, got = fn(state, jax.device_put(batch, sharding.batch_shardings(mesh, batch)))
+    np.testing.assert_allclose(
+        got["updates/router_aux_loss"], ref["updates/router_aux_loss"], rtol=1e-5
+    )
+    np.testing.assert_allclose(got["loss"], ref["loss"], rtol=1e-4, atol=1e-7)
+    for a, b in zip(jax.tree.leaves(ref_state.params), jax.tree.leaves(new_state.params)):
+        np.testing.assert_allclose(a, b, atol=1e-5 * max(1.0, float(np.abs(np.asarray(a)).max())))
