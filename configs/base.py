@@ -136,6 +136,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # 4 layers (every published architecture: a checkpoint's, a --preset's), loop otherwise
     c.model.routing_replay = False  # MoE only: replay the rollout policy's expert choices in
     # the train step (paper §5.3; GRPO needs it on MoE, GSPO should not)
+    c.model.router_aux_loss_coef = 0.0  # MoE only: Qwen3-MoE's router load-balancing loss
+    # (models/moe_aux.py) times this, added to the RL loss and the warm start's (0: off; a
+    # checkpoint's config.json value is not read: transformers adds it only with
+    # output_router_logits, off in Qwen's checkpoints; Qwen3-MoE's config default is 0.001)
     c.model.lora_rank = 0  # LoRA adapters of this rank on the lora_targets (0: off, every
     # weight trains); only the adapters train, are in the optimizer state and checkpoints
     c.model.lora_alpha = 16.0  # LoRA scale alpha: y = W x + (alpha / rank) * B(A x)

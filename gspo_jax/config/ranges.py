@@ -31,7 +31,7 @@ def check_ranges(config) -> None:
     _number(config, "rollout_correction_threshold", low=1.0, low_open=True)
     for name in ("reward_clip", "advantage_clip"):
         _number(config, name, low=0.0, low_open=True, allow_none=True)
-    for name in ("kl_loss_coef", "token_level_kl_coef"):
+    for name in ("kl_loss_coef", "token_level_kl_coef", "model.router_aux_loss_coef"):
         _number(config, name, low=0.0)
     _number(config, "entropy_coef")
     for name in (

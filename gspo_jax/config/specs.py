@@ -285,6 +285,7 @@ class WarmStartSpec:
     check_every: int = 100
     check_prompts: int = 200
     max_steps: int = 0
+    router_aux_loss_coef: float = 0.0  # model.router_aux_loss_coef: MoE load balancing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -463,6 +464,7 @@ def _warm_start_spec(c) -> WarmStartSpec:
         check_every=int(w.check_every),
         check_prompts=int(w.check_prompts),
         max_steps=int(w.steps if w.max_steps is None else w.max_steps),
+        router_aux_loss_coef=float(c.model.router_aux_loss_coef),
     )
 
 
@@ -550,6 +552,7 @@ def step_config(config, model_config: models.ModelConfig) -> StepConfig:
         rollout_correction_level=config.rollout_correction_level,
         rollout_correction_threshold=float(config.rollout_correction_threshold),
         routing_replay=bool(config.model.routing_replay),
+        router_aux_loss_coef=float(config.model.router_aux_loss_coef),
         token_advantages=bool(config.add_token_level_kl),
         group_size=int(config.num_return_sequences_in_group),
         shared_prompt=bool(config.shared_prompt),

@@ -320,6 +320,11 @@ def _check_model(config) -> None:
     m = config.model
     if m.routing_replay and m.arch != "qwen3_moe" and not m.hf_path:
         raise ConfigError("config.model.routing_replay needs a Mixture-of-Experts model")
+    if m.router_aux_loss_coef and m.arch != "qwen3_moe" and not m.hf_path:
+        raise ConfigError(
+            f"config.model.router_aux_loss_coef={m.router_aux_loss_coef} needs a "
+            f"Mixture-of-Experts model (model.arch={m.arch!r} is dense)"
+        )
     _check_lora(config)
     if m.hf_path:
         try:

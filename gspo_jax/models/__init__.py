@@ -8,8 +8,9 @@ dense and MoE models, routing [M, B, L, X] with M = X = 0 when dense):
     forward(cfg, params, tokens_BL, mask_BL, *, routing=None) -> logits [B, L, V] f32
     forward_with_routing(cfg, params, tokens_BL, mask_BL, *, routing=None)
         -> (logits [B, L, V] f32, routing [M, B, L, X])
-    hidden_states(cfg, params, tokens_BL, mask_BL, *, routing=None)
-        -> (hidden [B, L, D] compute dtype, routing [M, B, L, X])
+    hidden_states(cfg, params, tokens_BL, mask_BL, *, routing=None, router_stats=False)
+        -> (hidden [B, L, D] compute dtype, routing [M, B, L, X][, router load statistics
+        (counts [E], probs [E], rows) of the real tokens over the MoE layers, moe_aux.py])
     prefill_shared(cfg, params, tokens_QP, mask_QP, *, dtype=None, routing=None)
         -> (PromptCache, last-token logits [Q, V] f32, routing [M, Q, P, X])
     init_response_cache(cfg, B, T, *, segments=1, dtype=None) -> ResponseCache

@@ -35,17 +35,25 @@ class Block(nnx.Module):
         self.is_moe = is_moe
         self.mlp = MoE(cfg, rngs) if is_moe else MLP(cfg, cfg.intermediate_size, rngs)
 
-    def __call__(self, x_BLD, cos, sin, attention, forced_BLX=None):
+    def __call__(self, x_BLD, cos, sin, attention, forced_BLX=None, stats_mask_BL=None):
         """attention: this layer's context, `(q, k, v) -> (out, cache_entry)`.
-        Returns (x_BLD, cache_entry, expert indices [B, L, X] or None)."""
+        Returns (x_BLD, cache_entry, expert indices [B, L, X] or None); with
+        `stats_mask_BL` also the MoE layer's router load statistics (`layers.MoE`; None for
+        a dense layer) as a fourth value."""
         x_BLD = partition.constrain(x_BLD, RESIDUAL)
         attn_out, cache_entry = self.attn(self.input_norm(x_BLD), cos, sin, attention)
         x_BLD = partition.constrain(x_BLD + attn_out, RESIDUAL)
-        if self.is_moe:
+        stats = None
+        if self.is_moe and stats_mask_BL is not None:
+            mlp_out, idx_BLX, stats = self.mlp(
+                self.post_attn_norm(x_BLD), forced_BLX, stats_mask_BL
+            )
+        elif self.is_moe:
             mlp_out, idx_BLX = self.mlp(self.post_attn_norm(x_BLD), forced_BLX)
         else:
             mlp_out, idx_BLX = self.mlp(self.post_attn_norm(x_BLD)), None
-        return partition.constrain(x_BLD + mlp_out, RESIDUAL), cache_entry, idx_BLX
+        out = (partition.constrain(x_BLD + mlp_out, RESIDUAL), cache_entry, idx_BLX)
+        return out if stats_mask_BL is None else (*out, stats)
 
 
 def _stacked(n: int, make, rngs: nnx.Rngs):

@@ -48,6 +48,7 @@ class Decoder(nnx.Module):
         remat=False,
         unroll=False,
         layer_params=None,
+        stats_mask_BL=None,
     ):
         """The one composition of the model, shared by forward, prefill and decode.
 
@@ -61,7 +62,8 @@ class Decoder(nnx.Module):
           remat policy per layer (the differentiated full-sequence pass only).
         Returns (final-normed hidden [B, L, D], the layers' cache entries — stacked on a
         leading layer axis when scanned (None when the context keeps none), a tuple over
-        layers when unrolled — and routing [M, B, L, X]).
+        layers when unrolled — and routing [M, B, L, X]); with `stats_mask_BL` (scanned
+        pass, MoE) also the router load statistics summed over layers (`apply_layers`).
         """
         cfg = self.cfg
         dtype = jnp.dtype(cfg.dtype)
@@ -77,11 +79,12 @@ class Decoder(nnx.Module):
             x, entries, routing_out = apply_layers_unrolled(
                 cfg, layer_params, x, cos, sin, attention, routing
             )
+            stats = []
         else:
-            x, entries, routing_out = apply_layers(
-                cfg, stacks, x, cos, sin, attention, routing, remat
+            x, entries, routing_out, *stats = apply_layers(
+                cfg, stacks, x, cos, sin, attention, routing, remat, stats_mask_BL
             )
-        return partition.constrain(self.final_norm(x), RESIDUAL), entries, routing_out
+        return partition.constrain(self.final_norm(x), RESIDUAL), entries, routing_out, *stats
 
 
 # ---------------------------------------------------------------------------- params

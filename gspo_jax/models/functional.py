@@ -44,22 +44,42 @@ def positions_from_mask(mask_BL):
 
 
 def run_full(
-    cfg: ModelConfig, params, tokens_BL, mask_BL, routing=None, *, remat=False, keep_kv=False
+    cfg: ModelConfig,
+    params,
+    tokens_BL,
+    mask_BL,
+    routing=None,
+    *,
+    remat=False,
+    keep_kv=False,
+    router_stats=False,
 ):
     """Full-sequence pass: causal attention over this call's real tokens only.
 
     Returns (hidden [B, L, D], (k, v) each [layers, B, L, K, C] when `keep_kv` else None,
-    routing [M, B, L, X]).
+    routing [M, B, L, X]), and with `router_stats` (MoE) the router load statistics of
+    the real tokens summed over the MoE layers, (counts [E], probs [E], rows)
+    (`moe_aux.load_balancing_loss` takes them).
     """
     model = merge(cfg, params)
     context = full_context(cfg, mask_BL, keep_kv=keep_kv)
-    return model(tokens_BL, positions_from_mask(mask_BL), context, routing, remat=remat)
+    stats_mask = mask_BL if router_stats else None
+    return model(
+        tokens_BL,
+        positions_from_mask(mask_BL),
+        context,
+        routing,
+        remat=remat,
+        stats_mask_BL=stats_mask,
+    )
 
 
-def _run(cfg, params, tokens_BL, mask_BL, routing):
-    """The differentiable pass of forward / hidden_states: (hidden, routing)."""
-    hidden, _, routing_out = run_full(cfg, params, tokens_BL, mask_BL, routing, remat=True)
-    return hidden, routing_out
+def _run(cfg, params, tokens_BL, mask_BL, routing, router_stats=False):
+    """The differentiable pass of forward / hidden_states: (hidden, routing[, stats])."""
+    hidden, _, routing_out, *stats = run_full(
+        cfg, params, tokens_BL, mask_BL, routing, remat=True, router_stats=router_stats
+    )
+    return hidden, routing_out, *stats
 
 
 def _check_routing(cfg, tokens_BL, routing):
@@ -70,16 +90,29 @@ def _check_routing(cfg, tokens_BL, routing):
         raise ValueError(f"routing has shape {tuple(routing.shape)}, expected [M, B, L, X]={want}")
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def hidden_states(model_config: ModelConfig, params, tokens_BL, attention_mask_BL, *, routing=None):
+@functools.partial(jax.jit, static_argnums=0, static_argnames=("router_stats",))
+def hidden_states(
+    model_config: ModelConfig,
+    params,
+    tokens_BL,
+    attention_mask_BL,
+    *,
+    routing=None,
+    router_stats: bool = False,
+):
     """(final-normed hidden states [B, L, D] in the compute dtype, routing [M, B, L, X]).
 
     `routing` forces the MoE expert choice (Routing Replay, paper §5.3); the gates are
     still the current router's probabilities at those experts. The routing returned is
     the one used (computed, or the forced one); [0, B, L, 0] for dense models.
+    `router_stats` (MoE models; static) adds a third value: the router load statistics of
+    the real tokens (`attention_mask_BL`) summed over the MoE layers, (counts [E], probs
+    [E], rows), for `moe_aux.load_balancing_loss` (Qwen3-MoE's router_aux_loss).
     """
     _check_routing(model_config, tokens_BL, routing)
-    return _run(model_config, params, tokens_BL, attention_mask_BL, routing)
+    if router_stats and not model_config.num_moe_layers:
+        raise ValueError("hidden_states: router_stats needs a Mixture-of-Experts model")
+    return _run(model_config, params, tokens_BL, attention_mask_BL, routing, router_stats)
 
 
 @functools.partial(jax.jit, static_argnums=0)

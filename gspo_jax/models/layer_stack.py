@@ -134,12 +134,13 @@ def _slice_layers(tree, start: int, count: int, total: int, unit: int):
 
 
 def _unit_fn(run: LayerRun, layer_fn, policy, scanned: bool):
-    """(x, this unit's slices) -> (x, {"entries", "routes"} stacked over the unit's layers):
+    """(x, this unit's slices) -> (x, {"entries", "routes"} stacked over the unit's layers,
+    and "stats": its MoE layers' router load statistics summed, when layer_fn returns them):
     the body of the run's scan. layer_fn(is_moe, layer_params, x, data, forced) runs one
     layer; with a remat policy each layer is checkpointed on its own."""
 
     def unit(x, xs_unit):
-        unit_entries, unit_routes = [], []
+        unit_entries, unit_routes, unit_stats = [], [], []
         d = e = 0
         for j, is_moe in enumerate(run.kinds):
             layer_params = jax.tree.map(lambda a, j=j: a[j], xs_unit["half"])
@@ -155,33 +156,42 @@ def _unit_fn(run: LayerRun, layer_fn, policy, scanned: bool):
                 # Inside a scan the loop already keeps iterations apart, so CSE across the
                 # recomputation is harmless (jax's advice for remat inside scan).
                 fn = jax.checkpoint(fn, policy=policy, prevent_cse=not scanned)
-            x, entry, idx = fn(layer_params, x, data, forced)
+            x, entry, idx, *stats = fn(layer_params, x, data, forced)
             unit_entries.append(entry)
             if is_moe:
                 unit_routes.append(idx)
+                unit_stats.extend(stats)
                 e += 1
             else:
                 d += 1
         stack = functools.partial(jax.tree.map, lambda *a: jnp.stack(a))
         routes = stack(*unit_routes) if unit_routes else None
-        return x, {"entries": stack(*unit_entries), "routes": routes}
+        ys = {"entries": stack(*unit_entries), "routes": routes}
+        if unit_stats:
+            ys["stats"] = jax.tree.map(lambda *a: sum(a), *unit_stats)
+        return x, ys
 
     return unit
 
 
-def apply_layers(cfg: ModelConfig, stacks: dict, x_BLD, cos, sin, attention, routing, remat):
+def apply_layers(
+    cfg: ModelConfig, stacks: dict, x_BLD, cos, sin, attention, routing, remat, stats_mask_BL=None
+):
     """All layers, run by run (`layer_runs`), each run a scan over its repeated unit.
 
     Returns (x_BLD, cache entries stacked on a leading layer axis (or None), routing
-    [M, B, L, X] computed or forced)."""
+    [M, B, L, X] computed or forced); with `stats_mask_BL` [B, L] (1: a real token; MoE
+    models) also the router load statistics of every MoE layer summed over the layers,
+    (counts [E], probs [E], rows) as `moe_aux.load_balancing_loss` takes them."""
     n, m = cfg.num_layers, cfg.num_moe_layers
     policy = _remat_policy(cfg.remat) if remat and cfg.remat != "none" else False
+    extra = () if stats_mask_BL is None else (stats_mask_BL,)
 
     def layer_fn(is_moe, layer_params, x, data, forced):
         block = _merge_block(cfg, is_moe, layer_params)
-        return block(x, cos, sin, functools.partial(attention, data), forced)
+        return block(x, cos, sin, functools.partial(attention, data), forced, *extra)
 
-    entries, routes = [], []
+    entries, routes, stats = [], [], []
     for run in layer_runs(cfg):
         p, pd, pm = len(run.kinds), run.dense_per_unit, run.moe_per_unit
         half = {k: stacks[k] for k in ("input_norm", "attn", "post_attn_norm")}
@@ -209,6 +219,8 @@ def apply_layers(cfg: ModelConfig, stacks: dict, x_BLD, cos, sin, attention, rou
         entries.append(flat(ys["entries"]))
         if pm:
             routes.append(flat(ys["routes"]))
+        if "stats" in ys:  # [repeats, ...] -> summed over the run
+            stats.append(jax.tree.map(lambda a: jnp.sum(a, axis=0), ys["stats"]))
     if len(entries) == 1:
         entries_out = entries[0]
     else:
@@ -218,7 +230,11 @@ def apply_layers(cfg: ModelConfig, stacks: dict, x_BLD, cos, sin, attention, rou
         routing_out = routes[0] if len(routes) == 1 else jnp.concatenate(routes)
     else:
         routing_out = jnp.zeros((0, B, L, cfg.num_experts_per_tok), jnp.int32)
-    return x_BLD, entries_out, routing_out
+    if stats_mask_BL is None:
+        return x_BLD, entries_out, routing_out
+    if not stats:
+        raise ValueError("router load statistics (stats_mask_BL) need a Mixture-of-Experts model")
+    return x_BLD, entries_out, routing_out, jax.tree.map(lambda *a: sum(a), *stats)
 
 
 def split_layers(model_config: ModelConfig, params) -> tuple[dict, ...]:

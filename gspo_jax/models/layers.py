@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from gspo_jax.models import partition
+from gspo_jax.models import moe_aux, partition
 from gspo_jax.models.config import ModelConfig
 
 F32 = jnp.float32
@@ -253,10 +253,15 @@ class MoE(nnx.Module):
         self.impl = cfg.moe_impl
         self.dtype = jnp.dtype(cfg.dtype)
 
-    def __call__(self, x_BLD, forced_BLX=None):
+    def __call__(self, x_BLD, forced_BLX=None, stats_mask_BL=None):
         """Returns (y_BLD, expert indices int32 [B, L, X]): the current router's own top-k,
         also when `forced_BLX` decides which experts run (Routing Replay), so a caller can
-        count how many choices the router would change (paper §5.3's volatility)."""
+        count how many choices the router would change (paper §5.3's volatility).
+
+        With `stats_mask_BL` (1 for a real token) also this layer's router load statistics
+        for the load-balancing loss, `moe_aux.router_load_stats` of its router logits over
+        the real tokens, counted on the router's own top-k (as transformers counts them,
+        whatever experts replay runs): (y_BLD, indices, (counts [E], probs [E], rows))."""
         B, L, D = x_BLD.shape
         J = B * L
         x_JD = partition.constrain(x_BLD.reshape(J, D), ("batch", None))
@@ -281,7 +286,13 @@ class MoE(nnx.Module):
             # loop-invariant, were hoisted out of the sampler's loop for every layer at
             # once, many times the temporaries of this way (docs/tpu.md, "MoE on TPU").
             y_JD = _experts_ragged(x_JD, gates_JX, idx_JX, wg, wu, wd)
-        return y_JD.astype(self.dtype).reshape(B, L, D), own_JX.reshape(B, L, self.k)
+        out = (y_JD.astype(self.dtype).reshape(B, L, D), own_JX.reshape(B, L, self.k))
+        if stats_mask_BL is None:
+            return out
+        stats = moe_aux.router_load_stats(
+            logits_JE, self.k, stats_mask_BL.reshape(J), chosen_JX=own_JX
+        )
+        return (*out, stats)
 
 
 def _experts_dense(x_JD, gates_JX, idx_JX, wg_EDF, wu_EDF, wd_EFD):

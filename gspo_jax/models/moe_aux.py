@@ -11,9 +11,11 @@ caller accumulates `router_load_stats` over layers and calls `load_balancing_los
 Uniform routing gives loss = k (F_e = k/E, P_e = 1/E); the loss grows as routing
 concentrates. Only P carries gradient (top-k membership is discrete).
 
-Not yet wired into the train step or the warm start (issue 43, item 2): the MoE layer
-(`layers.MoE`) would return its `router_load_stats` beside its routing, the layer stack
-would sum them over layers, and the loss would add `router_aux_loss_coef` times this.
+Where it is used: with `model.router_aux_loss_coef` > 0 the MoE layer (`layers.MoE`)
+returns its `router_load_stats` beside its routing, the layer stack sums them over layers
+(`layer_stack.apply_layers`), and the train step (`train_step/step.py`) and the supervised
+warm start (`trainer/warm_start.py`) add `router_aux_loss_coef · load_balancing_loss` to
+their losses. Only real tokens count (the attention mask).
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ import jax.numpy as jnp
 F32 = jnp.float32
 
 
-def router_load_stats(logits_JE, k: int, mask_J=None):
+def router_load_stats(logits_JE, k: int, mask_J=None, *, chosen_JX=None):
     """(counts [E], prob sums [E], rows) of one layer: how often each expert is in a valid
     row's top-k, the sum of its router probability over valid rows, the valid rows.
-    logits_JE: [J, E] router logits; mask_J: [J] 1 for a valid row (None: all valid)."""
+    logits_JE: [J, E] router logits; mask_J: [J] 1 for a valid row (None: all valid);
+    chosen_JX: [J, k] the top-k expert indices when the caller has them already (the MoE
+    layer's own routing), else computed here."""
     if logits_JE.ndim != 2:
         raise ValueError(f"router logits must be [rows, experts], got shape {logits_JE.shape}")
     J, E = logits_JE.shape
@@ -35,7 +39,7 @@ def router_load_stats(logits_JE, k: int, mask_J=None):
         raise ValueError(f"top-k k={k} must be in [1, {E}] for {E} experts")
     m_J = jnp.ones((J,), F32) if mask_J is None else mask_J.astype(F32)
     probs_JE = jax.nn.softmax(logits_JE.astype(F32), axis=-1)
-    _, idx_JX = jax.lax.top_k(probs_JE, k)
+    idx_JX = jax.lax.top_k(probs_JE, k)[1] if chosen_JX is None else chosen_JX
     chosen_JE = jnp.sum(jax.nn.one_hot(idx_JX, E, dtype=F32), axis=1)  # 1 where chosen
     counts_E = jnp.sum(jax.lax.stop_gradient(chosen_JE) * m_J[:, None], axis=0)
     probs_E = jnp.sum(probs_JE * m_J[:, None], axis=0)

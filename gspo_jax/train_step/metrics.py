@@ -38,6 +38,8 @@ def metric_reductions(step_config) -> dict[str, Reduction]:
             "gap_max": MAX,
             "gap_seq_max": MAX,
             "experts_changed": SUM,  # MoE: routing changes against π_old's
+            # MoE with router_aux_loss_coef > 0: micro-batch shares of the load-balancing loss
+            "router_aux_loss": SUM.logged(),
             "experts_total": SUM,
             # derived per update from the sums above (`finish_micro`)
             "gap_mean": PER_UPDATE,

@@ -8,6 +8,7 @@ One call consumes one rollout batch of B = N·G responses:
     for mini-batch m in range(num_mini_batches):   # one optimizer update each
       for micro-batch k:                           # lax.scan, gradient accumulation
         loss_k = policy_loss(...) + kl_loss_coef·KL − entropy_coef·H   (global denominators)
+                 [+ router_aux_loss_coef·load-balancing loss: MoE, `_router_aux_loss`]
       grads = Σ_k ∇loss_k ;  skip the update if grads or the update are not finite
       params, opt_state = AdamW(clip(grads))
 
@@ -66,7 +67,7 @@ from gspo_jax import sharding as sharding_lib
 from gspo_jax.algorithm import logprobs as logprobs_lib
 from gspo_jax.algorithm import objectives, old_policy
 from gspo_jax.algorithm.masked import masked_mean
-from gspo_jax.models import lora, partition
+from gspo_jax.models import lora, moe_aux, partition
 from gspo_jax.models.attention import resolve_impl
 from gspo_jax.sharding.split import num_micro, strided_split
 from gspo_jax.train_step.metrics import (
@@ -126,6 +127,9 @@ class StepConfig:
     rollout_correction_level: str
     rollout_correction_threshold: float
     routing_replay: bool  # force π_old's expert choices in every update (MoE, paper §5.3)
+    # Qwen3-MoE's router load-balancing loss (models/moe_aux.py) times this, added to the
+    # policy loss (0: off, and its statistics are not computed)
+    router_aux_loss_coef: float
     token_advantages: bool  # advantages are [B, T] (add_token_level_kl), not [B]
     group_size: int  # G: rows n·G … n·G+G−1 of a batch share prompt n
     shared_prompt: bool  # each prompt through the model once per group (`shared_group`)
@@ -185,10 +189,14 @@ def response_logprobs(
     *,
     routing=None,
     group: int = 1,
+    router_stats: bool = False,
 ):
     """(log π(response token) [B, T], entropy [B, T], routing [M, B, L, X]: the router's own
     top-k, also when `routing` forces the experts that run) without
     materialising [B, L, V] logits; routing is empty ([0, B, L, 0]) for dense models.
+    With `router_stats` (MoE, group 1) a fourth value: the router load statistics of every
+    real token of the rows (prompt and response), summed over the MoE layers
+    (`models.hidden_states`).
 
     The hidden state at position j predicts token j+1, so the T response tokens (the last T
     of the row) are predicted by hidden states L−T−1 … L−2.
@@ -199,9 +207,12 @@ def response_logprobs(
     length = tokens_BL.shape[1]
     prompt_len = length - response_len
     targets_BT = tokens_BL[:, prompt_len:]
+    stats = ()
     if group > 1:
-        if routing is not None:
-            raise ValueError("response_logprobs: a shared prompt (group > 1) takes no routing")
+        if routing is not None or router_stats:
+            raise ValueError(
+                "response_logprobs: a shared prompt (group > 1) takes no routing or router_stats"
+            )
         mask_BT = attention_mask_BL[:, prompt_len:]
         prompt_hidden_NPD, hidden_BTD = models.hidden_states_shared(
             step_config.model,
@@ -218,8 +229,13 @@ def response_logprobs(
         cfg = step_config.model
         routing_out = jnp.zeros((0, *tokens_BL.shape, cfg.num_experts_per_tok), jnp.int32)
     else:
-        hidden_BLD, routing_out = models.hidden_states(
-            step_config.model, params, tokens_BL, attention_mask_BL, routing=routing
+        hidden_BLD, routing_out, *stats = models.hidden_states(
+            step_config.model,
+            params,
+            tokens_BL,
+            attention_mask_BL,
+            routing=routing,
+            router_stats=router_stats,
         )
         hidden_BTD = hidden_BLD[:, prompt_len - 1 : length - 1]
     logp_BT, entropy_BT = logprobs_lib.token_logprobs(
@@ -232,19 +248,28 @@ def response_logprobs(
         chunk_size=step_config.logprob_chunk_size * partition.row_shards(hidden_BTD.shape[0]),
         return_entropy=True,
     )
-    return logp_BT, entropy_BT, routing_out
+    return logp_BT, entropy_BT, routing_out, *stats
 
 
 def _micro_loss(
-    step_config: StepConfig, params, mb, num_valid_tokens, num_valid_seqs, *, group: int = 1
+    step_config: StepConfig,
+    params,
+    mb,
+    num_valid_tokens,
+    num_valid_seqs,
+    *,
+    group: int = 1,
+    num_real_tokens=None,
 ):
     """Loss of one micro-batch, divided by the whole mini-batch's denominators (group:
-    `shared_group` of this micro-batch)."""
+    `shared_group` of this micro-batch; num_real_tokens: the mini-batch's attention-mask
+    sum, which weighs the router load-balancing loss, `_router_aux_loss`)."""
     response_len = mb["response_mask"].shape[1]
     routing = None
     if step_config.routing_replay:
         routing = jnp.moveaxis(mb["old_routing"], 0, 1)  # [B, M, L, X] -> [M, B, L, X]
-    logp_BT, entropy_BT, routing_MBLX = response_logprobs(
+    aux = step_config.router_aux_loss_coef > 0
+    logp_BT, entropy_BT, routing_MBLX, *stats = response_logprobs(
         step_config,
         params,
         mb["tokens"],
@@ -252,6 +277,7 @@ def _micro_loss(
         response_len,
         routing=routing,
         group=group,
+        router_stats=aux,
     )
     mask_BT = mb["response_mask"]
     denominators = {
@@ -294,6 +320,10 @@ def _micro_loss(
         loss = loss - step_config.entropy_coef * entropy_loss
     metrics["entropy_loss"] = entropy_loss
     metrics["entropy"] = masked_mean(jax.lax.stop_gradient(entropy_BT), mask_BT)
+    if aux:
+        router_aux = _router_aux_loss(stats[0], mb["attention_mask"], num_real_tokens)
+        loss = loss + step_config.router_aux_loss_coef * router_aux
+        metrics["router_aux_loss"] = router_aux
     metrics["loss"] = loss
     metrics.update(gap_sums(jax.lax.stop_gradient(logp_BT), mb["sampler_logprobs"], mask_BT))
     if step_config.is_moe:
@@ -301,6 +331,19 @@ def _micro_loss(
         changed, total = routing_changes(old_MBLX, routing_MBLX, mb["attention_mask"])
         metrics["experts_changed"], metrics["experts_total"] = changed, total
     return loss, metrics
+
+
+def _router_aux_loss(stats, attention_mask_BL, num_real_tokens):
+    """This micro-batch's share of the mini-batch's router load-balancing loss:
+    (n_k / n) · load_balancing_loss(its stats), n_k its real tokens, n the mini-batch's.
+
+    The loss (moe_aux.py) is a product of sums over the rows, so it does not split into
+    micro-batches exactly; as transformers and Megatron under gradient accumulation, each
+    micro-batch computes it on its own rows, and the shares sum to the real-token-weighted
+    mean over the micro-batches: the loss itself with one micro-batch (the default)."""
+    n_k = jnp.sum(attention_mask_BL.astype(jnp.float32))
+    share = n_k / jnp.maximum(num_real_tokens, 1.0) if num_real_tokens is not None else 1.0
+    return share * moe_aux.load_balancing_loss(*stats)
 
 
 def loss_mode_kwargs(step_config: StepConfig, mb) -> dict:
@@ -351,10 +394,17 @@ def _mini_batch_grads(step_config: StepConfig, params, mini, *, frozen=None):
     mask_BT = mini["response_mask"]
     num_valid_tokens = jnp.sum(mask_BT)
     num_valid_seqs = jnp.sum(jnp.any(mask_BT > 0, axis=-1).astype(jnp.float32))
+    num_real_tokens = jnp.sum(mini["attention_mask"].astype(jnp.float32))
     reductions = metric_reductions(step_config)
 
     def loss_fn(trained, *args):
-        return _micro_loss(step_config, lora.combine(frozen, trained), *args, group=group)
+        return _micro_loss(
+            step_config,
+            lora.combine(frozen, trained),
+            *args,
+            group=group,
+            num_real_tokens=num_real_tokens,
+        )
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
@@ -424,6 +474,8 @@ def train_step(step_config: StepConfig, tx: optax.GradientTransformation, state:
       the loss's metrics (objectives.policy_loss) and the step's (loss, kl_loss, entropy,
         grad_norm, update_norm, MoE expert_change), each reduced over the updates as
         `metric_reductions` declares (most: the mean);
+      router_aux_loss (MoE, `router_aux_loss_coef` > 0): the router load-balancing loss
+        (models/moe_aux.py) before its coefficient, already inside `loss`;
       update_ratio: the largest |update| / |params| of the step's applied updates (0 for
         a skipped one);
       skipped_updates (a count); optimizer_step (the new state's update counter: the

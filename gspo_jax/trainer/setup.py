@@ -146,6 +146,11 @@ def _setup_locked(c, workdir, mesh, checkpoint_dir, run_lock, allow_config_chang
             f"config.model.routing_replay needs a Mixture-of-Experts model; "
             f"{c.model.hf_path or 'the scratch model'} has none"
         )
+    if c.model.router_aux_loss_coef and model_config.num_experts == 0:
+        raise config_lib.ConfigError(
+            f"config.model.router_aux_loss_coef={c.model.router_aux_loss_coef} needs a "
+            f"Mixture-of-Experts model; {c.model.hf_path or 'the scratch model'} has none"
+        )
     data_spec = data.get_spec(c.data.name)
     spec = specs.from_config(c, model_config, reference_key=data_spec.reference_key)
     sources = _sources(c, workdir)

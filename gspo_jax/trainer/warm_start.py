@@ -24,6 +24,7 @@ from gspo_jax import data, models
 from gspo_jax import sharding as sharding_lib
 from gspo_jax.algorithm import logprobs as logprobs_lib
 from gspo_jax.config.specs import PromptSpec, WarmStartSpec
+from gspo_jax.models import moe_aux
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +47,26 @@ class WarmStartResult:
         return f"{self.steps} supervised warm-start steps (target NOT reached: {last:.1%})"
 
 
-def sft_loss(model_config, params, tokens_NL, attention_mask_NL, loss_mask_NL, chunk_size=256):
-    """Mean negative log-likelihood of the loss-masked tokens (token t predicted at t−1).
+def sft_loss(
+    model_config,
+    params,
+    tokens_NL,
+    attention_mask_NL,
+    loss_mask_NL,
+    chunk_size=256,
+    router_aux_loss_coef=0.0,
+):
+    """Mean negative log-likelihood of the loss-masked tokens (token t predicted at t−1),
+    plus, with `router_aux_loss_coef` > 0 (MoE), that times the router load-balancing loss
+    of every real token (models/moe_aux.py; as `Qwen3MoeForCausalLM` adds it).
 
-    Returns (loss, number of supervised tokens).
+    Returns (loss, {"sft/loss": the NLL, "sft/tokens": supervised tokens, and
+    "sft/router_aux_loss" when it is on}).
     """
-    hidden_NLD, _ = models.hidden_states(model_config, params, tokens_NL, attention_mask_NL)
+    aux = router_aux_loss_coef > 0
+    hidden_NLD, _, *stats = models.hidden_states(
+        model_config, params, tokens_NL, attention_mask_NL, router_stats=aux
+    )
     logp_NT = logprobs_lib.token_logprobs(
         hidden_NLD[:, :-1],
         models.unembedding(model_config, params),
@@ -60,7 +75,12 @@ def sft_loss(model_config, params, tokens_NL, attention_mask_NL, loss_mask_NL, c
     )
     mask_NT = loss_mask_NL[:, 1:].astype(jnp.float32)
     num_tokens = jnp.sum(mask_NT)
-    return -jnp.sum(logp_NT * mask_NT) / jnp.maximum(num_tokens, 1.0), num_tokens
+    nll = -jnp.sum(logp_NT * mask_NT) / jnp.maximum(num_tokens, 1.0)
+    metrics = {"sft/loss": nll, "sft/tokens": num_tokens}
+    if not aux:
+        return nll, metrics
+    metrics["sft/router_aux_loss"] = moe_aux.load_balancing_loss(*stats[0])
+    return nll + router_aux_loss_coef * metrics["sft/router_aux_loss"], metrics
 
 
 def make_sft_optimizer(spec: WarmStartSpec) -> optax.GradientTransformation:
@@ -83,6 +103,7 @@ def make_sft_step(
     *,
     chunk_size: int = 256,
     state_shardings: tuple | None = None,
+    router_aux_loss_coef: float = 0.0,
 ):
     """Jitted (params, opt_state, batch) -> (params, opt_state, metrics); both states donated.
 
@@ -98,11 +119,12 @@ def make_sft_step(
             attention_mask_NL=batch["attention_mask"],
             loss_mask_NL=batch["loss_mask"],
             chunk_size=chunk_size,
+            router_aux_loss_coef=router_aux_loss_coef,
         )
-        (loss, num_tokens), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        return params, opt_state, {"sft/loss": loss, "sft/tokens": num_tokens}
+        return params, opt_state, metrics
 
     kwargs = {}
     if state_shardings is not None:
@@ -215,6 +237,7 @@ def _sft_state(model_config, params, spec: WarmStartSpec, mesh, param_shardings)
         tx,
         chunk_size=spec.chunk_size,
         state_shardings=(param_shardings, opt_shardings),
+        router_aux_loss_coef=spec.router_aux_loss_coef,
     )
     return opt_state, step_fn
 
