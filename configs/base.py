@@ -221,6 +221,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.mesh.fsdp = 1  # batch + parameter sharding (ZeRO-3 style)
     c.mesh.tensor = 1  # heads / mlp / vocab sharding
     c.mesh.expert = 1  # MoE experts
+    # slices (TPU multi-slice, joined by the data-center network) that split the batch; the
+    # axes above then describe one slice, and mesh.data is per slice
+    c.mesh.dcn_data = 1
 
     # ------------------------------------------------------------------------------------
     # Data: TFDS builders in array_record format, read with grain.

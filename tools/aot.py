@@ -150,12 +150,14 @@ FUNCTIONS = ("prefill", "decode", "logprobs", "advantages", "train_step")
 # ------------------------------------------------------------------------------- set-up
 
 
-def topology_devices(name: str):
-    """The devices of a TPU topology such as "v5p:4x4x4" (libtpu, no TPU needed)."""
+def topology_devices(name: str, num_slices: int = 1):
+    """The devices of a TPU topology such as "v5p:4x4x4" (libtpu, no TPU needed); with
+    `num_slices` > 1, that many such slices (devices carry their `slice_index`)."""
     from jax.experimental import topologies
 
+    kwargs = {"num_slices": num_slices} if num_slices > 1 else {}
     try:
-        return topologies.get_topology_desc(topology_name=name, platform="tpu").devices
+        return topologies.get_topology_desc(topology_name=name, platform="tpu", **kwargs).devices
     except Exception as e:  # no libtpu, or a name libtpu does not know
         raise ValueError(
             f"cannot describe TPU topology {name!r}: {e}. Needs libtpu importable "
@@ -406,7 +408,9 @@ def _abstract_run(config, model_config, devices, num_processes) -> _Abstract:
     c = config
     processes = num_processes or len({d.process_index for d in devices})
     config_lib.validate(c, num_devices=len(devices), num_processes=processes)
-    mesh = sharding_lib.make_mesh(config_lib.mesh_shape(c, len(devices)), devices)
+    mesh = sharding_lib.make_mesh(
+        config_lib.mesh_shape(c, len(devices)), devices, dcn_data=c.mesh.dcn_data
+    )
     cfg = dataclasses.replace(
         model_config,
         attention_impl=resolve_impl(
@@ -876,10 +880,13 @@ def describe(config, cfg, topology: str, devices) -> str:
     sizes = specs.batch_sizes(c)
     n = models.param_count(cfg)
     size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+    dcn = int(c.mesh.dcn_data)
+    slices = f" x {dcn} slices" if dcn > 1 else ""
     return (
         f"{cfg.arch} {size} params ({cfg.num_layers} layers{_lora_note(cfg)}) "
-        f"on {topology}: {len(devices)} chips, mesh "
+        f"on {topology}{slices}: {len(devices)} chips, mesh "
         + " ".join(f"{k}={v}" for k, v in mesh.items())
+        + (f" (data: {dcn} slices x {mesh['data'] // dcn})" if dcn > 1 else "")
         + f"\n{c.rollout_batch_size} prompts x {c.num_return_sequences_in_group} = "
         f"{sizes['responses']} responses of {c.prompt_length} + {c.response_length} tokens, "
         f"{c.num_mini_batches} mini-batches of {sizes['mini_batch']}, micro-batch "
@@ -938,6 +945,14 @@ _HBM_TOP = flags.DEFINE_integer(
     "result shape, bytes x executions; hlo_stats.hbm_uses), and write them to --json.",
     lower_bound=0,
 )
+_SLICES = flags.DEFINE_integer(
+    "num_slices",
+    1,
+    "TPU slices of --topology each, joined by the data-center network (multi-slice); needs "
+    "--config.mesh.dcn_data equal to it. Collectives across slices are estimated at ICI "
+    "speed: DCN bandwidth is not modelled.",
+    lower_bound=1,
+)
 _PROCESSES = flags.DEFINE_integer(
     "num_processes",
     None,
@@ -974,7 +989,12 @@ def main(argv) -> int:
             file=sys.stderr,
         )
         return 2
-    devices = topology_devices(_TOPOLOGY.value)
+    if _SLICES.value != config.mesh.dcn_data:
+        raise app.UsageError(
+            f"--num_slices={_SLICES.value} needs --config.mesh.dcn_data={_SLICES.value} "
+            f"(it is {config.mesh.dcn_data}): the batch splits over the slices first"
+        )
+    devices = topology_devices(_TOPOLOGY.value, _SLICES.value)
     capacity = hbm_bytes(_TOPOLOGY.value)
     cfg = model_config_for(config, _PRESET.value)
     print(describe(config, cfg, _TOPOLOGY.value, devices), flush=True)
@@ -998,6 +1018,11 @@ def main(argv) -> int:
         + f"; the log-prob function runs {calls} time(s) per RL step"
         + (" (π_old is the train step's own pass)" if not calls else "")
     ]
+    if _SLICES.value > 1:
+        notes.append(
+            f"{_SLICES.value} slices: the data axis's collectives cross the data-center "
+            "network, estimated here at ICI speed (DCN bandwidth is not modelled): a low bound"
+        )
     kwargs = {"decoded_tokens": decoded, "logprob_calls": calls, "dims": dims}
     print("\n" + roofline.format_estimates(reports, chip, notes=notes, **kwargs))
     traffic = fsdp_traffic(config, cfg, reports)

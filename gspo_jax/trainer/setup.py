@@ -119,7 +119,9 @@ def setup(
     workdir = os.path.abspath(workdir)
     devices = list(jax.devices() if devices is None else devices)
     config_lib.validate(c, num_devices=len(devices), num_processes=jax.process_count())
-    mesh = sharding_lib.make_mesh(config_lib.mesh_shape(c, len(devices)), devices)
+    mesh = sharding_lib.make_mesh(
+        config_lib.mesh_shape(c, len(devices)), devices, dcn_data=c.mesh.dcn_data
+    )
     checkpoint_dir = os.path.join(workdir, "checkpoints")
     workdir_lib.prepare(workdir, checkpoint_dir)
     run_lock = workdir_lib.lock(workdir)  # before anything in the workdir is written

@@ -410,6 +410,16 @@ def test_mesh_shape_resolution():
     c.mesh.tensor, c.mesh.fsdp = 2, -1
     with pytest.raises(ConfigError, match="only one mesh axis may be -1"):
         mesh_shape(c, 8)
+    # multi-slice: the axes describe one slice, data is per slice times the slices
+    c = base.get_config()
+    c.mesh.dcn_data, c.mesh.fsdp = 2, 2
+    assert mesh_shape(c, 8) == {"data": 4, "fsdp": 2, "tensor": 1, "expert": 1}
+    c.mesh.dcn_data = 3
+    with pytest.raises(ConfigError, match=r"mesh.dcn_data=3 does not divide the 8 devices"):
+        mesh_shape(c, 8)
+    c.mesh.dcn_data = 0
+    with pytest.raises(ConfigError, match=r"mesh.dcn_data=0 must be a positive int"):
+        mesh_shape(c, 8)
 
 
 def test_batch_sizes():

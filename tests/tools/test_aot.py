@@ -168,3 +168,34 @@ def test_the_tensor_layout_decode_keeps_its_page_pools_in_place(env):
     assert "pallas kernel in the program: True" in proc.stdout
     # 2 layers' pools, plus the f32 logits and small state (< 0.05 GiB)
     assert 2 * pool <= temp < 2 * pool + 0.05, (temp, pool)
+
+
+MESH_BY_SLICE = """
+from tools.aot import prepare_process, topology_devices
+prepare_process()
+from gspo_jax import sharding
+devices = topology_devices("v5e:2x2", num_slices=2)
+sizes = sharding.mesh_shape({"data": -1, "fsdp": 2, "tensor": 1, "expert": 1, "dcn_data": 2}, 8)
+mesh = sharding.make_mesh(sizes, devices, dcn_data=2)
+print(dict(mesh.shape), [[d.slice_index for d in row] for row in mesh.devices[:, :, 0, 0]])
+"""
+
+
+def test_two_slices_split_the_data_axis_and_compile(env, tmp_path):
+    """Multi-slice (mesh.dcn_data): the data axis spans the slices in blocks, each slice
+    holding whole fsdp groups, so only the data axis's collectives cross the data-center
+    network; the tiny train step compiles for two v5e:2x2 slices."""
+    proc = _python(env, "-c", MESH_BY_SLICE)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    shape, by_slice = proc.stdout.strip().splitlines()[-1].split(" [[", 1)
+    assert "'data': 4, 'fsdp': 2" in shape
+    assert "[[" + by_slice == "[[0, 0], [0, 0], [1, 1], [1, 1]]"
+    args = [*TINY, "--num_slices=2", "--config.eval.batch_size=64", "--functions=train_step"]
+    proc, out = _aot(env, tmp_path, *args, "--config.mesh.dcn_data=2")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "on v5e:2x2 x 2 slices: 8 chips" in proc.stdout and "(data: 2 slices x 4)" in proc.stdout
+    train = out["functions"]["train step"]
+    assert train["error"] is None and train["ici_wire_bytes"] > 0
+    assert "DCN bandwidth is not modelled" in proc.stdout
+    proc, _ = _aot(env, tmp_path, *args)  # two slices, but the config's mesh has one
+    assert proc.returncode != 0 and "needs --config.mesh.dcn_data=2" in proc.stderr
