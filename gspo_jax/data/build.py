@@ -106,16 +106,20 @@ register_dataset(
 )
 
 
-register_dataset(
-    "jsonl",  # your own files: data.train_path / test_path, data.prompt_key / answer_key
-    DatasetSpec(
-        builder=JsonlLocal,
-        reference_key="answer",
-        answer_key="answer",
-        target_template="{answer}",
-        check_manual_dir=None,
-    ),
-)
+# Your own files: data.train_path / test_path ("jsonl", "parquet") or data.hf_path ("hf"),
+# data.prompt_key / answer_key; one builder (data/jsonl.py) reads them all.
+for _name in ("jsonl", "parquet", "hf"):
+    register_dataset(
+        _name,
+        DatasetSpec(
+            builder=JsonlLocal,
+            reference_key="answer",
+            answer_key="answer",
+            target_template="{answer}",
+            check_manual_dir=None,
+        ),
+    )
+FILE_DATASETS = ("jsonl", "parquet", "hf")
 
 
 def get_spec(name: str) -> DatasetSpec:

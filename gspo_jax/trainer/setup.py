@@ -274,13 +274,23 @@ def _tokenizer(c, workdir: str):
     )
 
 
+def data_identity(c):
+    """The builder config of your files (data.name "jsonl", "parquet", "hf"), named by a
+    digest of their contents and keys; None for the other datasets."""
+    d = c.data
+    if d.name == "hf":
+        return data.hf_config(d.hf_path, d.prompt_key, d.answer_key, download=d.download)
+    if d.name in data.FILE_DATASETS:
+        return data.jsonl_config(d.train_path, d.test_path, d.prompt_key, d.answer_key)
+    return None
+
+
 def _sources(c, workdir: str) -> dict:
     """{split: random-access source}; one process writes the dataset, the others read it."""
     tfds.disable_progress_bar()  # one progress bar per run is ours
     config_name = c.data.config_name or None
-    if c.data.name == "jsonl":  # one builder config per set of files and keys
-        d = c.data
-        config_name = data.jsonl_config(d.train_path, d.test_path, d.prompt_key, d.answer_key)
+    if c.data.name in data.FILE_DATASETS:  # one builder config per set of files and keys
+        config_name = data_identity(c)
     build = functools.partial(
         data.build_dataset,
         c.data.name,

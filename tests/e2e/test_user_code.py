@@ -2,6 +2,7 @@
 the repository: `--config.imports=my_rewards.py --config.reward.spec=my_reward`, scored by
 a worker process that imports the file too."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -68,3 +69,54 @@ def test_a_checkpoint_by_hub_id_from_the_cache_trains_through_main(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = (tmp_path / "run" / "summary.json").read_text()
     assert f"snapshots/{commit}" in summary
+
+
+FIELD_RECIPE = '''
+import gspo_jax.rewards
+
+
+@gspo_jax.rewards.register_reward("by_difficulty")
+def by_difficulty(prompt, completion, reference, *, example):
+    """The line's own "difficulty" field: the reward sees the example's other fields."""
+    return float(example["difficulty"])
+'''
+
+
+def test_a_reward_reads_the_jsonl_lines_fields_through_main(tmp_path):
+    """A JSONL file with a field beyond prompt / answer, and a reward from a file outside the
+    repository that asks for it (`example=`), scored by a worker process: every response's
+    reward is its line's field."""
+    mine = tmp_path / "elsewhere" / "field_rewards.py"
+    mine.parent.mkdir()
+    mine.write_text(textwrap.dedent(FIELD_RECIPE))
+    for split, count in (("train", 40), ("test", 8)):
+        lines = [
+            json.dumps({"q": f"{i} + {i} = ?", "a": 2 * i, "difficulty": 0.25})
+            for i in range(count)
+        ]
+        (tmp_path / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+    flags = [
+        f
+        for f in TINY_RUN
+        if not f.startswith(("--config.num_steps", "--config.reward.num_workers"))
+    ]
+    workdir = tmp_path / "run"
+    cmd = main_command(
+        workdir,
+        f"--config.data.data_dir={tmp_path / 'data'}",
+        *flags,
+        "--config.num_steps=1",
+        "--config.reward.num_workers=1",
+        f"--config.imports={mine}",
+        "--config.reward.spec=by_difficulty",
+        "--config.data.name=jsonl",
+        "--config.data.config_name=",
+        f"--config.data.train_path={tmp_path / 'train.jsonl'}",
+        f"--config.data.test_path={tmp_path / 'test.jsonl'}",
+        "--config.data.prompt_key=q",
+        "--config.data.answer_key=a",
+    )
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    row = metrics_by_step(workdir)[1]
+    assert row["reward/num_errors"] == 0 and row["reward/mean"] == 0.25, row
