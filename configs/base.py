@@ -266,6 +266,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.warm_start = ml_collections.ConfigDict()
     c.warm_start.steps = 0  # SFT steps before RL (0: off)
     c.warm_start.on_checkpoint = False  # also train model.hf_path's weights (else: scratch only)
+    c.warm_start.cache = True  # reuse the warm start of an earlier run with the same model,
+    # data, warm_start.* and seed (trainer/warm_cache.py); False: train it anew
+    c.warm_start.cache_dir = _placeholder(str)  # None: warm_start_cache beside the workdir
     c.warm_start.batch_size = 64
     c.warm_start.learning_rate = 1e-3
     c.warm_start.teacher_error_rate = 0.0  # fraction of carrying additions the warm-start

@@ -241,7 +241,7 @@ def _slice(builder, name: str, split: str):
         raise ValueError(f"Dataset {name!r}: split {split!r} is not a valid slice: {e}") from e
 
 
-def _manual_digests(manual_dir, files: Sequence[str]) -> dict[str, str]:
+def manual_digests(manual_dir, files: Sequence[str]) -> dict[str, str]:
     out = {}
     for name in files:
         digest = hashlib.sha256()
@@ -255,7 +255,7 @@ def _manual_digests(manual_dir, files: Sequence[str]) -> dict[str, str]:
 def _write_manual_record(data_path, manual_dir, files: Sequence[str]) -> None:
     record = {
         "manual_dir": os.path.abspath(os.fspath(manual_dir)),
-        "sha256": _manual_digests(manual_dir, files),
+        "sha256": manual_digests(manual_dir, files),
     }
     with open(os.path.join(os.fspath(data_path), MANUAL_RECORD), "w") as f:
         json.dump(record, f, indent=2)
@@ -273,7 +273,7 @@ def _check_manual_record(name: str, data_path, manual_dir, files: Sequence[str])
         )
         return
     record = jsonio.read_json(path, what="the record of the files the data were built from")
-    now = _manual_digests(manual_dir, files)
+    now = manual_digests(manual_dir, files)
     differ = [f for f in files if record["sha256"].get(f) != now[f]]
     if differ:
         raise ValueError(
