@@ -22,6 +22,8 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from gspo_jax.trainer.io import disk
+
 log = logging.getLogger(__name__)
 
 
@@ -56,12 +58,11 @@ def _use_dataset(config, workdir: str, dataset) -> None:
     os.makedirs(folder, exist_ok=True)
     for split, rows in splits.items():
         path = os.path.join(folder, f"{split}.jsonl")
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            for i, row in enumerate(rows):
-                if not isinstance(row, dict):
-                    raise TypeError(f"dataset[{split!r}][{i}] is {type(row).__name__}, not a dict")
-                f.write(json.dumps(row) + "\n")
-        os.replace(path + ".tmp", path)
+        for i, row in enumerate(rows):
+            if not isinstance(row, dict):
+                raise TypeError(f"dataset[{split!r}][{i}] is {type(row).__name__}, not a dict")
+        text = "".join(json.dumps(row) + "\n" for row in rows)
+        disk.write_text(path, text, lost=f"the {split} split of your dataset (nothing trained)")
     config.data.name, config.data.config_name = "jsonl", ""
     config.data.train_path = os.path.join(folder, "train.jsonl")
     config.data.test_path = os.path.join(folder, "test.jsonl")

@@ -52,6 +52,7 @@ import jax
 from gspo_jax import jsonio
 from gspo_jax import sharding as sharding_lib
 from gspo_jax.config import specs
+from gspo_jax.trainer.io import disk
 
 log = logging.getLogger(__name__)
 
@@ -386,10 +387,9 @@ def _flatten(tree: dict, prefix: str = "") -> dict:
 
 
 def _write_lead(path: str, text: str) -> None:
-    """Process 0 writes `path` atomically (a reader sees the old file or the new one)."""
+    """Process 0 writes `path` atomically (a reader sees the old file or the new one); a
+    full disk is one line naming it (disk.py), before the run trains anything."""
     if jax.process_index() != 0:
         return
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    lost = "the record of this run's config (nothing has trained yet)"
+    disk.write_text(path, text, lost=lost)
