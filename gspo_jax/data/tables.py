@@ -7,7 +7,8 @@
   one folder per split) or a single `Dataset` (state.json; its split is "train"), whose
   Arrow files are read as they are;
 - a directory of Parquet files, as the Hub holds them: `<split>-*.parquet` or
-  `<split>.parquet` anywhere under it, or any `*.parquet` inside a folder named `<split>`;
+  `<split>.parquet` anywhere under it (`main/test-00000-of-00001.parquet`), or numbered
+  files inside a folder named `<split>` (`default/train/0000.parquet`);
 - a Hub id (`org/name`, `org/name@revision`) whose snapshot is in the Hugging Face cache
   (`HF_HUB_CACHE`, else `HF_HOME/hub`): nothing is downloaded unless `data.download=true`;
   a missing one is an error naming the id, the cache and the command that fetches it.
@@ -71,9 +72,9 @@ def _parquet_files(path: str) -> dict[str, list[str]]:
         for name in sorted(names):
             if not name.endswith(".parquet"):
                 continue
-            parent = os.path.basename(folder)
-            inside = folder != path and parent not in ("data", "default")
-            split = parent if inside else name[: -len(".parquet")].split("-")[0]
+            split = name[: -len(".parquet")].split("-")[0]
+            if split.isdigit():  # 0000.parquet: the folder names the split
+                split = os.path.basename(folder)
             out.setdefault(split, []).append(os.path.join(folder, name))
     return out
 

@@ -85,10 +85,13 @@ def test_a_parquet_directory_in_the_hub_layout_and_by_id_from_the_cache(tmp_path
         tables.hf_split_files("org/other")
 
 
-def test_folders_named_by_split(tmp_path):
+def test_folders_named_by_split_and_files_named_by_split(tmp_path):
     _parquet(tmp_path / "d" / "default" / "train" / "0000.parquet", ROWS)
     _parquet(tmp_path / "d" / "default" / "test" / "0000.parquet", ROWS)
     assert set(tables.hf_split_files(str(tmp_path / "d"))) == {"train", "test"}
+    _parquet(tmp_path / "g" / "main" / "train-00000-of-00001.parquet", ROWS)
+    _parquet(tmp_path / "g" / "main" / "test-00000-of-00001.parquet", ROWS)
+    assert set(tables.hf_split_files(str(tmp_path / "g"))) == {"train", "test"}
 
 
 def test_bad_tables_are_named(tmp_path):
