@@ -413,14 +413,9 @@ def prepare_prompts(
         raise ValueError(f"prompt_length must be positive, got {prompt_length}.")
     shard_index, shard_count = resolve_shard(shard_index, shard_count)
     records = read_shard(source, shard_index, shard_count)
+    template = (chat_template, chat_template_kwargs)
     texts, ids = _encode_prompts(
-        records,
-        tokenizer,
-        question_key,
-        system_prompt,
-        instruction,
-        chat_template,
-        chat_template_kwargs,
+        records, tokenizer, question_key, system_prompt, instruction, *template
     )
     example_ids = [_field(r, id_key) for r in records]
     lengths = np.asarray([len(x) for x in ids], np.int64)
@@ -496,14 +491,9 @@ def prepare_sft(
         raise ValueError(f"end_token {end_token!r} is not in the tokenizer's vocabulary.")
     shard_index, shard_count = resolve_shard(shard_index, shard_count)
     records = read_shard(source, shard_index, shard_count)
+    template = (chat_template, chat_template_kwargs)
     texts, prompt_ids = _encode_prompts(
-        records,
-        tokenizer,
-        question_key,
-        system_prompt,
-        instruction,
-        chat_template,
-        chat_template_kwargs,
+        records, tokenizer, question_key, system_prompt, instruction, *template
     )
     targets = [target_template.format(answer=_field(r, answer_key)) for r in records]
     target_ids = tokenizer(targets, add_special_tokens=False)["input_ids"] if targets else []
