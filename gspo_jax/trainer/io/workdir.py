@@ -76,6 +76,9 @@ FREE_ON_RESUME = (
     "max_all_skipped_steps",  # when to give up on a run whose every update is skipped
     "data.data_dir",  # the prepared data's content is checked by the iterator's fingerprint
     "data.manual_dir",  # and by the manual files' digests (data/build.py)
+    "data.download",  # where a Hub dataset may come from, not what it holds
+    "warm_start.cache",  # whether a warm start is reused: a resume runs none
+    "warm_start.cache_dir",
     "mesh.",  # same math; float sums may round differently on another mesh
     "model.remat",  # kernels and memory only: the same math (float rounding aside)
     "model.moe_impl",
