@@ -4,7 +4,8 @@ key is the same (another algorithm, another workdir), with one line saying so.
 The key is a digest of what determines the warm-started weights (`key_of`): every
 `model.*` field and, for a checkpoint (`model.hf_path`, `model.tokenizer_path`), its files'
 names, sizes and modification times; every `data.*` field that shapes the training prompts
-and, for your files (jsonl / parquet / hf) or GSM8K's, a digest of their contents; every
+and, for your files (jsonl / parquet / hf) or GSM8K's, a digest of their contents (not
+their paths); every
 `warm_start.*` field; `seed`, `prompt_length`, `response_length`, `logprob_chunk_size`;
 with a target accuracy, the reward that grades its checks; and the jax version. A change in
 any of them is another key, so a stale warm start is never reused; `key.json` beside the
@@ -43,6 +44,12 @@ _NOT_KEY = {  # where files live or what may download: never the weights
     "data.eval_split",
     "warm_start.cache",
     "warm_start.cache_dir",
+    # Your files' and GSM8K's contents are in the key (`data_identity`), not their paths:
+    # gspo_jax.train writes a dataset under each workdir, and its runs share one warm start.
+    "data.train_path",
+    "data.test_path",
+    "data.hf_path",
+    "data.manual_dir",
 }
 
 

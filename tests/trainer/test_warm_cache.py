@@ -27,6 +27,7 @@ def _key(c, identity=None):
         ("num_steps", 9, True),
         ("data.data_dir", "/elsewhere", True),
         ("warm_start.cache_dir", "/elsewhere", True),
+        ("data.train_path", "/a/copy/of/train.jsonl", True),  # the contents are the key
         ("seed", 7, False),
         ("warm_start.learning_rate", 5e-4, False),
         ("warm_start.steps", 4, False),
