@@ -122,6 +122,7 @@ def load(cached: Entry | None, abstract_params, shardings):
     result_path = os.path.join(cached.path, "result.json")
     if sharding_lib.host_max(int(not os.path.isfile(result_path))):
         return None
+    error = None
     try:
         with open(result_path, encoding="utf-8") as f:
             result = WarmStartResult(**json.load(f))
@@ -129,11 +130,12 @@ def load(cached: Entry | None, abstract_params, shardings):
             os.path.join(cached.path, "params"), abstract_params, shardings
         )
     except Exception as e:  # noqa: BLE001 - a damaged cache entry is retrained, not fatal
+        error = f"{type(e).__name__}: {e}"
+    if sharding_lib.host_max(int(error is not None)):  # every process trains, or none
         log.warning(
-            "warm start: the cached one in %s cannot be read (%s: %s); training it anew",
+            "warm start: the cached one in %s cannot be read (%s); training it anew",
             cached.path,
-            type(e).__name__,
-            e,
+            error or "on another process",
         )
         return None
     result = dataclasses.replace(result, checks=tuple(tuple(c) for c in result.checks))
