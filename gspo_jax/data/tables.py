@@ -10,8 +10,9 @@
   `<split>.parquet` anywhere under it (`main/test-00000-of-00001.parquet`), or numbered
   files inside a folder named `<split>` (`default/train/0000.parquet`);
 - a Hub id (`org/name`, `org/name@revision`) whose snapshot is in the Hugging Face cache
-  (`HF_HUB_CACHE`, else `HF_HOME/hub`): nothing is downloaded unless `data.download=true`;
-  a missing one is an error naming the id, the cache and the command that fetches it.
+  (`HF_HUB_CACHE`, else `HF_HOME/hub`), and a folder of it to read alone (a subset:
+  `openai/gsm8k/main`): nothing is downloaded unless `data.download=true`; a missing one
+  is an error naming the id, the cache and the command that fetches it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import os
 import re
 from collections.abc import Iterable
 
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
+# org/name[/subset folder...][@revision]
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(/[\w.-]+)*(@[\w./-]+)?$")
 _PATTERNS = ("*.parquet", "*.arrow", "*.json")
 
 
@@ -104,10 +106,12 @@ def _snapshot(path: str, download: bool) -> str:
 
     from gspo_jax.models.hub import cache_dir
 
-    repo_id, _, revision = path.partition("@")
+    name, _, revision = path.partition("@")
+    parts = name.split("/")
+    repo_id, subset = "/".join(parts[:2]), parts[2:]
     cache = cache_dir()
     try:
-        return snapshot_download(
+        snapshot = snapshot_download(
             repo_id,
             repo_type="dataset",
             revision=revision or None,
@@ -123,3 +127,9 @@ def _snapshot(path: str, download: bool) -> str:
             f"{f' --revision {revision}' if revision else ''}` (or set data.download=true to "
             "let the run download it)"
         ) from None
+    folder = os.path.join(snapshot, *subset)
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(
+            f"data.hf_path={path!r}: {repo_id} has no folder {'/'.join(subset)}"
+        )
+    return folder

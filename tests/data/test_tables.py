@@ -79,6 +79,13 @@ def test_a_parquet_directory_in_the_hub_layout_and_by_id_from_the_cache(tmp_path
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     files = tables.hf_split_files("org/probs")
     assert [p.rsplit("/", 1)[1] for p in files["train"]] == ["train-00000-of-00001.parquet"]
+    # A subset: one folder of the snapshot read alone (openai/gsm8k/main).
+    _parquet(snapshot / "other" / "train-00000-of-00001.parquet", ROWS[:2])
+    assert len(tables.hf_split_files("org/probs")["train"]) == 2
+    alone = tables.hf_split_files("org/probs/other")
+    assert [p.rsplit("/", 2)[1] for p in alone["train"]] == ["other"]
+    with pytest.raises(FileNotFoundError, match=r"org/probs has no folder nope"):
+        tables.hf_split_files("org/probs/nope")
     with pytest.raises(
         FileNotFoundError, match=r"org/other.*holds no snapshot.*--repo-type dataset org/other"
     ):
