@@ -143,18 +143,21 @@ def test_other_errors_pass_unchanged(tmp_path):
         raise ValueError("not a disk error")
 
 
-def test_the_run_prints_it_as_its_one_line(capsys, monkeypatch):
-    import types
+def test_the_run_prints_it_as_its_one_line():
+    """main's report of it (in a process of its own: gspo_jax.main defines absl flags)."""
+    import subprocess
+    import sys
 
-    from gspo_jax import main
-
-    monkeypatch.setattr(main, "_DEBUG", types.SimpleNamespace(value=False))
-    monkeypatch.setattr(main, "_WORKDIR", types.SimpleNamespace(value=None))
-
-    error = disk.DiskWriteError(errno.ENOSPC, "/w/summary.json: not written (...): lost; kept")
-    assert main._report(error) == 1
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.startswith("gspo_jax:")]
-    assert len(lines) == 1, err
+    code = (
+        "import sys; from absl import flags; from gspo_jax import main; "
+        "from gspo_jax.trainer.io import disk; flags.FLAGS(['main']); "
+        "sys.exit(main._report(disk.DiskWriteError(28, '/w/summary.json: not written (...): "
+        "lost; kept')))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("gspo_jax:")]
+    assert proc.returncode == 1 and len(lines) == 1, proc.stderr
     assert lines[0].startswith("gspo_jax: error: /w/summary.json: not written (...): lost; kept")
-    assert "Traceback" not in err
+    assert "Traceback" not in proc.stderr
