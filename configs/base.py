@@ -230,7 +230,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # ------------------------------------------------------------------------------------
     c.data = ml_collections.ConfigDict()
     c.data.name = "arithmetic"  # "arithmetic" (synthetic, generated locally) | "gsm8k"
-    # (manual_dir) | "scratchpad" | "jsonl" (your files: train_path, test_path)
+    # (manual_dir) | "scratchpad" | "jsonl" / "parquet" (your files: train_path, test_path)
+    # | "hf" (a Hugging Face dataset: hf_path)
     c.data.config_name = "add3"  # builder config of the dataset ("" for none, e.g. gsm8k)
     c.data.data_dir = _placeholder(str)  # where TFDS writes the prepared dataset
     c.data.manual_dir = _placeholder(str)  # GSM8K: the directory with train.jsonl / test.jsonl
@@ -239,9 +240,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.data.test_path = _placeholder(str)  # the held-out split's JSONL file
     c.data.prompt_key = "prompt"  # the field asked as the question
     c.data.answer_key = "answer"  # the field the reward compares with (the reference)
+    # data.name="hf": a `datasets` save_to_disk directory, a directory of Parquet files, or a
+    # Hub id in the Hugging Face cache (gspo_jax/data/tables.py); splits: train/eval_split
+    c.data.hf_path = _placeholder(str)
+    c.data.download = False  # let a Hub dataset missing from the cache be downloaded (opt-in)
     c.data.train_split = "train"
     c.data.eval_split = "test"
     c.data.system_prompt = _placeholder(str)  # optional system message of the chat template
+    c.data.chat_template = "tokenizer"  # "tokenizer" (its own template) | "none" (plain
+    # text, for base models) | a Jinja chat template or the path of a .jinja file
+    c.data.enable_thinking = _placeholder(bool)  # Qwen3's switch, passed to the template
+    # (None: the template's default)
     c.data.instruction = _placeholder(str)  # appended to every question; None: the dataset
     # pipeline's default ("Give the final answer after ####."), "" for none
     c.data.overlong = "error"  # prompts longer than prompt_length: "error" (start-up error
@@ -266,6 +275,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.warm_start = ml_collections.ConfigDict()
     c.warm_start.steps = 0  # SFT steps before RL (0: off)
     c.warm_start.on_checkpoint = False  # also train model.hf_path's weights (else: scratch only)
+    c.warm_start.cache = True  # reuse the warm start of an earlier run with the same model,
+    # data, warm_start.* and seed (trainer/warm_cache.py); False: train it anew
+    c.warm_start.cache_dir = _placeholder(str)  # None: warm_start_cache beside the workdir
     c.warm_start.batch_size = 64
     c.warm_start.learning_rate = 1e-3
     c.warm_start.teacher_error_rate = 0.0  # fraction of carrying additions the warm-start

@@ -1,6 +1,8 @@
 """Every number of the config in its legal range, one line naming the field: learning
 rates, clip ranges, coefficients, counts, the warm start's schedule."""
 
+import os
+
 from gspo_jax import models
 from gspo_jax import sharding as sharding_lib
 from gspo_jax.config.errors import ConfigError, _bool, _choice, _int, _number, _positive_int
@@ -10,6 +12,10 @@ def _warm_start_ranges(config) -> None:
     """warm_start.*: counts, rates and the target-accuracy stop."""
     _int(config, "warm_start.steps", minimum=0)
     _bool(config, "warm_start.on_checkpoint")
+    _bool(config, "warm_start.cache")
+    folder = config.warm_start.cache_dir
+    if folder and os.path.exists(folder) and not os.path.isdir(folder):
+        raise ConfigError(f"config.warm_start.cache_dir={folder!r} is a file, not a directory")
     _positive_int(config, "warm_start.batch_size")
     _number(config, "warm_start.learning_rate", low=0.0, low_open=True)
     _number(config, "warm_start.teacher_error_rate", low=0.0, high=1.0)

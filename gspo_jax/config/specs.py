@@ -260,9 +260,15 @@ class PromptSpec:
     system_prompt: str | None
     instruction: str | None
     overlong: str
+    # data/templates.py: None (the tokenizer's own), "none" (plain text), or Jinja text
+    chat_template: str | None = None
+    enable_thinking: bool | None = None  # passed to the template; None: its default
 
     def kwargs(self) -> dict:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        thinking = out.pop("enable_thinking")
+        out["chat_template_kwargs"] = None if thinking is None else {"enable_thinking": thinking}
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -447,6 +453,8 @@ def _prompt_spec(c, reference_key: str) -> PromptSpec:
         system_prompt=c.data.system_prompt,
         instruction=instruction or None,
         overlong=c.data.overlong,
+        chat_template=data.resolve_chat_template(c.data.chat_template),
+        enable_thinking=c.data.enable_thinking,
     )
 
 

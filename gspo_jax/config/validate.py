@@ -55,6 +55,7 @@ from gspo_jax.config.specs import (
 )
 from gspo_jax.data.build import DATASETS
 from gspo_jax.data.pipeline import OVERLONG_POLICIES
+from gspo_jax.data.templates import check_chat_template
 from gspo_jax.models.config import (
     ARCHS,
     ATTENTION_IMPLS,
@@ -394,8 +395,14 @@ def _check_data(config) -> None:
             "configs; set it to ''"
         )
     _choice("data.overlong", d.overlong, OVERLONG_POLICIES)
-    if d.name == "jsonl":
-        _check_jsonl(d)
+    if d.name in ("jsonl", "parquet"):
+        _check_files(d)
+    if d.name == "hf":
+        _check_hf(d)
+    try:
+        check_chat_template(d.chat_template)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     base = d.train_split.split("[", 1)[0]
     if d.train_split == d.eval_split:
         _warn(
@@ -422,14 +429,31 @@ def _check_data(config) -> None:
             raise ConfigError(f"config.data.manual_dir={d.manual_dir!r}: {e}") from None
 
 
-def _check_jsonl(d) -> None:
-    """data.name="jsonl": both files exist, the keys are names."""
+def _check_files(d) -> None:
+    """data.name="jsonl" / "parquet": both files exist, the keys are names."""
+    kind = "a JSONL file" if d.name == "jsonl" else "a Parquet file"
     for field in ("train_path", "test_path"):
         path = d.get(field)
         if not path:
-            raise ConfigError(f'config.data.name="jsonl" needs config.data.{field}: a JSONL file')
+            raise ConfigError(f'config.data.name="{d.name}" needs config.data.{field}: {kind}')
         if not os.path.isfile(path):
             raise ConfigError(f"config.data.{field}={path!r}: no such file")
+        if d.name == "parquet" and not path.endswith(".parquet"):
+            raise ConfigError(f"config.data.{field}={path!r}: {kind} ends in .parquet")
+    _check_keys(d)
+
+
+def _check_hf(d) -> None:
+    """data.name="hf": a path or Hub id is given (what it holds is read at start-up)."""
+    if not d.hf_path:
+        raise ConfigError(
+            'config.data.name="hf" needs config.data.hf_path: a `datasets` save_to_disk '
+            "directory, a directory of Parquet files, or a Hub id (org/name)"
+        )
+    _check_keys(d)
+
+
+def _check_keys(d) -> None:
     for field in ("prompt_key", "answer_key"):
         if not isinstance(d.get(field), str) or not d.get(field):
             raise ConfigError(f"config.data.{field}={d.get(field)!r} must be a non-empty key name")

@@ -13,6 +13,7 @@ from gspo_jax.data.arithmetic import (
 )
 from gspo_jax.data.build import (
     DATASETS,
+    FILE_DATASETS,
     DatasetSpec,
     build_dataset,
     get_builder,
@@ -20,7 +21,7 @@ from gspo_jax.data.build import (
     register_dataset,
 )
 from gspo_jax.data.gsm8k import Gsm8kLocal, check_gsm8k_manual_dir, read_gsm8k_jsonl
-from gspo_jax.data.jsonl import JsonlConfig, JsonlLocal, jsonl_config
+from gspo_jax.data.jsonl import JsonlConfig, JsonlLocal, files_config, hf_config, jsonl_config
 from gspo_jax.data.pipeline import (
     ANSWER_PREFIX,
     DEFAULT_INSTRUCTION,
@@ -46,6 +47,7 @@ from gspo_jax.data.scratchpad import (
     worked_solution,
 )
 from gspo_jax.data.teacher import NoisyTeacher, drop_carry_sum, needs_carry
+from gspo_jax.data.templates import TEMPLATE_NAMES, check_chat_template, resolve_chat_template
 from gspo_jax.data.tokenizer import (
     CHAT_TEMPLATE,
     IM_END,
@@ -65,12 +67,14 @@ __all__ = [
     "DATASETS",
     "DEFAULT_INSTRUCTION",
     "DEFAULT_TARGET_TEMPLATE",
+    "FILE_DATASETS",
     "IM_END",
     "IM_START",
     "OVERLONG_POLICIES",
     "PAD_TOKEN",
     "SCRATCHPAD_CONFIGS",
     "SPECIAL_TOKENS",
+    "TEMPLATE_NAMES",
     "UNK_TOKEN",
     "ArithmeticConfig",
     "BatchIterator",
@@ -85,13 +89,16 @@ __all__ = [
     "SyntheticScratchpad",
     "build_dataset",
     "build_messages",
+    "check_chat_template",
     "check_gsm8k_manual_dir",
     "decode_record",
     "drop_carry_sum",
+    "files_config",
     "format_answer",
     "generate_problems",
     "get_builder",
     "get_spec",
+    "hf_config",
     "jsonl_config",
     "load_tokenizer",
     "make_char_tokenizer",
@@ -104,6 +111,7 @@ __all__ = [
     "read_shard",
     "register_dataset",
     "render_prompt",
+    "resolve_chat_template",
     "resolve_shard",
     "stop_token_ids",
     "worked_solution",

@@ -106,16 +106,20 @@ register_dataset(
 )
 
 
-register_dataset(
-    "jsonl",  # your own files: data.train_path / test_path, data.prompt_key / answer_key
-    DatasetSpec(
-        builder=JsonlLocal,
-        reference_key="answer",
-        answer_key="answer",
-        target_template="{answer}",
-        check_manual_dir=None,
-    ),
-)
+# Your own files: data.train_path / test_path ("jsonl", "parquet") or data.hf_path ("hf"),
+# data.prompt_key / answer_key; one builder (data/jsonl.py) reads them all.
+for _name in ("jsonl", "parquet", "hf"):
+    register_dataset(
+        _name,
+        DatasetSpec(
+            builder=JsonlLocal,
+            reference_key="answer",
+            answer_key="answer",
+            target_template="{answer}",
+            check_manual_dir=None,
+        ),
+    )
+FILE_DATASETS = ("jsonl", "parquet", "hf")
 
 
 def get_spec(name: str) -> DatasetSpec:
@@ -237,7 +241,7 @@ def _slice(builder, name: str, split: str):
         raise ValueError(f"Dataset {name!r}: split {split!r} is not a valid slice: {e}") from e
 
 
-def _manual_digests(manual_dir, files: Sequence[str]) -> dict[str, str]:
+def manual_digests(manual_dir, files: Sequence[str]) -> dict[str, str]:
     out = {}
     for name in files:
         digest = hashlib.sha256()
@@ -251,7 +255,7 @@ def _manual_digests(manual_dir, files: Sequence[str]) -> dict[str, str]:
 def _write_manual_record(data_path, manual_dir, files: Sequence[str]) -> None:
     record = {
         "manual_dir": os.path.abspath(os.fspath(manual_dir)),
-        "sha256": _manual_digests(manual_dir, files),
+        "sha256": manual_digests(manual_dir, files),
     }
     with open(os.path.join(os.fspath(data_path), MANUAL_RECORD), "w") as f:
         json.dump(record, f, indent=2)
@@ -269,7 +273,7 @@ def _check_manual_record(name: str, data_path, manual_dir, files: Sequence[str])
         )
         return
     record = jsonio.read_json(path, what="the record of the files the data were built from")
-    now = _manual_digests(manual_dir, files)
+    now = manual_digests(manual_dir, files)
     differ = [f for f in files if record["sha256"].get(f) != now[f]]
     if differ:
         raise ValueError(

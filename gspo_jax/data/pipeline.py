@@ -54,9 +54,13 @@ import numpy as np
 import transformers
 from absl import logging
 
+from gspo_jax.data.templates import (  # noqa: F401 (build_messages: the module's names of old)
+    DEFAULT_INSTRUCTION,
+    build_messages,
+    render_prompt,
+)
 from gspo_jax.data.tokenizer import IM_END
 
-DEFAULT_INSTRUCTION = "Give the final answer after ####."
 ANSWER_PREFIX = "#### "
 DEFAULT_TARGET_TEMPLATE = ANSWER_PREFIX + "{answer}"
 OVERLONG_POLICIES = ("error", "drop")
@@ -72,42 +76,6 @@ _READ_CHUNK = 1024
 def format_answer(answer: str) -> str:
     """The synthetic task's answer text: ``"#### <answer>"`` (the end token is added apart)."""
     return f"{ANSWER_PREFIX}{answer}"
-
-
-def build_messages(
-    question: str,
-    *,
-    system_prompt: str | None = None,
-    instruction: str | None = DEFAULT_INSTRUCTION,
-) -> list[dict[str, str]]:
-    """Chat messages of one prompt: optional system turn, then ``question\\ninstruction``."""
-    content = f"{question}\n{instruction}" if instruction else question
-    messages = [{"role": "user", "content": content}]
-    if system_prompt:
-        messages.insert(0, {"role": "system", "content": system_prompt})
-    return messages
-
-
-def render_prompt(
-    tokenizer: transformers.PreTrainedTokenizerBase,
-    question: str,
-    *,
-    system_prompt: str | None = None,
-    instruction: str | None = DEFAULT_INSTRUCTION,
-    chat_template_kwargs: Mapping[str, Any] | None = None,
-) -> str:
-    """The templated prompt text, ending with the opened assistant turn."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(
-            f"Tokenizer {type(tokenizer).__name__} has no chat_template; the prompt pipeline "
-            "needs one (make_char_tokenizer sets it; Qwen tokenizers ship one)."
-        )
-    return tokenizer.apply_chat_template(
-        build_messages(question, system_prompt=system_prompt, instruction=instruction),
-        tokenize=False,
-        add_generation_prompt=True,
-        **(chat_template_kwargs or {}),
-    )
 
 
 def decode_record(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -190,7 +158,7 @@ def _fingerprint(arrays: Mapping[str, np.ndarray]) -> str:
     for key in sorted(arrays):
         value = arrays[key]
         digest.update(key.encode())
-        if value.dtype.kind == "U":
+        if value.dtype.kind in "UO":
             digest.update("\x00".join(value.tolist()).encode("utf-8"))
         else:
             digest.update(np.ascontiguousarray(value).tobytes())
@@ -392,6 +360,7 @@ def _encode_prompts(
     question_key: str,
     system_prompt: str | None,
     instruction: str | None,
+    chat_template: str | None,
     chat_template_kwargs: Mapping[str, Any] | None,
 ) -> tuple[list[str], list[list[int]]]:
     texts = [
@@ -400,6 +369,7 @@ def _encode_prompts(
             _field(r, question_key),
             system_prompt=system_prompt,
             instruction=instruction,
+            chat_template=chat_template,
             chat_template_kwargs=chat_template_kwargs,
         )
         for r in records
@@ -423,6 +393,7 @@ def prepare_prompts(
     id_key: str = "id",
     system_prompt: str | None = None,
     instruction: str | None = DEFAULT_INSTRUCTION,
+    chat_template: str | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
     overlong: str = "error",
     shard_index: int | None = None,
@@ -433,14 +404,18 @@ def prepare_prompts(
     Batch fields (N rows): ``prompt_tokens`` int32 [N, P], ``prompt_mask`` int32 [N, P] (1 =
     real token, left padded), ``prompt_text`` str [N] (the templated text), ``question`` str
     [N], ``reference`` str [N] (``record[reference_key]``: "answer" for the synthetic task,
-    "final_answer" for GSM8K), ``example_id`` str [N], ``valid`` int32 [N].
+    "final_answer" for GSM8K), ``example_id`` str [N], ``valid`` int32 [N]; and where the
+    records carry their own fields (``record["example"]``: a JSONL line or a table row, as
+    JSON text; `data.name="jsonl"`, `"parquet"`, `"hf"`) ``example`` object [N] of that
+    text, which rewards that ask for it get as a dict (rollout/scoring.py).
     """
     if prompt_length < 1:
         raise ValueError(f"prompt_length must be positive, got {prompt_length}.")
     shard_index, shard_count = resolve_shard(shard_index, shard_count)
     records = read_shard(source, shard_index, shard_count)
+    template = (chat_template, chat_template_kwargs)
     texts, ids = _encode_prompts(
-        records, tokenizer, question_key, system_prompt, instruction, chat_template_kwargs
+        records, tokenizer, question_key, system_prompt, instruction, *template
     )
     example_ids = [_field(r, id_key) for r in records]
     lengths = np.asarray([len(x) for x in ids], np.int64)
@@ -461,6 +436,8 @@ def prepare_prompts(
         "reference": _strings([_field(records[e], reference_key) for e in keep]),
         "example_id": _strings([example_ids[e] for e in keep]),
     }
+    if records and "example" in records[0]:  # the record's own fields, as JSON text
+        arrays["example"] = np.asarray([records[e]["example"] for e in keep] or [], dtype=object)
     return PreparedData(
         kind="prompt",
         arrays=arrays,
@@ -486,6 +463,7 @@ def prepare_sft(
     end_token: str = IM_END,
     system_prompt: str | None = None,
     instruction: str | None = DEFAULT_INSTRUCTION,
+    chat_template: str | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
     overlong: str = "error",
     shard_index: int | None = None,
@@ -513,8 +491,9 @@ def prepare_sft(
         raise ValueError(f"end_token {end_token!r} is not in the tokenizer's vocabulary.")
     shard_index, shard_count = resolve_shard(shard_index, shard_count)
     records = read_shard(source, shard_index, shard_count)
+    template = (chat_template, chat_template_kwargs)
     texts, prompt_ids = _encode_prompts(
-        records, tokenizer, question_key, system_prompt, instruction, chat_template_kwargs
+        records, tokenizer, question_key, system_prompt, instruction, *template
     )
     targets = [target_template.format(answer=_field(r, answer_key)) for r in records]
     target_ids = tokenizer(targets, add_special_tokens=False)["input_ids"] if targets else []

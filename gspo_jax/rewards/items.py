@@ -1,6 +1,6 @@
 """One verifier call judged: the reward-handling rule (docs/architecture.md).
 
-`evaluate_item(reward, prompt, completion, reference)` runs a verifier and returns
+`evaluate_item(reward, prompt, completion, reference, example)` runs a verifier and returns
 (status, total, per-term values, message); it never raises an Exception. An item whose
 verifier raises, returns a value that is not a real number (`numbers.Real`:
 bool/int/float/Fraction/NumPy scalars; a string such as "1.0" is *not* parsed), or
@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import numbers
 
-from gspo_jax.rewards.registry import Reward, RewardFn
+from gspo_jax.rewards.registry import Reward, RewardFn, call_reward, takes_example
 
 STATUS_OK = 0
 STATUS_ERROR = 1
@@ -77,9 +77,14 @@ def _truncate(message: str) -> str:
 
 
 def evaluate_item(
-    reward: Reward | RewardFn, prompt: str, completion: str, reference: str
+    reward: Reward | RewardFn,
+    prompt: str,
+    completion: str,
+    reference: str,
+    example: dict | None = None,
 ) -> tuple[int, float, tuple[float, ...], str | None]:
     """Runs one item: (status, total, per-term values, message); never raises an Exception.
+    `example`: the row's fields, for the terms that ask for them (registry.takes_example).
 
     total = sum_k w_k * v_k over the terms of a `Reward` (v for a plain callable); each
     v_k must pass `check_value`, and so must the total (weights can overflow it).
@@ -88,9 +93,10 @@ def evaluate_item(
     zeros = (0.0,) * num_terms
     try:
         if isinstance(reward, Reward):
-            raw = reward.term_values(prompt, completion, reference)
+            raw = reward.term_values(prompt, completion, reference, example)
         else:
-            raw = (reward(prompt, completion, reference),)
+            wants = takes_example(reward)
+            raw = (call_reward(reward, prompt, completion, reference, example, wants),)
     except PROCESS_STOPS:
         raise
     except (Exception, SystemExit, KeyboardInterrupt) as e:  # noqa: BLE001 - a verifier failure is data

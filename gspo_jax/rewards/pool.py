@@ -128,8 +128,10 @@ def _serve(conn) -> None:
                 conn.send(("setup_error", f"{type(e).__name__}: {e}"))
                 continue
         reward = rewards[key]
-        for index, prompt, completion, reference in items:
-            status, total, values, text = evaluate_item(reward, prompt, completion, reference)
+        for index, prompt, completion, reference, *example in items:  # example: 0 or 1
+            status, total, values, text = evaluate_item(
+                reward, prompt, completion, reference, *example
+            )
             conn.send(("result", index, status, total, values, text))
 
 
@@ -275,9 +277,12 @@ class RewardPool:
         references: Sequence[str],
         *,
         timeout_s: float | None,
+        examples: Sequence[dict | None] | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[int, str], int]:
         """Scores B items: (status_B int8, totals_B float64, values_BK float64,
-        messages {index: text}, number of workers replaced in this batch)."""
+        messages {index: text}, number of workers replaced in this batch). `examples`: each
+        item's fields for the terms that ask for them (None: none)."""
+        examples = [None] * len(prompts) if examples is None else examples
         if "__main__" in reward.modules:
             raise ValueError(
                 f"reward {reward.spec!r} is registered in __main__, which worker processes "
@@ -291,7 +296,8 @@ class RewardPool:
             try:
                 while len(self._workers) < self.num_workers:
                     self._workers.append(_Worker())
-                outputs = self._score(reward, prompts, completions, references, timeout_s)
+                items = (prompts, completions, references, examples)
+                outputs = self._score(reward, items, timeout_s)
             except BaseException:
                 # Interrupted or misconfigured mid-batch: workers may still hold stale
                 # items, so none of them is reused (new ones start on the next batch).
@@ -299,10 +305,10 @@ class RewardPool:
                 raise
             return (*outputs, self.num_restarts - restarts_before)
 
-    def _score(self, reward, prompts, completions, references, timeout_s):
-        batch = _Batch(len(prompts), len(reward.names))
+    def _score(self, reward, items, timeout_s):
+        batch = _Batch(len(items[0]), len(reward.names))
         while batch.remaining:
-            self._dispatch(batch, reward, prompts, completions, references)
+            self._dispatch(batch, reward, items)
             watched = [w for w in self._workers if w.state in ("busy", "booting")]
             # Unscored items are queued (and idle workers were just given some) or
             # pending on a busy worker, so something is always being watched.
@@ -323,15 +329,16 @@ class RewardPool:
                     )
         return batch.status_B, batch.totals_B, batch.values_BK, batch.messages
 
-    def _dispatch(self, batch, reward, prompts, completions, references) -> None:
-        """Give every idle worker a chunk of the queue (chunks shrink as it empties)."""
+    def _dispatch(self, batch, reward, items) -> None:
+        """Give every idle worker a chunk of the queue (chunks shrink as it empties);
+        `items` = (prompts, completions, references, examples)."""
         now = time.monotonic()
         for worker in self._workers:
             if worker.state == "idle" and batch.queue:
                 size = -(-len(batch.queue) // (2 * self.num_workers))
                 chunk = [batch.queue.popleft() for _ in range(min(MAX_CHUNK, size))]
-                items = [(i, prompts[i], completions[i], references[i]) for i in chunk]
-                worker.conn.send((reward.spec, reward.modules, items))
+                sent = [(i, *(column[i] for column in items)) for i in chunk]
+                worker.conn.send((reward.spec, reward.modules, sent))
                 worker.state, worker.last_event = "busy", now
                 worker.pending = collections.deque(chunk)
 

@@ -13,6 +13,16 @@ response text (detokenised, the end-of-sequence token's text already stripped) a
 `#### n`, or a bare answer). It should return a finite float; `score_batch` turns a
 raise, a non-numeric or non-finite value, or a hang into reward 0.0 and counts it.
 
+A reward that needs the example's other fields (a JSONL line's "difficulty", "tests",
+"metadata"; a table row's columns) asks for them with a keyword parameter `example`:
+
+    fn(prompt, completion, reference, *, example) -> float
+
+and gets the whole row as a dict (its prompt and answer included, under their own keys;
+`{}` for the built-in tasks, whose records carry no row). Whether a function asks is read
+from its signature once (`takes_example`: a parameter named `example`, or `**kwargs`), so
+the three-argument verifiers are called as they always were.
+
 Functions are registered with `@register_reward("name")` in an importable module.
 A `Reward` pickles by its spec string and the modules that registered its terms, so
 worker processes rebuild it through the registry instead of pickling code.
@@ -22,9 +32,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from gspo_jax.registry import Registry
 
@@ -52,6 +63,27 @@ def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
         return REWARDS.add(name, fn)
 
     return decorator
+
+
+def takes_example(fn: Callable) -> bool:
+    """Whether `fn` asks for the example's fields: a parameter `example` (not positional
+    only) or `**kwargs`."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable without a signature
+        return False
+    return any(
+        p.kind is p.VAR_KEYWORD
+        or (p.name == "example" and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
+        for p in parameters
+    )
+
+
+def call_reward(fn: Callable, prompt, completion, reference, example, wants: bool):
+    """`fn(prompt, completion, reference)`, with `example=` (a dict) when it `wants` it."""
+    if not wants:
+        return fn(prompt, completion, reference)
+    return fn(prompt, completion, reference, example=dict(example or {}))
 
 
 def list_rewards() -> list[str]:
@@ -91,15 +123,28 @@ class Reward:
     weights: tuple[float, ...]
     fns: tuple[RewardFn, ...] = dataclasses.field(repr=False, compare=False)
     modules: tuple[str, ...] = dataclasses.field(repr=False, compare=False)
+    # per term: whether its function asks for the example's fields (`takes_example`)
+    wants_example: tuple[bool, ...] = dataclasses.field(default=(), repr=False, compare=False)
 
-    def __call__(self, prompt: str, completion: str, reference: str) -> float:
-        return float(
-            sum(w * fn(prompt, completion, reference) for w, fn in zip(self.weights, self.fns))
-        )
+    @property
+    def takes_example(self) -> bool:
+        """Whether any term asks for the example's fields (else none are sent to workers)."""
+        return any(self.wants_example)
 
-    def term_values(self, prompt: str, completion: str, reference: str) -> tuple[object, ...]:
+    def __call__(
+        self, prompt: str, completion: str, reference: str, example: Mapping | None = None
+    ) -> float:
+        values = self.term_values(prompt, completion, reference, example)
+        return float(sum(w * v for w, v in zip(self.weights, values)))
+
+    def term_values(
+        self, prompt: str, completion: str, reference: str, example: Mapping | None = None
+    ) -> tuple[object, ...]:
         """Each term's raw (unweighted, unchecked) return value, in spec order."""
-        return tuple(fn(prompt, completion, reference) for fn in self.fns)
+        return tuple(
+            call_reward(fn, prompt, completion, reference, example, wants)
+            for fn, wants in zip(self.fns, self.wants_example)
+        )
 
     def __reduce__(self):
         # Pickled by name: the receiving process imports the registering modules and
@@ -165,7 +210,8 @@ def build_reward(spec: str) -> Reward:
     fns = tuple(REWARDS[n] for n in names)
     modules = tuple(dict.fromkeys(getattr(fn, "__module__", "__main__") for fn in fns))
     canonical = ",".join(f"{n}:{w!r}" for n, w in zip(names, weights))
-    return Reward(canonical, tuple(names), tuple(weights), fns, modules)
+    wants = tuple(takes_example(fn) for fn in fns)
+    return Reward(canonical, tuple(names), tuple(weights), fns, modules, wants)
 
 
 def as_reward(reward_fn: str | Reward | RewardFn) -> Reward | None:

@@ -32,7 +32,7 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -107,6 +107,7 @@ def score_batch(
     num_workers: int | None = None,
     fail_value: float = 0.0,
     in_process_timeout_s: float | None = None,
+    examples: Sequence[Mapping] | None = None,
 ) -> tuple[np.ndarray, dict]:
     """Scores B completions: rewards_B (float32) and stats.
 
@@ -121,6 +122,9 @@ def score_batch(
     in_process_timeout_s: in-process mode only, a per-item limit enforced with SIGALRM when
       called from the main thread (Python code is interrupted between bytecodes; a verifier
       stuck inside one C call, e.g. a regex, is not); elsewhere no limit.
+    examples: per completion, the fields of the example it answers (a dict: a JSONL line,
+      a table row), passed to the reward terms that ask for them (`example=`,
+      registry.takes_example); None: `{}` for those terms.
 
     stats: num_items, num_ok, num_errors, num_timeouts, num_nonfinite, num_nonnumeric,
     num_failed, num_worker_restarts (ints); status_B (int8 codes STATUS_*), ok_B,
@@ -133,6 +137,7 @@ def score_batch(
     use_processes = _check_batch(
         prompts, completions, references, timeout_s, use_processes, fail_value
     )
+    examples = _check_examples(examples, num_items)
     reward = registry.as_reward(reward_fn)
     if reward is None and use_processes:
         raise TypeError(
@@ -144,13 +149,16 @@ def score_batch(
     if use_processes and num_items:
         if pool is None:
             pool = get_default_pool(num_workers)
+        if not reward.takes_example:  # nothing to send the workers
+            examples = [None] * num_items
         status_B, totals_B, values_BK, messages, restarts = pool.score(
-            reward, prompts, completions, references, timeout_s=timeout_s
+            reward, prompts, completions, references, timeout_s=timeout_s, examples=examples
         )
     else:
         target = reward if reward is not None else reward_fn
+        items = (prompts, completions, references, examples)
         status_B, totals_B, values_BK, messages = _score_in_process(
-            target, len(term_names), prompts, completions, references, in_process_timeout_s
+            target, len(term_names), items, in_process_timeout_s
         )
         restarts = 0
     stats = _stats(status_B, values_BK, term_names, messages, restarts)
@@ -187,10 +195,24 @@ def _check_batch(prompts, completions, references, timeout_s, use_processes, fai
     return use_processes
 
 
-def _score_in_process(target, num_terms, prompts, completions, references, timeout_s=None):
-    """(status [B], totals [B], per-term values [B, K], messages) scored in this process."""
+def _check_examples(examples, num_items: int) -> list:
+    """`examples` as a list of B dicts or Nones (None: B Nones)."""
+    if examples is None:
+        return [None] * num_items
+    examples = list(examples)
+    if len(examples) != num_items:
+        raise ValueError(f"examples has {len(examples)} items but completions has {num_items}")
+    for i, example in enumerate(examples):
+        if example is not None and not isinstance(example, Mapping):
+            raise TypeError(f"examples[{i}] must be a dict or None, got {type(example).__name__}")
+    return examples
+
+
+def _score_in_process(target, num_terms, items, timeout_s=None):
+    """(status [B], totals [B], per-term values [B, K], messages) scored in this process;
+    `items` = (prompts, completions, references, examples)."""
     with _ctrl_c_is_not_the_verifiers():
-        return _score_items(target, num_terms, prompts, completions, references, timeout_s)
+        return _score_items(target, num_terms, *items, timeout_s)
 
 
 class _ItemTimeout(BaseException):
@@ -239,7 +261,7 @@ def _ctrl_c_is_not_the_verifiers():
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def _score_items(target, num_terms, prompts, completions, references, timeout_s):
+def _score_items(target, num_terms, prompts, completions, references, examples, timeout_s):
     num_items = len(completions)
     status_B = np.zeros(num_items, np.int8)
     totals_B = np.zeros(num_items, np.float64)
@@ -251,7 +273,9 @@ def _score_items(target, num_terms, prompts, completions, references, timeout_s)
                 if arm is not None:
                     arm()
                 try:
-                    result = evaluate_item(target, prompts[i], completions[i], references[i])
+                    result = evaluate_item(
+                        target, prompts[i], completions[i], references[i], examples[i]
+                    )
                 finally:
                     if arm is not None:
                         signal.setitimer(signal.ITIMER_REAL, 0)

@@ -4,6 +4,8 @@ worker processes, with timeouts and the invalid-reward rule), the accuracy rewar
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from gspo_jax import sharding as sharding_lib
@@ -16,6 +18,15 @@ def decode_responses(tokenizer, tokens_BT: np.ndarray, mask_BT: np.ndarray) -> l
     """Response text per row: the valid tokens, special tokens (the end token) removed."""
     rows = [row[m > 0].tolist() for row, m in zip(np.asarray(tokens_BT), np.asarray(mask_BT))]
     return tokenizer.batch_decode(rows, skip_special_tokens=True)
+
+
+def examples_of(batch, repeat: int = 1) -> list[dict] | None:
+    """Each row's fields as a dict, repeated `repeat` times (G responses per prompt), from
+    a prompt batch's `example` texts (data/pipeline.py); None where the data carry none."""
+    if "example" not in batch:
+        return None
+    rows = [json.loads(text) for text in batch["example"]]
+    return [row for row in rows for _ in range(repeat)]
 
 
 class Scorer:
@@ -71,13 +82,23 @@ class Scorer:
             in_process_timeout_s=spec.in_process_timeout_s,
         )
 
-    def score(self, prompts, completions, references):
-        """(rewards [B] f32, valid [B] bool, stats): see score_responses."""
+    @property
+    def takes_example(self) -> bool:
+        """Whether a term of the reward asks for the example's fields."""
+        return bool(getattr(self.reward_fn, "takes_example", False))
+
+    def score(self, prompts, completions, references, examples=None):
+        """(rewards [B] f32, valid [B] bool, stats): see score_responses. `examples`: a
+        callable giving the B rows' fields (`examples_of`), called only when a term of the
+        reward asks for them, or the list itself."""
+        if callable(examples):
+            examples = examples() if self.takes_example else None
         rewards, valid, stats = score_responses(
             self.reward_fn,
             prompts,
             completions,
             references,
+            examples=examples,
             invalid_reward=self.invalid_reward,
             timeout_s=self.timeout_s,
             pool=self.pool,
@@ -104,6 +125,7 @@ def score_responses(
     timeout_s: float | None,
     pool=None,
     in_process_timeout_s: float | None = None,
+    examples=None,
 ):
     """Rewards [B] f32, validity [B] bool and the scoring stats.
 
@@ -118,6 +140,7 @@ def score_responses(
         timeout_s=timeout_s,
         pool=pool,
         in_process_timeout_s=in_process_timeout_s,
+        examples=examples,
     )
     ok_B = np.asarray(stats["ok_B"], bool)
     rewards_B = np.where(ok_B, rewards_B, 0.0).astype(np.float32)

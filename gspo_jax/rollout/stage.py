@@ -35,6 +35,7 @@ L = P + T.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -49,6 +50,7 @@ from gspo_jax.algorithm import advantages as advantages_lib
 from gspo_jax.algorithm import objectives, old_policy
 from gspo_jax.config.specs import AdvantageSpec, RolloutSpec
 from gspo_jax.models import lora
+from gspo_jax.rollout import scoring
 from gspo_jax.rollout.filtering import group_rows, overlong_penalty, select_groups, zero_std_groups
 from gspo_jax.rollout.scoring import Scorer, decode_responses, score_responses  # noqa: F401
 
@@ -408,10 +410,11 @@ class Rollouts:
         g = self.spec.group_size
         texts = np.repeat(prompts["prompt_text"], g)
         references = np.repeat(prompts["reference"], g)
-        rewards, valid, stats = self.reward.score(texts, completions, references)
+        examples = functools.partial(scoring.examples_of, prompts, g)  # read if asked for
+        rewards, valid, stats = self.reward.score(texts, completions, references, examples)
         if self.accuracy is None:
             return rewards, valid, rewards, stats
-        correct, _, _ = self.accuracy.score(texts, completions, references)
+        correct, _, _ = self.accuracy.score(texts, completions, references, examples)
         return rewards, valid, correct, stats
 
     def _metrics(self, rounds: list) -> dict:

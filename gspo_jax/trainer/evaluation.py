@@ -29,6 +29,7 @@ stream (fold_in(PRNGKey(seed), step), rollout/stage.py) is never touched, so res
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +40,7 @@ import numpy as np
 from gspo_jax import sharding as sharding_lib
 from gspo_jax.config.specs import EvalSpec
 from gspo_jax.rollout import stage as rollout
+from gspo_jax.rollout.scoring import examples_of
 
 # fold_in data of the evaluation's sampling stream: RL step 2**32 - 1 is never reached, so
 # it never coincides with a rollout's key fold_in(PRNGKey(seed), step).
@@ -171,7 +173,10 @@ def greedy_accuracy(
         t0 = time.perf_counter()
         out = sample_greedy(*prompts)
         completions, lengths = _responses(tokenizer, out)
-        correct, _, _ = accuracy.score(batch["prompt_text"], completions, batch["reference"])
+        examples = functools.partial(examples_of, batch)  # read if the reward asks
+        correct, _, _ = accuracy.score(
+            batch["prompt_text"], completions, batch["reference"], examples
+        )
         totals[:3] += [np.sum(correct * valid), np.sum(lengths * valid), valid.sum()]
         if per_problem is not None:
             index = call * per_call + np.asarray(rows)
@@ -196,7 +201,8 @@ def _sampled_sums(out, batch, valid, k, tokenizer, accuracy, answer_key) -> np.n
     completions, lengths = _responses(tokenizer, out)
     texts = np.repeat(batch["prompt_text"], k)
     references = np.repeat(batch["reference"], k)
-    scores, _, _ = accuracy.score(texts, completions, references)
+    examples = functools.partial(examples_of, batch, k)
+    scores, _, _ = accuracy.score(texts, completions, references, examples)
     scores_PK = np.asarray(scores, np.float64).reshape(-1, k)
     correct_P = np.sum(scores_PK > 0.5, axis=1)
     passes = np.stack([pass_at_k(k, correct_P, j) for j in range(1, k + 1)], axis=1)

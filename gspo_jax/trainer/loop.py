@@ -38,7 +38,7 @@ from gspo_jax import models
 from gspo_jax.models import lora
 from gspo_jax.rollout import filtering
 from gspo_jax.rollout.stage import Rollout
-from gspo_jax.trainer import memory, preemption
+from gspo_jax.trainer import memory, preemption, warm_cache
 from gspo_jax.trainer import state as state_lib
 from gspo_jax.trainer import warm_start as warm_start_lib
 from gspo_jax.trainer.io import checkpoint, profile, writers
@@ -423,7 +423,10 @@ def _base_params(trainer: Trainer, *, resume: bool) -> tuple[dict, str]:
     if lora_warm and resume:
         params = checkpoint.restore_params(base_dir, models.abstract_params(cfg), shardings)
         return params, origin + f" + warm start ({base_dir})"
-    if schedule.hf_path:
+    cached = warm and warm_cache.load(trainer.warm_cache, models.abstract_params(cfg), shardings)
+    if cached:
+        params, result = cached
+    elif schedule.hf_path:
         # Tensor by tensor, straight into its sharding: never whole on one device.
         _, params = models.load_pretrained(
             schedule.hf_path, dtype=schedule.param_dtype, shardings=shardings
@@ -433,9 +436,12 @@ def _base_params(trainer: Trainer, *, resume: bool) -> tuple[dict, str]:
     else:
         init = jax.jit(models.init_params, static_argnums=0, out_shardings=shardings)
         params = init(cfg, jax.random.PRNGKey(schedule.seed))
-    if warm:
+    if warm and not cached:
         params, result = warm_start(trainer, params)
+        warm_cache.store(trainer.warm_cache, params, result)
+    if warm:
         origin += f" + {result.describe()}"
+        origin += f" (cached: {trainer.warm_cache.path})" if cached else ""
         if lora_warm:
             checkpoint.save_params(base_dir, params)
     return params, origin

@@ -31,12 +31,14 @@ from gspo_jax import data, models, sampling
 from gspo_jax import sharding as sharding_lib
 from gspo_jax.config import specs
 from gspo_jax.config import validate as config_lib
+from gspo_jax.data.build import manual_digests
 from gspo_jax.rewards import RewardPool, voting
 from gspo_jax.rollout.stage import Rollouts, Scorer, make_advantage_fn
 from gspo_jax.train_step import StepConfig, batch_shardings, make_logprobs_fn, make_train_step
 from gspo_jax.train_step.optim import make_optimizer
 from gspo_jax.trainer import memory
 from gspo_jax.trainer import state as state_lib
+from gspo_jax.trainer import warm_cache as warm_cache_lib
 from gspo_jax.trainer.evaluation import Evaluator
 from gspo_jax.trainer.io import checkpoint, writers
 from gspo_jax.trainer.io import workdir as workdir_lib
@@ -72,6 +74,7 @@ class Trainer:
     writer: writers.MetricsWriter
     manager: ocp.CheckpointManager
     lock: workdir_lib.RunLock | None = None  # one run per workdir, until `close`
+    warm_cache: warm_cache_lib.Entry | None = None  # where the warm start is cached (None: off)
 
     @property
     def is_lead(self) -> bool:
@@ -192,7 +195,21 @@ def _setup_locked(c, workdir, mesh, checkpoint_dir, run_lock, allow_config_chang
             save_timeout_s=spec.loop.save_timeout_s,
         ),
         lock=run_lock,
+        warm_cache=_warm_cache(c, workdir, spec.warm_start.steps, data_spec),
     )
+
+
+def _warm_cache(c, workdir: str, steps: int, data_spec) -> warm_cache_lib.Entry | None:
+    """The warm start's cache entry (trainer/warm_cache.py); None without a warm start."""
+    if not steps:
+        return None
+    identity = None
+    if c.data.name in data.FILE_DATASETS:
+        identity = data_identity(c).name
+    elif data_spec.manual_files and c.data.manual_dir:
+        identity = manual_digests(c.data.manual_dir, data_spec.manual_files)
+    flat = workdir_lib.flat_config(c)
+    return warm_cache_lib.entry(c, workdir, flat, specs.checkpoint_dir(c), identity)
 
 
 def _writer(c, loop: specs.LoopSpec, workdir: str) -> writers.MetricsWriter:
@@ -281,13 +298,23 @@ def _tokenizer(c, workdir: str):
     )
 
 
+def data_identity(c):
+    """The builder config of your files (data.name "jsonl", "parquet", "hf"), named by a
+    digest of their contents and keys; None for the other datasets."""
+    d = c.data
+    if d.name == "hf":
+        return data.hf_config(d.hf_path, d.prompt_key, d.answer_key, download=d.download)
+    if d.name in data.FILE_DATASETS:
+        return data.jsonl_config(d.train_path, d.test_path, d.prompt_key, d.answer_key)
+    return None
+
+
 def _sources(c, workdir: str) -> dict:
     """{split: random-access source}; one process writes the dataset, the others read it."""
     tfds.disable_progress_bar()  # one progress bar per run is ours
     config_name = c.data.config_name or None
-    if c.data.name == "jsonl":  # one builder config per set of files and keys
-        d = c.data
-        config_name = data.jsonl_config(d.train_path, d.test_path, d.prompt_key, d.answer_key)
+    if c.data.name in data.FILE_DATASETS:  # one builder config per set of files and keys
+        config_name = data_identity(c)
     build = functools.partial(
         data.build_dataset,
         c.data.name,

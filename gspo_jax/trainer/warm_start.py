@@ -258,6 +258,8 @@ def demonstrations(source, tokenizer, spec: WarmStartSpec, prompt: PromptSpec, d
         target_template=data_spec.target_template,
         system_prompt=prompt.system_prompt,
         instruction=prompt.instruction,
+        chat_template=prompt.chat_template,
+        chat_template_kwargs=prompt.kwargs()["chat_template_kwargs"],
         overlong=prompt.overlong,
     )
 

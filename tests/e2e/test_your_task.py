@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import TINY_RUN, apply_flags
+from helpers import TINY_RUN, apply_flags, metrics_by_step
 
 from configs import default
 
@@ -50,3 +50,25 @@ def test_a_bad_dataset_or_reward_is_named(tmp_path):
         gspo_jax.train(
             default.get_config(), str(tmp_path), dataset={"train": [{}, "x"], "test": []}
         )
+
+
+def test_a_plain_function_reads_each_dicts_other_fields(tmp_path):
+    """`gspo_jax.train(reward_fns=[f], dataset=[...])` with `f(..., *, example)`: the
+    function, scored in-process, gets each dict's own fields (here a per-problem weight)."""
+    import gspo_jax
+
+    seen = []
+
+    def weighted(prompt, completion, reference, *, example):
+        seen.append(example["weight"])
+        return float(example["weight"])
+
+    config = default.get_config()
+    apply_flags(config, [f for f in TINY_RUN if not f.startswith("--config.num_steps")])
+    config.num_steps = 1
+    config.data.data_dir = str(tmp_path / "data")
+    problems = [{"prompt": f"{i} + 1 = ?", "answer": i + 1, "weight": 0.5} for i in range(40)]
+    gspo_jax.train(config, str(tmp_path / "run"), reward_fns=[weighted], dataset=problems)
+    assert seen and set(seen) == {0.5}
+    row = metrics_by_step(tmp_path / "run")[1]
+    assert row["reward/mean"] == 0.5 and row["reward/num_errors"] == 0

@@ -290,6 +290,7 @@ def test_the_warm_start_trains_a_loaded_checkpoint(trainer, tmp_path):
         state_shardings=trainer.state_shardings,
         workdir=str(tmp_path / "run"),
         is_lead=False,
+        warm_cache=None,  # trainer/warm_cache.py: off
     )
     trained, origin = loop._base_params(trainer, resume=False)
     assert origin == f"Hugging Face checkpoint {hf} + 2 supervised warm-start steps"

@@ -50,7 +50,6 @@ import dataclasses
 import logging
 import os
 import re
-import shutil
 import threading
 import time
 
@@ -62,7 +61,7 @@ import orbax.checkpoint as ocp
 from gspo_jax import models
 from gspo_jax import sharding as sharding_lib
 from gspo_jax.models import lora
-from gspo_jax.trainer.io import orbax_logs
+from gspo_jax.trainer.io import disk, orbax_logs
 from gspo_jax.trainer.state import RunState
 
 log = logging.getLogger(__name__)
@@ -492,40 +491,52 @@ def export_hf(model_config, tokenizer, params, path: str) -> str:
     """The policy as a Hugging Face checkpoint directory (safetensors + tokenizer) at `path`.
 
     Refuses params holding NaN or inf (a run must never leave a NaN model behind). Every
-    process takes part in gathering the (possibly multi-host) params; process 0 writes.
-    The export is written beside `path` (`path`.partial) and then takes its place, so `path`
-    holds exactly the files this export writes: another model's files left there
-    (pytorch_model.bin, vocab.json, ... which a loader may pick before ours) are removed
-    and named in a warning, and a crash mid-export leaves the previous export whole.
-    """
+    process gathers the params; process 0 writes (`_export_to`: a crash or a full disk
+    mid-export leaves the previous export whole)."""
     require_finite(params, f"the final policy (not exported to {path})")
     params = sharding_lib.gather_params(params)
+    path = os.path.normpath(path)
     if jax.process_index() == 0:
-        path = os.path.normpath(path)
-        partial = path + ".partial"
-        _remove(partial)  # a crashed export's leftovers
-        models.save_pretrained(model_config, params, partial)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(partial)
-        if os.path.isdir(path):
-            stale = sorted(set(os.listdir(path)) - set(os.listdir(partial)))
-            if stale:
-                log.warning(
-                    "%s held files the export does not write (another model's?), removed: %s",
-                    path,
-                    ", ".join(stale),
-                )
-        _remove(path)
-        os.replace(partial, path)
+        with _export_to(path, "the final policy's export") as partial:
+            models.save_pretrained(model_config, params, partial)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(partial)
     return path
 
 
 def export_peft(model_config, params, path: str, *, base_model: str = "") -> str:
     """LoRA's adapters alone at `path`, in PEFT's layout (`lora.save_peft`). Every process
-    takes part in gathering them; process 0 writes."""
+    takes part in gathering them; process 0 writes (`_export_to`)."""
     adapters = sharding_lib.gather_params(lora.trainable(params))
     require_finite(adapters, f"the final LoRA adapters (not exported to {path})")
-    return lora.save_peft(model_config, adapters, path, base_model=base_model)
+    path = os.path.normpath(path)
+    if jax.process_index() == 0:
+        with _export_to(path, "the LoRA adapters' export") as partial:
+            lora.save_peft(model_config, adapters, partial, base_model=base_model)
+    return path
+
+
+@contextlib.contextmanager
+def _export_to(path: str, what: str):
+    """Yields `path`.partial to write into, which then takes `path`'s place: another
+    model's files left there (pytorch_model.bin, vocab.json, ... which a loader may pick
+    before ours) are removed and named in a warning. A full disk is one line naming `path`
+    (disk.py), the partial folder removed and the previous export kept."""
+    partial = path + ".partial"
+    disk.remove(partial)  # a crashed export's leftovers
+    kept = "the checkpoints are kept" + (", and the previous export" * os.path.isdir(path))
+    with disk.writing(path, what, kept, partial=partial):
+        yield partial
+    if os.path.isdir(path):
+        stale = sorted(set(os.listdir(path)) - set(os.listdir(partial)))
+        if stale:
+            log.warning(
+                "%s held files the export does not write (another model's?), removed: %s",
+                path,
+                ", ".join(stale),
+            )
+    disk.remove(path)
+    os.replace(partial, path)
 
 
 def save_params(path: str, params) -> None:
@@ -547,13 +558,6 @@ def restore_params(path: str, abstract_params, shardings):
     )
     with ocp.StandardCheckpointer() as ckptr:
         return ckptr.restore(os.path.abspath(path), target)
-
-
-def _remove(path: str) -> None:
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
-    elif os.path.lexists(path):
-        os.remove(path)
 
 
 # What a step directory of ours holds (orbax's metadata and commit marker, our two items): a

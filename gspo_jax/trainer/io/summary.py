@@ -6,6 +6,8 @@ import logging
 import os
 from typing import Any
 
+from gspo_jax.trainer.io import disk
+
 log = logging.getLogger(__name__)
 
 SUMMARY_FILE = "summary.json"
@@ -36,8 +38,9 @@ def write_summary(workdir: str, summary: dict) -> dict:
         # where the run's weights came from (a warm start, its target) stays the record.
         merged["origin"] = previous["origin"]
         merged["resumed_from"] = summary.get("origin")
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(merged, f, indent=2, default=str)
-    os.replace(tmp, path)
+    lost = "this invocation's summary (its accuracies, how it ended)"
+    kept = "the checkpoints and metrics.jsonl are kept" + (
+        "; so is the previous summary.json, as it was" if previous else ""
+    )
+    disk.write_text(path, json.dumps(merged, indent=2, default=str), lost=lost, kept=kept)
     return merged

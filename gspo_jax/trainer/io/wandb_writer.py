@@ -30,6 +30,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from gspo_jax.config.specs import WandbSpec
+from gspo_jax.trainer.io import disk
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +51,7 @@ def run_id(workdir: str) -> str:
             )
         return found
     new = "".join(secrets.choice(_ID_CHARS) for _ in range(8))
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.write(new + "\n")
-    os.replace(tmp, path)
+    disk.write_text(path, new + "\n", lost="the W&B run id (nothing has trained yet)")
     return new
 
 

@@ -52,6 +52,7 @@ import jax
 from gspo_jax import jsonio
 from gspo_jax import sharding as sharding_lib
 from gspo_jax.config import specs
+from gspo_jax.trainer.io import disk
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,9 @@ FREE_ON_RESUME = (
     "max_all_skipped_steps",  # when to give up on a run whose every update is skipped
     "data.data_dir",  # the prepared data's content is checked by the iterator's fingerprint
     "data.manual_dir",  # and by the manual files' digests (data/build.py)
+    "data.download",  # where a Hub dataset may come from, not what it holds
+    "warm_start.cache",  # whether a warm start is reused: a resume runs none
+    "warm_start.cache_dir",
     "mesh.",  # same math; float sums may round differently on another mesh
     "model.remat",  # kernels and memory only: the same math (float rounding aside)
     "model.moe_impl",
@@ -388,10 +392,9 @@ def _flatten(tree: dict, prefix: str = "") -> dict:
 
 
 def _write_lead(path: str, text: str) -> None:
-    """Process 0 writes `path` atomically (a reader sees the old file or the new one)."""
+    """Process 0 writes `path` atomically (a reader sees the old file or the new one); a
+    full disk is one line naming it (disk.py), before the run trains anything."""
     if jax.process_index() != 0:
         return
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    lost = "the record of this run's config (nothing has trained yet)"
+    disk.write_text(path, text, lost=lost)

@@ -8,6 +8,7 @@ writes; every call is cheap enough for once per RL step.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -16,6 +17,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from gspo_jax import jsonio
+from gspo_jax.trainer.io import disk
+
+log = logging.getLogger(__name__)
 
 # Panels of the end-of-run plot: (title, metric keys drawn in it). A key ending in "*"
 # stands for every key that continues it with a number (the per-update values
@@ -78,6 +82,7 @@ class MetricsWriter:
         self.path = os.path.join(workdir, "metrics.jsonl")
         self._tb_dir = os.path.join(workdir, "tb") if tensorboard else None
         self._tb = None
+        self._tb_events: _GuardedEvents | None = None  # the event file's write errors
         self.mirrors = tuple(mirrors) if enabled else ()
         if enabled:
             os.makedirs(workdir, exist_ok=True)
@@ -103,34 +108,50 @@ class MetricsWriter:
             if step and row_step <= step:
                 kept.append(line if line.endswith("\n") else line + "\n")
         if len(kept) != len(lines):
-            tmp = f"{self.path}.tmp"
-            with open(tmp, "w") as f:
-                f.writelines(kept)
-            os.replace(tmp, self.path)
+            lost = f"the rows after step {step} are not dropped yet (nothing trained)"
+            disk.write_text(self.path, "".join(kept), lost=lost)
         return len(lines) - len(kept)
 
     def _open_tb(self, purge_step: int | None = None) -> None:
         if self._tb is None and self._tb_dir is not None:
             from tensorboardX import SummaryWriter
 
-            self._tb = SummaryWriter(self._tb_dir, purge_step=purge_step)
+            with disk.writing(self._tb_dir, "TensorBoard's events", "metrics.jsonl is kept"):
+                self._tb = SummaryWriter(self._tb_dir, purge_step=purge_step)
+            self._tb_events = _GuardedEvents.install(self._tb)
 
     def write(self, step: int, metrics: Mapping[str, float]) -> None:
         if not self.enabled:
             return
         row = {"step": int(step), **{k: _to_builtin(v) for k, v in metrics.items()}}
-        try:
-            with open(self.path, "a") as f:
-                f.write(json.dumps(row) + "\n")
-        except OSError as e:  # a full disk's "[Errno 28] No space left on device" names no file
-            raise OSError(e.errno, e.strerror, self.path) from e
+        self._append(json.dumps(row) + "\n", step)
         self._open_tb()
         if self._tb is not None:
+            self._tb_events.check(step)
             for key, value in metrics.items():
                 if np.ndim(value) == 0 and np.isfinite(value):
                     self._tb.add_scalar(tb_tag(key), float(value), int(step))
         for mirror in self.mirrors:
             mirror.write(step, metrics)
+
+    def _append(self, line: str, step: int) -> None:
+        """One row appended whole: a failed write is cut back off (a full disk's "[Errno 28]
+        No space left on device" named no file, and left half a row)."""
+        lost = f"step {step}'s row is lost"
+        kept = "the rows before it are kept, whole"
+        with disk.writing(self.path, lost, kept):
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:  # unbuffered: nothing is left to flush (and half-write) at close
+                size = os.lseek(fd, 0, os.SEEK_END)
+                data = memoryview(line.encode())
+                try:
+                    while data:
+                        data = data[os.write(fd, data) :]
+                except OSError:
+                    os.ftruncate(fd, size)  # frees the blocks; the half row never stays
+                    raise
+            finally:
+                os.close(fd)
 
     def preempting(self) -> None:
         """A signal stops the run: the mirrors mark their runs resumable."""
@@ -142,8 +163,51 @@ class MetricsWriter:
             self._tb.flush()
             self._tb.close()
             self._tb = None
+            if self._tb_events.error is not None:  # closing never raises: said once
+                log.warning("TensorBoard's events were not all written: %s", self._tb_events.error)
         for mirror in self.mirrors:
             mirror.close()
+
+
+class _GuardedEvents:
+    """tensorboardX's event file, its failed writes (a full disk) remembered instead of
+    ending its logger thread with a traceback, then blocking `add_scalar` once its queue
+    filled. The next `write` raises one `disk.DiskWriteError` naming the events file."""
+
+    def __init__(self, inner):
+        self.inner, self.error = inner, None
+
+    @classmethod
+    def install(cls, summary_writer) -> _GuardedEvents:
+        events = summary_writer._get_file_writer().event_writer  # tensorboardX 2.6 internals
+        guard = cls(events._ev_writer)
+        events._ev_writer = events._worker._record_writer = guard
+        return guard
+
+    def _guarded(self, name: str, *args):
+        if self.error is None:
+            try:
+                return getattr(self.inner, name)(*args)
+            except OSError as e:
+                self.error = e
+        return None
+
+    def write_event(self, event):
+        return self._guarded("write_event", event)
+
+    def flush(self):
+        return self._guarded("flush")
+
+    def close(self):
+        return self._guarded("close")
+
+    def check(self, step: int) -> None:
+        if self.error is not None:
+            path = self.inner._file_name
+            with disk.writing(
+                path, f"TensorBoard's events up to step {step}", "metrics.jsonl is kept"
+            ):
+                raise self.error
 
 
 def read_metrics(path: str) -> list[dict]:
@@ -260,6 +324,9 @@ def plot_curves(
     for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     fig.tight_layout()
-    fig.savefig(png_path, dpi=110)
+    tmp = f"{png_path}.tmp.png"  # written whole, then renamed: never half a PNG
+    with disk.writing(png_path, "the plot of the curves", "metrics.jsonl is kept", partial=tmp):
+        fig.savefig(tmp, dpi=110)
+        os.replace(tmp, png_path)
     plt.close(fig)
     return png_path
