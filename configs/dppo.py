@@ -16,7 +16,8 @@ the weight cap is a stability guard, not a published setting). On the default ta
   python -m gspo_jax.main --config=configs/dppo.py --workdir=/tmp/dppo_tv
   python -m gspo_jax.main --config=configs/dppo.py:variant=kl --workdir=/tmp/dppo_kl
 
-No result is recorded for this preset yet.
+Measured on the default task (TV, 250 steps): it learns on one seed of three at this learning
+rate (docs/objectives.md).
 """
 
 from configs import common, default
