@@ -193,7 +193,7 @@ def packed_response_logprobs(
         .set(targets_BT[:, 1:].astype(jnp.int32).ravel(), mode="drop")
     )
     unembed = models.unembedding(cfg, params)
-    kwargs = dict(temperature=step_config.temperature, return_entropy=True)
+    kwargs = {"temperature": step_config.temperature, "return_entropy": True}
     logp_RL, ent_RL = logprobs_lib.token_logprobs(
         hidden_RLD,
         unembed,
