@@ -245,11 +245,13 @@ def rows_needed(step_config, attention_mask_BL, response_len: int, splits: int, 
 
 def bucket_rows(needed: int, micro_rows: int, shards: int = 1) -> int:
     """The packed-row count a step compiles for: `needed` rounded up to a multiple of
-    ceil(micro_rows / BUCKETS) (at most BUCKETS sizes, so at most that many compiles) and of
-    the devices the rows are split over, never above micro_rows rounded likewise."""
+    ceil(micro_rows / BUCKETS) (at most BUCKETS sizes, so at most that many compiles), of
+    `shards` (the devices the rows are split over) when those divide the micro-batch, and
+    never above the micro-batch's own row count (each row fits a packed row alone)."""
     quantum = -(-micro_rows // BUCKETS)
-    quantum = -(-quantum // shards) * shards
-    return max(quantum, -(-needed // quantum) * quantum)
+    if micro_rows % shards == 0:
+        quantum = -(-quantum // shards) * shards
+    return min(micro_rows, max(quantum, -(-needed // quantum) * quantum))
 
 
 __all__ = [

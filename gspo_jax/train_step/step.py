@@ -132,8 +132,8 @@ class StepConfig:
     shared_prompt: bool  # each prompt through the model once per group (`shared_group`)
     packing: bool  # real tokens only: responses packed into rows of pack_length (packing.py)
     pack_length: int  # tokens per packed row; 0: the rollout's row length P + T
-    # Packed rows per micro-batch: set per call by `make_train_step` (`packing.bucket_rows`);
-    # None: as many as the micro-batch has rows.
+    # Packed rows per micro-batch: chosen per call by `make_train_step`'s `PackedStep`
+    # (`packing.bucket_rows`) when None; given, one compile with that many.
     pack_rows: int | None = None
 
     @property
@@ -504,43 +504,49 @@ def make_train_step(
         fn = functools.partial(train_step, sc, tx)
         return jax.jit(fn, donate_argnums=(0,) if donate else (), **kwargs)
 
-    if not step_config.packing:
+    if not step_config.packing or step_config.pack_rows:  # padded, or a fixed packed size
         return jitted(step_config)
     return PackedStep(step_config, jitted, sharding_lib.data_parallel_size(mesh) if mesh else 1)
 
 
 class PackedStep:
-    """The packed train step (`config.packing`): per call, the rows the batch's micro-batches
-    need (`packing.rows_needed`, one small jitted pass and a scalar fetch), bucketed
-    (`packing.bucket_rows`), selects one jitted `train_step` per bucket (`compiled`: the
-    buckets compiled so far, at most `packing.BUCKETS`)."""
+    """The packed train step (`config.packing`). Per call: the packed rows the batch's
+    micro-batches need (`packing.rows_needed`, one small jitted pass and a scalar fetch),
+    bucketed (`packing.bucket_rows`); when R packed rows of pack_length hold fewer tokens
+    than the padded micro-batch (its shared-prompt layout's when `shared_group` > 1) the
+    packed step of that bucket runs, else the padded one (a batch of full-length responses
+    packs no better; rows 0). `compiled`: the steps compiled so far, by rows (at most
+    `packing.BUCKETS` packed sizes and the padded one)."""
 
     def __init__(self, step_config: StepConfig, jitted, shards: int):
         self.step_config, self._jitted, self._shards = step_config, jitted, shards
         self.compiled: dict[int, Any] = {}
 
     def rows(self, batch) -> int:
-        """Packed rows per micro-batch this batch compiles for."""
+        """Packed rows per micro-batch this batch compiles for; 0: the padded step."""
         sc = self.step_config
-        b = batch["tokens"].shape[0]
+        b, length = batch["tokens"].shape
+        response_len = batch["response_mask"].shape[1]
         micro, group = _micro_batching(sc, b // sc.num_mini_batches)
         splits = sc.num_mini_batches * micro
         needed, contiguous = packing.rows_needed(
-            sc, batch["attention_mask"], batch["response_mask"].shape[1], splits, group
+            sc, batch["attention_mask"], response_len, splits, group
         )
         if not bool(contiguous):
             raise ValueError(
                 "packing: every attention_mask row must be a left-padded prompt then a "
                 "right-padded response (real tokens contiguous on each side)"
             )
-        return packing.bucket_rows(int(needed), b // splits, self._shards)
+        micro_rows = b // splits
+        rows = packing.bucket_rows(int(needed), micro_rows, self._shards)
+        padded = micro_rows * response_len + (micro_rows // group) * (length - response_len)
+        return rows if rows * packing.pack_length(sc, length) < padded else 0
 
     def __call__(self, state, batch):
         rows = self.rows(batch)
         if rows not in self.compiled:
-            self.compiled[rows] = self._jitted(
-                dataclasses.replace(self.step_config, pack_rows=rows)
-            )
+            sc = dataclasses.replace(self.step_config, packing=rows > 0, pack_rows=rows or None)
+            self.compiled[rows] = self._jitted(sc)
         return self.compiled[rows](state, batch)
 
 

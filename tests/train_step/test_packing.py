@@ -98,6 +98,8 @@ def test_buckets():
     assert packing.bucket_rows(9, 64) == 16
     assert packing.bucket_rows(64, 64) == 64
     assert packing.bucket_rows(3, 8, shards=4) == 4
+    assert packing.bucket_rows(1, 2, shards=8) == 1  # fewer rows than devices: no rounding
+    assert packing.bucket_rows(5, 6) == 5
     sizes = {packing.bucket_rows(n, 100) for n in range(1, 101)}
     assert len(sizes) <= packing.BUCKETS
 
@@ -157,34 +159,38 @@ def test_short_and_long_responses_packed_together_equal_each_alone(model):
 # ------------------------------------------------------------- loss and gradient equality
 
 CASES = [  # every ratio, aggregation and loss mode at least once; micro-batches in some
-    dict(importance_sampling="seq", loss_agg_mode="seq-mean-token-mean", loss_mode="clip"),
-    dict(
-        importance_sampling="token",
-        loss_agg_mode="token-mean",
-        loss_mode="sapo",
-        micro_batch_size=4,
-    ),
-    dict(importance_sampling="seq_token", loss_agg_mode="seq-mean-token-sum", loss_mode="cispo"),
-    dict(
-        importance_sampling="token",
-        loss_agg_mode="seq-mean-token-sum-norm",
-        loss_mode="gmpo",
-        micro_batch_size=2,
-    ),
-    dict(importance_sampling="token", loss_agg_mode="token-mean", loss_mode="dppo_tv"),
-    dict(importance_sampling="seq", loss_agg_mode="seq-mean-token-mean", loss_mode="dppo_kl"),
-    dict(  # sequence-level rollout correction, OPSM, KL and entropy in the loss
-        importance_sampling="seq",
-        loss_agg_mode="seq-mean-token-mean",
-        loss_mode="clip",
-        rollout_correction="tis",
-        rollout_correction_level="seq",
-        opsm_delta=1e-3,
-        use_kl_loss=True,
-        kl_estimator="k3",
-        entropy_coef=0.01,
-        micro_batch_size=4,
-    ),
+    {"importance_sampling": "seq", "loss_agg_mode": "seq-mean-token-mean", "loss_mode": "clip"},
+    {
+        "importance_sampling": "token",
+        "loss_agg_mode": "token-mean",
+        "loss_mode": "sapo",
+        "micro_batch_size": 4,
+    },
+    {
+        "importance_sampling": "seq_token",
+        "loss_agg_mode": "seq-mean-token-sum",
+        "loss_mode": "cispo",
+    },
+    {
+        "importance_sampling": "token",
+        "loss_agg_mode": "seq-mean-token-sum-norm",
+        "loss_mode": "gmpo",
+        "micro_batch_size": 2,
+    },
+    {"importance_sampling": "token", "loss_agg_mode": "token-mean", "loss_mode": "dppo_tv"},
+    {"importance_sampling": "seq", "loss_agg_mode": "seq-mean-token-mean", "loss_mode": "dppo_kl"},
+    {  # sequence-level rollout correction, OPSM, KL and entropy in the loss
+        "importance_sampling": "seq",
+        "loss_agg_mode": "seq-mean-token-mean",
+        "loss_mode": "clip",
+        "rollout_correction": "tis",
+        "rollout_correction_level": "seq",
+        "opsm_delta": 1e-3,
+        "use_kl_loss": True,
+        "kl_estimator": "k3",
+        "entropy_coef": 0.01,
+        "micro_batch_size": 4,
+    },
 ]
 
 
@@ -193,7 +199,7 @@ def _mini_batch(cfg, params, seed):
     plain = _sc(cfg, shared_prompt=False)
     logp_BT = step_lib.response_logprobs(plain, params, tokens_BL, mask_BL, T)[0]
     rng = np.random.default_rng(seed + 1)
-    noise = lambda s: jnp.asarray(rng.normal(0, s, (B, T)), jnp.float32)  # noqa: E731
+    noise = lambda s: jnp.asarray(rng.normal(0, s, (B, T)), jnp.float32)
     return {
         "tokens": jnp.asarray(tokens_BL),
         "attention_mask": jnp.asarray(mask_BL),
@@ -273,10 +279,9 @@ def test_whole_step_packed_equals_padded_one_device_and_8_devices(model):
     tx = optax.adam(1e-3)
     sc = _sc(cfg, num_mini_batches=2, micro_batch_size=2, importance_sampling="seq")
     want_state, want = make_train_step(sc, tx, donate=False)(_state(params, tx), batch)
-    packed_sc = dataclasses.replace(sc, packing=True, pack_length=PACK)
-    step = make_train_step(packed_sc, tx, donate=False)
-    got_state, got = step(_state(params, tx), batch)
-    assert list(step.compiled) == [step.rows(batch)] and step.rows(batch) < 2
+    packed_sc = _packed(sc, batch["attention_mask"])
+    assert packed_sc.pack_rows == 1  # each micro-batch's 2 responses in one packed row
+    got_state, got = make_train_step(packed_sc, tx, donate=False)(_state(params, tx), batch)
     mesh = sharding.make_mesh({"data": 4, "fsdp": 2, "tensor": 1, "expert": 1})
     fn, shardings = _mesh_step(packed_sc, tx, cfg, mesh)
     mesh_state, mesh_m = fn(
@@ -288,6 +293,23 @@ def test_whole_step_packed_equals_padded_one_device_and_8_devices(model):
             np.testing.assert_allclose(other[key], want[key], rtol=1e-4, atol=1e-6, err_msg=key)
         for a, b in zip(jax.tree.leaves(other_state.params), jax.tree.leaves(want_state.params)):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_the_step_packs_only_when_it_computes_fewer_tokens(model):
+    """`PackedStep` (pack_rows None) picks its bucket per batch; a batch of full-length
+    responses packs no better than the padded layout, so it runs the padded step (rows 0)."""
+    import optax
+
+    cfg, params = model
+    sc = _sc(cfg, num_mini_batches=1, packing=True, pack_length=4 * L)
+    step = make_train_step(sc, optax.sgd(0.0), donate=False)
+    ragged = _whole_batch(cfg, params)
+    assert 0 < step.rows(ragged) < B
+    full = dict(ragged, attention_mask=ragged["attention_mask"].at[:, P:].set(1))
+    assert step.rows(full) == 0
+    bad = dict(ragged, attention_mask=ragged["attention_mask"].at[0, P + 1].set(0))
+    with pytest.raises(ValueError, match="contiguous"):
+        step.rows(bad)
 
 
 # ----------------------------------------------------------------------- MoE, replay
