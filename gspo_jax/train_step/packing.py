@@ -5,13 +5,17 @@ A micro-batch of B rollout rows [B, L] (a left-padded prompt of P columns, then 
 columns, right padded) is laid into R rows of `pack_length` (Lp) tokens. A *segment* is
 a prompt's real tokens followed by the real tokens of one or more of its responses (with
 `shared_group` > 1 the responses of a group share one copy of their prompt, as
-`shared_prompt` does unpacked); segments are placed first-fit, in row order, by one
-`lax.scan` over the B rows (no loop over tokens):
+`shared_prompt` does unpacked); rows are placed longest response first (first-fit
+decreasing), by one `lax.scan` over the B rows (no loop over tokens):
 
-    row b joins its group's open segment   when the previous row is of its group and the
-                                           segment's row has room for b's response
+    row b joins its group's open segment   when its group has one and that segment's
+                                           packed row has room for b's response
     else                                   a new segment (prompt + response) goes into the
-                                           first packed row with room
+                                           first packed row with room, and becomes the
+                                           group's open segment
+
+A segment's responses need not be adjacent (another segment may lie between two of them):
+the mask is by segment and member, not by contiguity.
 
 Each token keeps the position it has unpacked (positions_from_mask), and attention never
 leaves a segment (block-diagonal causal, `models.hidden_states_packed`), so every real
@@ -26,7 +30,9 @@ response token is predicted by the prompt's last position, which a shared prompt
 once for several responses: those B first tokens get a separate [B, 1] log-prob call.
 
 R is static per compile: `rows_needed` (jitted, run before the step) counts the rows the
-same placement uses, and `bucket_rows` rounds it up to one of at most eight sizes.
+same placement uses, and `bucket_rows` rounds it up to a geometric bucket (eight per halving
+of the row count, each within one row of 9 % above the need): a run compiles once per bucket its
+batches reach, a few, since a run's packed-row need moves little between steps.
 
 Shape letters: B rows of a micro-batch, L = P + T, R packed rows, Lp = pack_length (the
 `L` of packed arrays is Lp), M MoE layers, X experts per token, D model width.
@@ -35,6 +41,7 @@ Shape letters: B rows of a micro-batch, L = P + T, R packed rows, Lp = pack_leng
 from __future__ import annotations
 
 import functools
+import math
 
 import flax.struct
 import jax
@@ -45,7 +52,7 @@ from gspo_jax.algorithm import logprobs as logprobs_lib
 from gspo_jax.models import partition
 from gspo_jax.sharding.split import strided_split
 
-BUCKETS = 8  # packed-row counts per micro-batch size: multiples of ceil(B / BUCKETS)
+PER_OCTAVE = 8  # packed-row bucket sizes per halving of the row count (`bucket_sizes`)
 
 
 @flax.struct.dataclass
@@ -69,28 +76,41 @@ def _lengths(attention_mask_BL, prompt_len: int):
 
 
 def _place(prompt_B, response_B, *, group: int, rows: int, length: int):
-    """First-fit placement of B rows (see the module docstring): per row its packed row,
-    the column of its segment's prompt and of its response, its segment id (from 1) and
-    whether it was placed; plus the rows used."""
+    """First-fit decreasing placement of B rows (see the module docstring): per row its
+    packed row, the column of its segment's prompt and of its response, its segment id
+    (from 1) and whether it was placed; plus the rows used."""
+    B = prompt_B.shape[0]
+    num_groups = B // group
 
-    def step(carry, x):
-        fill_R, seg_row, seg_start, seg_id = carry
-        b, p, n = x
-        join = (b % group != 0) & (fill_R[seg_row] + n <= length) if group > 1 else False
+    def step(carry, b):
+        fill_R, row_G, start_G, id_G, seg_id = carry
+        p, n, g = prompt_B[b], response_B[b], b // group
+        join = (row_G[g] >= 0) & (fill_R[jnp.maximum(row_G[g], 0)] + n <= length)
         fits_R = fill_R + p + n <= length
         new_row = jnp.argmax(fits_R)
-        row = jnp.where(join, seg_row, new_row)
-        prompt_at = jnp.where(join, seg_start, fill_R[new_row])
-        response_at = jnp.where(join, fill_R[seg_row], fill_R[new_row] + p)
-        seg_id = jnp.where(join, seg_id, seg_id + 1)
         placed = join | jnp.any(fits_R)
+        row = jnp.where(join, row_G[g], new_row)
+        prompt_at = jnp.where(join, start_G[g], fill_R[new_row])
+        response_at = jnp.where(join, fill_R[row], fill_R[new_row] + p)
+        seg_id = jnp.where(join, seg_id, seg_id + 1)
+        this_id = jnp.where(join, id_G[g], seg_id)
         fill_R = fill_R.at[row].set(jnp.where(placed, response_at + n, fill_R[row]))
-        return (fill_R, row, prompt_at, seg_id), (row, prompt_at, response_at, seg_id, placed)
+        if group > 1:  # the group's open segment is now this one
+            row_G, start_G, id_G = (
+                row_G.at[g].set(row),
+                start_G.at[g].set(prompt_at),
+                id_G.at[g].set(this_id),
+            )
+        carry = (fill_R, row_G, start_G, id_G, seg_id)
+        return carry, (row, prompt_at, response_at, this_id, placed)
 
-    B = prompt_B.shape[0]
-    init = (jnp.zeros(rows, jnp.int32), jnp.int32(0), jnp.int32(0), jnp.int32(0))
-    xs = (jnp.arange(B, dtype=jnp.int32), prompt_B, response_B)
-    (fill_R, *_), out = jax.lax.scan(step, init, xs)
+    # Longest responses first (stable: ties in row order), each into the first row it fits.
+    order = jnp.argsort(-response_B, stable=True)
+    none = jnp.full(num_groups, -1, jnp.int32)
+    init = (jnp.zeros(rows, jnp.int32), none, none, none, jnp.int32(0))
+    (fill_R, *_), out = jax.lax.scan(step, init, order.astype(jnp.int32))
+    inverse = jnp.argsort(order)
+    out = tuple(x[inverse] for x in out)
     return out, jnp.sum(fill_R > 0).astype(jnp.int32)
 
 
@@ -243,21 +263,31 @@ def rows_needed(step_config, attention_mask_BL, response_len: int, splits: int, 
     return jnp.max(jax.vmap(count)(parts)), check_contiguous(attention_mask_BL, P)
 
 
+def bucket_sizes(micro_rows: int, shards: int = 1) -> list[int]:
+    """The packed-row counts a step may compile for, ascending: micro_rows · 2^(−k/8) rounded
+    up (eight per halving: each within one row of 9 % above the next smaller), as multiples of `shards`
+    (the devices the rows are split over) when those divide the micro-batch."""
+    step = shards if micro_rows % shards == 0 else 1
+    sizes, k = set(), 0
+    while True:
+        size = -(-math.ceil(micro_rows * 2 ** (-k / PER_OCTAVE) - 1e-9) // step) * step
+        sizes.add(size)
+        if size <= step:
+            return sorted(sizes)
+        k += 1
+
+
 def bucket_rows(needed: int, micro_rows: int, shards: int = 1) -> int:
-    """The packed-row count a step compiles for: `needed` rounded up to a multiple of
-    ceil(micro_rows / BUCKETS) (at most BUCKETS sizes, so at most that many compiles), of
-    `shards` (the devices the rows are split over) when those divide the micro-batch, and
-    never above the micro-batch's own row count (each row fits a packed row alone)."""
-    quantum = -(-micro_rows // BUCKETS)
-    if micro_rows % shards == 0:
-        quantum = -(-quantum // shards) * shards
-    return min(micro_rows, max(quantum, -(-needed // quantum) * quantum))
+    """The packed-row count a step compiles for: the smallest `bucket_sizes` at least
+    `needed` (never above micro_rows: each rollout row fits a packed row alone)."""
+    return next(s for s in bucket_sizes(micro_rows, shards) if s >= min(needed, micro_rows))
 
 
 __all__ = [
-    "BUCKETS",
+    "PER_OCTAVE",
     "Layout",
     "bucket_rows",
+    "bucket_sizes",
     "check_contiguous",
     "layout",
     "pack_length",

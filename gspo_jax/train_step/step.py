@@ -515,8 +515,8 @@ class PackedStep:
     bucketed (`packing.bucket_rows`); when R packed rows of pack_length hold fewer tokens
     than the padded micro-batch (its shared-prompt layout's when `shared_group` > 1) the
     packed step of that bucket runs, else the padded one (a batch of full-length responses
-    packs no better; rows 0). `compiled`: the steps compiled so far, by rows (at most
-    `packing.BUCKETS` packed sizes and the padded one)."""
+    packs no better; rows 0). `compiled`: the steps compiled so far, by rows (one per
+    `packing.bucket_sizes` reached, and the padded one)."""
 
     def __init__(self, step_config: StepConfig, jitted, shards: int):
         self.step_config, self._jitted, self._shards = step_config, jitted, shards

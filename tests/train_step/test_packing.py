@@ -66,9 +66,10 @@ def _packed(sc, mask_BL, *, length=PACK):
 # ---------------------------------------------------------------------- placement by hand
 
 
-def test_first_fit_placement_by_hand():
-    """Rows of 10: prompts of 2 real tokens, responses of 5, 1, 7, 3 (group 1): segments of
-    7, 3, 9, 5 tokens go to rows 0, 0, 1, 2 (first fit)."""
+def test_first_fit_decreasing_placement_by_hand():
+    """Rows of 10, prompts of 2 real tokens, responses of 5, 1, 7, 3 (rows b0 … b3), placed
+    longest first: b2 (9 tokens) -> row 0, b0 (7) -> row 1, b3 (5) -> row 2 (fits neither),
+    b1 (3) -> row 1; segment ids in placement order."""
     P_, T_ = 3, 7
     lengths = np.array([5, 1, 7, 3])
     mask = np.concatenate(
@@ -78,30 +79,35 @@ def test_first_fit_placement_by_hand():
     lay = packing.layout(jnp.asarray(tokens), jnp.asarray(mask), P_, group=1, rows=4, length=10)
     assert int(lay.rows_used) == 3 and bool(lay.fits)
     seg = np.asarray(lay.segment_RL)
-    np.testing.assert_array_equal(seg[0], [1] * 7 + [2] * 3)
-    np.testing.assert_array_equal(seg[1], [3] * 9 + [0])
-    np.testing.assert_array_equal(seg[2], [4] * 5 + [0] * 5)
+    np.testing.assert_array_equal(seg[0], [1] * 9 + [0])
+    np.testing.assert_array_equal(seg[1], [2] * 7 + [4] * 3)
+    np.testing.assert_array_equal(seg[2], [3] * 5 + [0] * 5)
     np.testing.assert_array_equal(seg[3], [0] * 10)
     # each token at its own unpacked position, members 0 (prompt) / b + 1 (response b)
-    np.testing.assert_array_equal(np.asarray(lay.positions_RL)[0], [0, 1, 2, 3, 4, 5, 6, 0, 1, 2])
-    np.testing.assert_array_equal(np.asarray(lay.member_RL)[0], [0, 0, 1, 1, 1, 1, 1, 0, 0, 2])
-    np.testing.assert_array_equal(np.asarray(lay.tokens_RL)[0, 7:], tokens[1, 1:4])
-    # shared prompt (group 2): rows 1 joins row 0's segment, row 3 row 2's when it fits
+    np.testing.assert_array_equal(np.asarray(lay.positions_RL)[1], [0, 1, 2, 3, 4, 5, 6, 0, 1, 2])
+    np.testing.assert_array_equal(np.asarray(lay.member_RL)[1], [0, 0, 1, 1, 1, 1, 1, 0, 0, 2])
+    np.testing.assert_array_equal(np.asarray(lay.tokens_RL)[1, 7:], tokens[1, 1:4])
+    np.testing.assert_array_equal(
+        np.asarray(lay.dst_BL)[1], [40, 17, 18, 19, 40, 40, 40, 40, 40, 40]
+    )
+    # shared prompts (group 2: b0 b1, b2 b3): b3 does not fit b2's segment (row 0) and opens
+    # one of its own in row 2; b1 joins b0's in row 1, after b0's response
     lay = packing.layout(jnp.asarray(tokens), jnp.asarray(mask), P_, group=2, rows=4, length=10)
-    np.testing.assert_array_equal(np.asarray(lay.segment_RL)[0], [1] * 8 + [0] * 2)
-    np.testing.assert_array_equal(np.asarray(lay.member_RL)[0, :8], [0, 0, 1, 1, 1, 1, 1, 2])
-    assert int(lay.rows_used) == 3  # 2 + 7 = 9, then 3 more does not fit: a new segment
+    np.testing.assert_array_equal(np.asarray(lay.segment_RL)[1], [2] * 8 + [0] * 2)
+    np.testing.assert_array_equal(np.asarray(lay.member_RL)[1, :8], [0, 0, 1, 1, 1, 1, 1, 2])
+    np.testing.assert_array_equal(np.asarray(lay.positions_RL)[1, :8], [0, 1, 2, 3, 4, 5, 6, 2])
+    assert int(lay.rows_used) == 3
 
 
 def test_buckets():
-    assert packing.bucket_rows(1, 64) == 8
-    assert packing.bucket_rows(9, 64) == 16
-    assert packing.bucket_rows(64, 64) == 64
+    assert packing.bucket_sizes(16) == list(range(1, 17))
+    sizes = packing.bucket_sizes(64)
+    assert sizes[-8:] == [35, 39, 42, 46, 50, 54, 59, 64]  # 64 · 2^(-k/8), rounded up
+    assert all(b <= a * 2 ** (1 / 8) + 1 for a, b in zip(sizes, sizes[1:]))
+    assert packing.bucket_sizes(8, shards=4) == [4, 8]
+    assert packing.bucket_sizes(2, shards=8) == [1, 2]  # fewer rows than devices: no rounding
+    assert packing.bucket_rows(9, 64) == 9 and packing.bucket_rows(17, 64) == 18
     assert packing.bucket_rows(3, 8, shards=4) == 4
-    assert packing.bucket_rows(1, 2, shards=8) == 1  # fewer rows than devices: no rounding
-    assert packing.bucket_rows(5, 6) == 5
-    sizes = {packing.bucket_rows(n, 100) for n in range(1, 101)}
-    assert len(sizes) <= packing.BUCKETS
 
 
 def test_pack_length_is_validated():
