@@ -135,7 +135,7 @@ def main():
     ap.add_argument("--prompt-length", type=int, default=32)
     ap.add_argument("--response-length", type=int, default=256, help="T, the lognormal's cap")
     ap.add_argument("--sigma", type=float, default=1.0)
-    ap.add_argument("--num-mini-batches", type=int, default=4)
+    ap.add_argument("--num-mini-batches", type=int, default=2)
     ap.add_argument("--pack-length", type=int, default=0, help="0: prompt + response length")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json", default=None, help="write the results to this file")

@@ -6,6 +6,7 @@ micro-batches, shared prompts, rollout correction, OPSM, KL and entropy; the who
 through `make_train_step` (buckets), on an 8-device mesh; MoE with Routing Replay."""
 
 import dataclasses
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -103,7 +104,7 @@ def test_buckets():
     assert packing.bucket_sizes(16) == list(range(1, 17))
     sizes = packing.bucket_sizes(64)
     assert sizes[-8:] == [35, 39, 42, 46, 50, 54, 59, 64]  # 64 · 2^(-k/8), rounded up
-    assert all(b <= a * 2 ** (1 / 8) + 1 for a, b in zip(sizes, sizes[1:]))
+    assert all(b <= a * 2 ** (1 / 8) + 1 for a, b in itertools.pairwise(sizes))
     assert packing.bucket_sizes(8, shards=4) == [4, 8]
     assert packing.bucket_sizes(2, shards=8) == [1, 2]  # fewer rows than devices: no rounding
     assert packing.bucket_rows(9, 64) == 9 and packing.bucket_rows(17, 64) == 18
