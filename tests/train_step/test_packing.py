@@ -3,7 +3,8 @@ log-probs and entropies equal the padded pass's and each sequence's computed alo
 length-1 response packed next to one of response_length); the loss, every metric and the
 gradient equal the padded step's for every ratio, aggregation and loss mode, with
 micro-batches, shared prompts, rollout correction, OPSM, KL and entropy; the whole step
-through `make_train_step` (buckets), on an 8-device mesh; MoE with Routing Replay."""
+through `make_train_step` (buckets), on an 8-device mesh; MoE with Routing Replay; the
+splash kernel with segment ids (Pallas interpret mode)."""
 
 import dataclasses
 import itertools
@@ -349,3 +350,20 @@ def test_moe_routing_replay_packed_equals_padded():
         if key in want:
             np.testing.assert_allclose(got[key], want[key], rtol=2e-5, atol=2e-6, err_msg=key)
     _assert_same_grads(got_grads, want_grads)
+
+
+def test_splash_segment_ids_equal_the_padded_pass(model):
+    """attention_impl="splash" (Pallas interpret mode on CPU): packed rows attend through the
+    kernel's segment ids (one response per segment), per-token log-probs as the padded
+    einsum pass's."""
+    cfg, params = model
+    tokens_BL, mask_BL = _rows(cfg.vocab_size, seed=5)
+    plain = _sc(cfg, shared_prompt=False)
+    ref = step_lib.response_logprobs(plain, params, tokens_BL, mask_BL, T)
+    splash = dataclasses.replace(cfg, attention_impl="splash")
+    sc = _packed(dataclasses.replace(plain, model=splash, num_mini_batches=1), mask_BL)
+    assert step_lib.shared_group(dataclasses.replace(sc, shared_prompt=True), 1) == 1
+    assert 1 < sc.pack_rows < B
+    out = jax.jit(lambda p: step_lib.response_logprobs(sc, p, tokens_BL, mask_BL, T))(params)
+    real = mask_BL[:, P:].astype(bool)
+    np.testing.assert_allclose(np.asarray(out[0])[real], np.asarray(ref[0])[real], atol=2e-5)
