@@ -278,8 +278,8 @@ def _mesh_step(sc, tx, cfg, mesh):
 
 def test_whole_step_packed_equals_padded_one_device_and_8_devices(model):
     """make_train_step with packing (2 mini-batches x 2 micro-batches, π_old recomputed) on
-    one device and on data 4 x fsdp 2 equals the padded step on one device: params after two
-    AdamW updates and the step's metrics."""
+    one device, on data 4 x fsdp 2 and on data 2 x fsdp 2 x tensor 2 equals the padded step
+    on one device: params after two AdamW updates and the step's metrics."""
     import optax
 
     cfg, params = model
@@ -290,13 +290,17 @@ def test_whole_step_packed_equals_padded_one_device_and_8_devices(model):
     packed_sc = _packed(sc, batch["attention_mask"])
     assert packed_sc.pack_rows == 1  # each micro-batch's 2 responses in one packed row
     got_state, got = make_train_step(packed_sc, tx, donate=False)(_state(params, tx), batch)
-    mesh = sharding.make_mesh({"data": 4, "fsdp": 2, "tensor": 1, "expert": 1})
-    fn, shardings = _mesh_step(packed_sc, tx, cfg, mesh)
-    mesh_state, mesh_m = fn(
-        jax.device_put(_state(params, tx), shardings),
-        jax.device_put(batch, sharding.batch_shardings(mesh, batch)),
-    )
-    for other_state, other in ((got_state, got), (mesh_state, mesh_m)):
+    runs = [(got_state, got)]
+    for sizes in ({"data": 4, "fsdp": 2}, {"data": 2, "fsdp": 2, "tensor": 2}):
+        mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1, "expert": 1, **sizes})
+        fn, shardings = _mesh_step(packed_sc, tx, cfg, mesh)
+        runs.append(
+            fn(
+                jax.device_put(_state(params, tx), shardings),
+                jax.device_put(batch, sharding.batch_shardings(mesh, batch)),
+            )
+        )
+    for other_state, other in runs:
         for key in ("loss", "pg_loss", "clipfrac", "grad_norm", "entropy", "ratio_noise_floor"):
             np.testing.assert_allclose(other[key], want[key], rtol=1e-4, atol=1e-6, err_msg=key)
         for a, b in zip(jax.tree.leaves(other_state.params), jax.tree.leaves(want_state.params)):
