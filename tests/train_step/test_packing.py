@@ -3,7 +3,8 @@ log-probs and entropies equal the padded pass's and each sequence's computed alo
 length-1 response packed next to one of response_length); the loss, every metric and the
 gradient equal the padded step's for every ratio, aggregation and loss mode, with
 micro-batches, shared prompts, rollout correction, OPSM, KL and entropy; the whole step
-through `make_train_step` (buckets), on an 8-device mesh; MoE with Routing Replay; the
+through `make_train_step` (buckets), on 8-device meshes; MoE with Routing Replay (one
+device, and the whole step on fsdp 2 x expert 2 x tensor 2); the
 splash kernel with segment ids (Pallas interpret mode)."""
 
 import dataclasses
@@ -371,3 +372,30 @@ def test_splash_segment_ids_equal_the_padded_pass(model):
     out = jax.jit(lambda p: step_lib.response_logprobs(sc, p, tokens_BL, mask_BL, T))(params)
     real = mask_BL[:, P:].astype(bool)
     np.testing.assert_allclose(np.asarray(out[0])[real], np.asarray(ref[0])[real], atol=2e-5)
+
+
+def test_moe_replay_whole_step_packed_on_the_expert_mesh():
+    """Qwen3-MoE with Routing Replay, the whole step (π_old's routes replayed in 2 updates):
+    packed on fsdp 2 x expert 2 x tensor 2 equals padded on one device."""
+    import optax
+
+    cfg, params = models.load_pretrained(MOE_FIXTURE)
+    batch = _whole_batch(cfg, params)
+    # SGD: Adam's m / sqrt(v) turns the rounding of a near-zero expert gradient into up to a
+    # whole step of either sign (the padded step alone on this mesh moves such a weight by
+    # 1.4e-4 against one device), so it would compare rounding, not the packed step
+    tx = optax.sgd(0.1)
+    sc = _sc(cfg, num_mini_batches=2, routing_replay=True, importance_sampling="token")
+    want_state, want = make_train_step(sc, tx, donate=False)(_state(params, tx), batch)
+    packed_sc = _packed(sc, batch["attention_mask"])
+    assert packed_sc.pack_rows < B // 2
+    mesh = sharding.make_mesh({"data": 1, "fsdp": 2, "tensor": 2, "expert": 2})
+    fn, shardings = _mesh_step(packed_sc, tx, cfg, mesh)
+    got_state, got = fn(
+        jax.device_put(_state(params, tx), shardings),
+        jax.device_put(batch, sharding.batch_shardings(mesh, batch)),
+    )
+    for key in ("loss", "clipfrac", "grad_norm", "expert_change", "ratio_noise_floor"):
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-4, atol=1e-6, err_msg=key)
+    for a, b in zip(jax.tree.leaves(got_state.params), jax.tree.leaves(want_state.params)):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)  # test_mesh_equality's f32 bound
