@@ -45,7 +45,10 @@ them machine-readably (with each function's memory).
 instructions such as one per unrolled layer grouped, and the jax op they come from).
 
 The rollout batch is taken at its worst case: every prompt at `prompt_length` (the largest
-bucket the sampler can pick) and every response `response_length` long.
+bucket the sampler can pick) and every response `response_length` long. With `config.packing`
+the train step is compiled for the packed rows of a long-tailed batch instead
+(`PACKED_LENGTHS`: lognormal, mean response_length / 4, sigma 1, capped), its model FLOPs
+those of that batch's real tokens.
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ if __name__ == "__main__":  # the command line only: importing this module chang
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
@@ -756,9 +760,45 @@ def logprob_calls(config) -> int:
     return int(needs_ref) + int(old)
 
 
+# `config.packing`: the response lengths the packed train step is compiled for (its packed
+# rows are data dependent): the rollout benchmark's long tail, lognormal of mean
+# response_length / 4, sigma 1, capped at response_length (mean 2,048 at a cap of 8,192).
+PACKED_LENGTHS = {"mean_fraction": 0.25, "sigma": 1.0, "seed": 0}
+
+
+def packed_step_config(a: _Abstract):
+    """(the step config with the packed rows `make_train_step` would pick for a batch of
+    PACKED_LENGTHS responses and full-length prompts, the fraction of the padded batch's
+    tokens that are real). Unchanged (and 1.0) without `packing`."""
+    sc = a.step_config
+    if not sc.packing or sc.pack_rows:
+        return sc, 1.0
+    from gspo_jax.sharding.split import num_micro
+    from gspo_jax.train_step import packing, step
+
+    mean = PACKED_LENGTHS["mean_fraction"] * a.T
+    sigma = PACKED_LENGTHS["sigma"]
+    rng = np.random.default_rng(PACKED_LENGTHS["seed"])
+    draw = rng.lognormal(np.log(mean) - sigma**2 / 2, sigma, a.B)
+    lengths = np.clip(np.round(draw), 1, a.T).astype(np.int32)
+    mask = np.ones((a.B, a.L), np.int32)
+    mask[:, a.P :] = np.arange(a.T)[None] < lengths[:, None]
+    mini = a.B // sc.num_mini_batches
+    splits = sc.num_mini_batches * num_micro(sc.micro_batch_size, mini)
+    _, group = step._micro_batching(sc, mini)
+    cpu = jax.devices("cpu")[0]  # the count runs here, off the TPU mesh being compiled for
+    auto = (jax.sharding.AxisType.Auto,)
+    with jax.set_mesh(jax.make_mesh((1,), ("host",), axis_types=auto, devices=[cpu])):
+        needed, _ = packing.rows_needed(sc, jax.device_put(mask, cpu), a.T, splits, group)
+    shards = sharding_lib.data_parallel_size(a.mesh)
+    rows = packing.bucket_rows(int(needed), a.B // splits, shards)
+    return dataclasses.replace(sc, pack_rows=rows), float(mask.sum() / mask.size)
+
+
 def _compile_train_step(a: _Abstract) -> Report:
     """The train step on a train state whose params and optimizer state it donates; π_ref
-    (a KL term) is what else stays resident."""
+    (a KL term) is what else stays resident. With `packing`, its packed rows are those of
+    PACKED_LENGTHS (`packed_step_config`) and its model FLOPs those of the real tokens."""
     rep = a.rep
     state_sh = TrainState(step=rep, params=a.param_sh, opt_state=a.opt_sh)
     state = TrainState(
@@ -767,10 +807,11 @@ def _compile_train_step(a: _Abstract) -> Report:
         opt_state=a.opt_state,
     )
     batch = _train_batch(a.step_config, a.mesh, a.B, a.L, a.T)
-    flops = train_step_model_flops(a) / a.chips
+    step_config, real = packed_step_config(a)
+    flops = train_step_model_flops(a) * real / a.chips
     report, _ = _compile(
         "train step",
-        make_train_step(a.step_config, a.tx, state_shardings=state_sh, mesh=a.mesh),
+        make_train_step(step_config, a.tx, state_shardings=state_sh, mesh=a.mesh),
         state,
         batch,
         resident=_per_chip(a.params) if a.needs_ref else 0,

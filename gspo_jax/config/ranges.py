@@ -43,6 +43,7 @@ def check_ranges(config) -> None:
     for name in (
         "use_kl_loss",
         "add_token_level_kl",
+        "packing",
         "dual_clip_loss",
         "whiten_advantages",
         "reward_shift",
@@ -58,6 +59,7 @@ def check_ranges(config) -> None:
     if config.model.scan_layers is not None:  # None: scan models of more than 4 layers
         _bool(config, "model.scan_layers")
     _positive_int(config, "logprob_chunk_size")
+    _pack_length(config)
 
     _number(config, "sampling.temperature", low=0.0)
     _int(config, "sampling.top_k", minimum=1, allow_none=True)
@@ -123,4 +125,17 @@ def _sampling_engine(config) -> None:
             f"config.sampling.kv_budget_tokens={budget} holds {budget // page} pages of "
             f"sampling.page_size={page}; one response of response_length="
             f"{config.response_length} needs up to {need} pages: raise it to >= {need * page}"
+        )
+
+
+def _pack_length(config) -> None:
+    """pack_length: 0 (a rollout row's length) or at least prompt_length + response_length,
+    so that any one response and its prompt fit a packed row."""
+    length = _int(config, "pack_length", minimum=0)
+    row = config.prompt_length + config.response_length
+    if length and length < row:
+        raise ConfigError(
+            f"config.pack_length={length} is shorter than a rollout row (prompt_length + "
+            f"response_length = {row}): one response and its prompt must fit a packed row; "
+            "set it >= that, or 0 for exactly that"
         )

@@ -564,6 +564,8 @@ def step_config(config, model_config: models.ModelConfig) -> StepConfig:
         token_advantages=bool(config.add_token_level_kl),
         group_size=int(config.num_return_sequences_in_group),
         shared_prompt=bool(config.shared_prompt),
+        packing=bool(config.packing),
+        pack_length=int(config.pack_length),
     )
 
 

@@ -130,6 +130,20 @@ def attend_cached(q_BLHC, parts):
     return out_BLHC
 
 
+def packed_allowed(segment_BL, member_BL):
+    """allowed[b, i, j] of a packed row (`train_step.packing`): key j at or before query i,
+    of the same segment (`segment_BL`, 0 = empty slot, which sees and is seen by nothing)
+    and either the segment's prompt (`member_BL` 0) or the query's own response (equal
+    `member_BL`): [B, L, L] bool. Several responses sharing one prompt inside a segment
+    each see the prompt and themselves, never each other (`attend_shared_prompt`'s rule).
+    """
+    L = segment_BL.shape[1]
+    causal_LL = jnp.tril(jnp.ones((L, L), bool))
+    seg_q, seg_k = segment_BL[:, :, None], segment_BL[:, None, :]
+    mem_q, mem_k = member_BL[:, :, None], member_BL[:, None, :]
+    return causal_LL[None] & (seg_q == seg_k) & (seg_k > 0) & ((mem_k == 0) | (mem_k == mem_q))
+
+
 def attend_shared_prompt(q_NSHC, k_NSKC, v_NSKC, prompt_mask_NP, response_mask_NGT):
     """`attend` over a shared-prompt row: each of N rows holds one prompt's P tokens
     followed by its G responses of T tokens (S = P + G·T), and response g sees the prompt
@@ -388,6 +402,7 @@ __all__ = [
     "attend_cached",
     "causal_allowed",
     "cudnn_attention",
+    "packed_allowed",
     "resolve_impl",
     "self_attention",
     "splash_attention",

@@ -18,8 +18,10 @@ import dataclasses
 import jax
 
 from gspo_jax.models.attention import (
+    attend,
     attend_shared_prompt,
     causal_allowed,
+    packed_allowed,
     resolve_impl,
     self_attention,
 )
@@ -76,3 +78,34 @@ class SharedPromptAttention:
             self.response_mask_NGT,
         )
         return out, None
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedAttention:
+    """Attention context of a packed pass (`hidden_states_packed`): each row holds several
+    segments (a prompt, then one or more responses to it), and a query sees the keys at or
+    before it of its own segment's prompt and its own response (`attention.packed_allowed`).
+    "splash" runs the kernel with the segment ids (causal within a segment: one response
+    per segment); every other implementation runs `attend` with the mask built once."""
+
+    segment_BL: jax.Array
+    impl: str
+    allowed_BLS: jax.Array | None = None
+    layer_data = None  # nothing per layer
+
+    def __call__(self, layer_data, q_BLHC, k_BLKC, v_BLKC):
+        del layer_data
+        dtype = q_BLHC.dtype
+        k_BLKC, v_BLKC = k_BLKC.astype(dtype), v_BLKC.astype(dtype)
+        if self.impl == "splash":
+            return self_attention("splash", q_BLHC, k_BLKC, v_BLKC, self.segment_BL), None
+        return attend(q_BLHC, k_BLKC, v_BLKC, self.allowed_BLS), None
+
+
+def packed_context(cfg: ModelConfig, segment_BL, member_BL) -> PackedAttention:
+    """The `PackedAttention` of `cfg.attention_impl`: splash keeps its kernel (segment ids),
+    everything else (xla, and cudnn, which masks by lengths only) the einsum path."""
+    impl = resolve_impl(cfg.attention_impl, dtype=cfg.dtype)
+    if impl == "splash":
+        return PackedAttention(segment_BL, impl)
+    return PackedAttention(segment_BL, "xla", packed_allowed(segment_BL, member_BL))

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 
 from gspo_jax.models import partition
 from gspo_jax.models.config import ModelConfig
-from gspo_jax.models.contexts import SharedPromptAttention, full_context
+from gspo_jax.models.contexts import SharedPromptAttention, full_context, packed_context
 from gspo_jax.models.params import merge
 
 F32 = jnp.float32
@@ -150,6 +150,33 @@ def hidden_states_shared(
     hidden_NSD, _, _ = merge(model_config, params)(tokens_NS, positions_NS, context, remat=True)
     D = hidden_NSD.shape[-1]
     return hidden_NSD[:, :P], hidden_NSD[:, P:].reshape(B, T, D)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def hidden_states_packed(
+    model_config: ModelConfig,
+    params,
+    tokens_RL,
+    positions_RL,
+    segment_RL,
+    member_RL,
+    *,
+    routing=None,
+):
+    """`hidden_states` of packed rows (`train_step.packing`): (hidden [R, L, D], routing
+    [M, R, L, X]). Row r holds segments (`segment_RL`, 0 = empty slot), each a prompt
+    (`member_RL` 0) then one or more responses to it (`member_RL` their own ids), with
+    the positions each token has in its own unpacked row (`positions_RL`). A token attends
+    to its segment's prompt and its own response at or before it
+    (`contexts.PackedAttention`), so at every real token the hidden state equals
+    `hidden_states` of the unpacked row (float rounding aside). With the splash kernel a
+    segment holds one response (the kernel masks by segment ids alone).
+    """
+    _check_routing(model_config, tokens_RL, routing)
+    model = merge(model_config, params)
+    context = packed_context(model_config, segment_RL, member_RL)
+    hidden, _, routing_out = model(tokens_RL, positions_RL, context, routing, remat=True)
+    return hidden, routing_out
 
 
 def unembedding(model_config: ModelConfig, params):

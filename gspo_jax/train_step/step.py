@@ -70,6 +70,7 @@ from gspo_jax.algorithm.masked import masked_mean
 from gspo_jax.models import lora, moe_aux, partition
 from gspo_jax.models.attention import resolve_impl
 from gspo_jax.sharding.split import num_micro, strided_split
+from gspo_jax.train_step import packing
 from gspo_jax.train_step.metrics import (
     combine_micro,
     finish_micro,
@@ -133,6 +134,11 @@ class StepConfig:
     token_advantages: bool  # advantages are [B, T] (add_token_level_kl), not [B]
     group_size: int  # G: rows n·G … n·G+G−1 of a batch share prompt n
     shared_prompt: bool  # each prompt through the model once per group (`shared_group`)
+    packing: bool  # real tokens only: responses packed into rows of pack_length (packing.py)
+    pack_length: int  # tokens per packed row; 0: the rollout's row length P + T
+    # Packed rows per micro-batch: chosen per call by `make_train_step`'s `PackedStep`
+    # (`packing.bucket_rows`) when None; given, one compile with that many.
+    pack_rows: int | None = None
 
     @property
     def is_moe(self) -> bool:
@@ -204,6 +210,16 @@ def response_logprobs(
     group > 1 (`shared_group`): rows n·group … n·group+group−1 repeat one prompt, which
     the model then runs once for them (`models.hidden_states_shared`); the same numbers.
     """
+    if step_config.packing:
+        return packing.packed_response_logprobs(
+            step_config,
+            params,
+            tokens_BL,
+            attention_mask_BL,
+            response_len,
+            routing=routing,
+            group=group,
+        )
     length = tokens_BL.shape[1]
     prompt_len = length - response_len
     targets_BT = tokens_BL[:, prompt_len:]
@@ -529,14 +545,61 @@ def make_train_step(
     """jax.jit(train_step) with the state donated and, given `state_shardings` and `mesh`,
     explicit in/out shardings: the state as given, the batch over the mesh's batch axes
     (`batch_shardings`), the metrics replicated."""
-    fn = functools.partial(train_step, step_config, tx)
     kwargs = {}
     if state_shardings is not None:
         if mesh is None:
             raise ValueError("make_train_step: state_shardings need the mesh of the batch")
         kwargs["in_shardings"] = (state_shardings, batch_shardings(step_config, mesh))
         kwargs["out_shardings"] = (state_shardings, sharding_lib.replicated(mesh))
-    return jax.jit(fn, donate_argnums=(0,) if donate else (), **kwargs)
+
+    def jitted(sc):
+        fn = functools.partial(train_step, sc, tx)
+        return jax.jit(fn, donate_argnums=(0,) if donate else (), **kwargs)
+
+    if not step_config.packing or step_config.pack_rows:  # padded, or a fixed packed size
+        return jitted(step_config)
+    return PackedStep(step_config, jitted, sharding_lib.data_parallel_size(mesh) if mesh else 1)
+
+
+class PackedStep:
+    """The packed train step (`config.packing`). Per call: the packed rows the batch's
+    micro-batches need (`packing.rows_needed`, one small jitted pass and a scalar fetch),
+    bucketed (`packing.bucket_rows`); when R packed rows of pack_length hold fewer tokens
+    than the padded micro-batch (its shared-prompt layout's when `shared_group` > 1) the
+    packed step of that bucket runs, else the padded one (a batch of full-length responses
+    packs no better; rows 0). `compiled`: the steps compiled so far, by rows (one per
+    `packing.bucket_sizes` reached, and the padded one)."""
+
+    def __init__(self, step_config: StepConfig, jitted, shards: int):
+        self.step_config, self._jitted, self._shards = step_config, jitted, shards
+        self.compiled: dict[int, Any] = {}
+
+    def rows(self, batch) -> int:
+        """Packed rows per micro-batch this batch compiles for; 0: the padded step."""
+        sc = self.step_config
+        b, length = batch["tokens"].shape
+        response_len = batch["response_mask"].shape[1]
+        micro, group = _micro_batching(sc, b // sc.num_mini_batches)
+        splits = sc.num_mini_batches * micro
+        needed, contiguous = packing.rows_needed(
+            sc, batch["attention_mask"], response_len, splits, group
+        )
+        if not bool(contiguous):
+            raise ValueError(
+                "packing: every attention_mask row must be a left-padded prompt then a "
+                "right-padded response (real tokens contiguous on each side)"
+            )
+        micro_rows = b // splits
+        rows = packing.bucket_rows(int(needed), micro_rows, self._shards)
+        padded = micro_rows * response_len + (micro_rows // group) * (length - response_len)
+        return rows if rows * packing.pack_length(sc, length) < padded else 0
+
+    def __call__(self, state, batch):
+        rows = self.rows(batch)
+        if rows not in self.compiled:
+            sc = dataclasses.replace(self.step_config, packing=rows > 0, pack_rows=rows or None)
+            self.compiled[rows] = self._jitted(sc)
+        return self.compiled[rows](state, batch)
 
 
 def make_logprobs_fn(step_config: StepConfig):

@@ -1,5 +1,6 @@
-"""The benchmark a user runs first still runs: `benchmarks/rl_step.py --preset=trl_anchor`
-(one whole RL step of the TRL anchor workload, by phase, with a profile of its train step).
+"""The benchmarks a user runs still run: `benchmarks/rl_step.py --preset=trl_anchor`
+(one whole RL step of the TRL anchor workload, by phase, with a profile of its train step) and
+`benchmarks/train_packing.py` (its JSON keys).
 
 No timing is asserted (the suite's machine is shared; speed targets live in benchmarks/):
 only that every phase ran, the report is complete and its ratios are sane numbers. A merge
@@ -113,3 +114,29 @@ def test_calibrate_roofline_runs_and_writes_its_json(tmp_path):
         assert {"function", "predicted_s", "measured_s"} <= set(r)
         assert r["predicted_s"] > 0 and r["measured_s"] > 0
         assert r["executed_flops"] > 0 and r["hbm_bytes"] > 0
+
+
+def test_train_packing_writes_the_issue_keys(tmp_path):
+    """benchmarks/train_packing.py at a toy size writes {long_tail, uniform} with real tokens/s
+    of both steps and the packed real fraction (no timing asserted)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    path = tmp_path / "packing.json"
+    args = ["--groups=2", "--group=4", "--prompt-length=8", "--response-length=32", "--reps=1"]
+    out = subprocess.run(
+        [sys.executable, "benchmarks/train_packing.py", *args, f"--json={path}"],
+        check=False,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(path.read_text())
+    for batch in ("long_tail", "uniform"):
+        for key in ("packed_real_tokens_per_s", "padded_real_tokens_per_s"):
+            assert report[batch][key] > 0, (batch, key)
+        assert 0 < report[batch]["packed_real_fraction"] <= 1
+    assert report["long_tail"]["packed_real_fraction"] > report["long_tail"]["padded_real_fraction"]
+    assert report["uniform"]["packed_rows_per_micro_batch"] == 0  # full length: the padded step
