@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from gspo_jax import models
+from gspo_jax import models, sampling
 from gspo_jax.models import deltanet
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "models"
@@ -221,3 +221,52 @@ def test_bad_checkpoints_fail_naming_the_key_and_file(tmp_path):
     path = _edited(tmp_path, edit_config=three_taps)
     with pytest.raises(ValueError, match=r"conv1d\.weight.*model\.safetensors.*\[64, 1, 4\]"):
         models.load_pretrained(path)
+
+
+def test_greedy_static_sampling_matches_transformers_generate(family):
+    """`sampling.sample` (static engine: chunked prefill, recurrent decode) greedy ==
+    transformers' greedy generate token for token, and the sampler's log-probs equal the
+    trainer's recomputation (one chunked full-sequence pass over prompt + response)."""
+    name, cfg, params, ref = family
+    prompt, prompt_mask = ref["gen_prompt_tokens"], ref["gen_prompt_mask"]
+    T = ref["gen_tokens"].shape[1]
+    out = sampling.sample(
+        cfg,
+        params,
+        prompt,
+        prompt_mask,
+        jax.random.key(0),
+        num_samples=2,
+        max_new_tokens=T,
+        temperature=0.0,
+        eos_ids=(),
+        engine="static",
+        buckets=(prompt.shape[1],),
+        decode_segments=2,
+    )
+    np.testing.assert_array_equal(np.asarray(out.tokens)[::2], ref["gen_tokens"])
+    np.testing.assert_array_equal(np.asarray(out.tokens)[1::2], ref["gen_tokens"])
+    bound = max(1e-4, 2 * float(ref["f32_vs_f64_error"]))
+    np.testing.assert_allclose(np.asarray(out.logprobs)[::2], ref["gen_logprobs"], atol=bound)
+
+    tokens = jnp.concatenate([out.prompt_tokens, out.tokens], axis=1)
+    mask = jnp.concatenate([out.prompt_mask, out.mask], axis=1)
+    logits = models.forward(cfg, params, tokens, mask)[:, prompt.shape[1] - 1 : -1]
+    trainer = jnp.take_along_axis(jax.nn.log_softmax(logits), out.tokens[..., None], -1)[..., 0]
+    gap = float(jnp.abs(trainer - out.logprobs).max())
+    assert gap < (2e-5 if name == "qwen35" else bound), gap
+
+
+def test_the_continuous_engine_refuses_a_hybrid_model(family):
+    _, cfg, params, ref = family
+    with pytest.raises(ValueError, match=r'sampling\.engine="continuous" cannot decode qwen3_5'):
+        sampling.sample(
+            cfg,
+            params,
+            ref["gen_prompt_tokens"],
+            ref["gen_prompt_mask"],
+            jax.random.key(0),
+            num_samples=1,
+            max_new_tokens=2,
+            engine="continuous",
+        )
