@@ -104,9 +104,7 @@ def chunk_gated_delta_rule(
     system = jnp.einsum("nbhik,nbhjk->nbhij", k_beta, k) * decay_CC
     system = jnp.where(jnp.tril(jnp.ones((C, C), bool), -1), system, 0.0) + jnp.eye(C, dtype=F32)
     rhs = jnp.concatenate([v * beta[..., None], k_beta * jnp.exp(cum)[..., None]], axis=-1)
-    solved = jax.lax.linalg.triangular_solve(
-        system, rhs, left_side=True, lower=True, unit_diagonal=True
-    )
+    solved = _unit_lower_solve(system, rhs)
     u, w = solved[..., :dv], solved[..., dv:]
     intra = jnp.einsum("nbhik,nbhjk->nbhij", q, k) * decay_CC
     q_dec = q * jnp.exp(cum)[..., None]
@@ -126,6 +124,22 @@ def chunk_gated_delta_rule(
     state, out_NBHCv = jax.lax.scan(step, state_BHkv.astype(F32), xs)
     out = jnp.moveaxis(out_NBHCv, 0, 1).transpose(0, 1, 3, 2, 4).reshape(B, N * C, H, dv)
     return out[:, :L], state
+
+
+def _unit_lower_solve(a_CC, b_CX):
+    """X with a X = b for unit-lower-triangular a (batched over leading dims), by forward
+    substitution over the C rows: plain elementwise ops and a scan, which GSPMD partitions
+    without collectives (XLA:CPU's partitioned triangular_solve deadlocked on a mesh)."""
+    C = a_CC.shape[-1]
+    x0 = jnp.zeros_like(b_CX)
+
+    def row(x, i):
+        # x_i = b_i − Σ_{j<i} a_ij x_j (rows ≥ i of x are still 0)
+        xi = b_CX[..., i, :] - jnp.einsum("...j,...jx->...x", a_CC[..., i, :], x)
+        return x.at[..., i, :].set(xi), None
+
+    x, _ = jax.lax.scan(row, x0, jnp.arange(C))
+    return x
 
 
 def causal_conv(x_BLQ, w_QK, window_BWQ=None):
