@@ -254,7 +254,7 @@ def test_greedy_static_sampling_matches_transformers_generate(family):
     logits = models.forward(cfg, params, tokens, mask)[:, prompt.shape[1] - 1 : -1]
     trainer = jnp.take_along_axis(jax.nn.log_softmax(logits), out.tokens[..., None], -1)[..., 0]
     gap = float(jnp.abs(trainer - out.logprobs).max())
-    assert gap < (2e-5 if name == "qwen35" else bound), gap
+    assert gap < (5e-5 if name == "qwen35" else bound), gap  # measured 1.7e-5 / 1.8e-5
 
 
 def test_the_continuous_engine_refuses_a_hybrid_model(family):
