@@ -18,6 +18,7 @@ from flax import nnx
 
 from gspo_jax.models import partition
 from gspo_jax.models.config import ModelConfig
+from gspo_jax.models.deltanet import GatedDeltaNet
 from gspo_jax.models.layers import MLP, Attention, MoE, RMSNorm, _param
 from gspo_jax.models.partition import RESIDUAL
 
@@ -26,11 +27,17 @@ class Block(nnx.Module):
     """Pre-norm decoder layer: x += attn(norm(x)); x += mlp_or_moe(norm(x)).
 
     One layer's parameters. The decoder keeps them stacked (`Layers`) and merges a Block
-    from each layer's slice inside its scan."""
+    from each layer's slice inside its scan. A hybrid model's linear layers (`is_linear`)
+    mix tokens with a Gated DeltaNet (`linear_attn`) instead of attention; their context
+    is called with no arguments and returns (mask_BL, state, keep_state, recurrent)."""
 
-    def __init__(self, cfg: ModelConfig, is_moe: bool, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, is_moe: bool, rngs: nnx.Rngs, is_linear: bool = False):
         self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg)
-        self.attn = Attention(cfg, rngs)
+        self.is_linear = is_linear
+        if is_linear:
+            self.linear_attn = GatedDeltaNet(cfg, rngs)
+        else:
+            self.attn = Attention(cfg, rngs)
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg)
         self.is_moe = is_moe
         self.mlp = MoE(cfg, rngs) if is_moe else MLP(cfg, cfg.intermediate_size, rngs)
@@ -41,7 +48,14 @@ class Block(nnx.Module):
         `stats_mask_BL` also the MoE layer's router load statistics (`layers.MoE`; None for
         a dense layer) as a fourth value."""
         x_BLD = partition.constrain(x_BLD, RESIDUAL)
-        attn_out, cache_entry = self.attn(self.input_norm(x_BLD), cos, sin, attention)
+        if self.is_linear:
+            mask_BL, state, keep_state, recurrent = attention()
+            attn_out, state = self.linear_attn(
+                self.input_norm(x_BLD), mask_BL, state, recurrent=recurrent
+            )
+            cache_entry = state if keep_state else None
+        else:
+            attn_out, cache_entry = self.attn(self.input_norm(x_BLD), cos, sin, attention)
         x_BLD = partition.constrain(x_BLD + attn_out, RESIDUAL)
         stats = None
         if self.is_moe and stats_mask_BL is not None:
@@ -69,14 +83,17 @@ def _stacked(n: int, make, rngs: nnx.Rngs):
 
 
 class Layers(nnx.Module):
-    """Every layer's parameters, stacked: the attention half over all layers, the MLP half
-    over the dense layers and the MoE half over the MoE layers (module docstring)."""
+    """Every layer's parameters, stacked: the norms over all layers, attention over the
+    full-attention layers (all but a hybrid model's linear ones), the Gated DeltaNet over
+    the linear layers, the MLP half over the dense layers and the MoE half over the MoE
+    layers (module docstring)."""
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-        n, m = cfg.num_layers, cfg.num_moe_layers
+        n, m, lin = cfg.num_layers, cfg.num_moe_layers, cfg.num_linear_layers
         D, eps = cfg.hidden_size, cfg.rms_norm_eps
         self.input_norm = _stacked(n, lambda r: RMSNorm(D, eps, cfg), rngs)
-        self.attn = _stacked(n, lambda r: Attention(cfg, r), rngs)
+        self.attn = _stacked(n - lin, lambda r: Attention(cfg, r), rngs)
+        self.linear_attn = _stacked(lin, lambda r: GatedDeltaNet(cfg, r), rngs) if lin else None
         self.post_attn_norm = _stacked(n, lambda r: RMSNorm(D, eps, cfg), rngs)
         dense = n - m
         self.mlp = (

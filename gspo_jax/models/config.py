@@ -25,11 +25,23 @@ from typing import Any
 
 import numpy as np
 
-ARCHS = ("qwen2", "qwen3", "qwen3_moe")
+from gspo_jax.models.hf_fields import HfReader as _HfReader
+from gspo_jax.models.hybrid_config import (
+    CAUSAL_LM,
+    HYBRID_ARCHS,
+    check_hybrid,
+    hybrid_fields,
+    hybrid_hf,
+    text_part,
+)
+
+ARCHS = ("qwen2", "qwen3", "qwen3_moe") + HYBRID_ARCHS
+MOE_ARCHS = ("qwen3_moe", "qwen3_5_moe")
 HF_ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    **{arch: names[1] for arch, names in CAUSAL_LM.items()},
 }
 REMAT_POLICIES = ("none", "full", "dots", "save_qkv", "save_qkv_attention")
 MOE_IMPLS = ("dense", "ragged")
@@ -118,6 +130,17 @@ class ModelConfig:
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
     max_position_embeddings: int = 32768
+    # Hybrid Qwen3.5 (hybrid_config.py): per-layer "linear_attention" / "full_attention"
+    # (empty: all full), the Gated DeltaNet widths, RoPE on the first
+    # partial_rotary_factor·head_dim dims, the MoE's shared expert width.
+    layer_types: tuple[str, ...] = ()
+    linear_conv_kernel_dim: int = 4
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    partial_rotary_factor: float = 1.0
+    shared_expert_intermediate_size: int = 0
     # Numerics and implementation choices (not part of the checkpoint).
     param_dtype: str = "float32"
     dtype: str = "float32"
@@ -125,6 +148,9 @@ class ModelConfig:
     moe_impl: str = "ragged"
     attention_impl: str = "auto"
     scan_layers: bool = True
+    # Tokens per chunk of the chunked Gated DeltaNet (deltanet.py): the full-sequence
+    # passes' parallel form; the state is carried between chunks in float32.
+    deltanet_chunk_size: int = 64
     # LoRA adapters (models/lora.py): rank 0 = off; y = W x + (alpha/rank)·B(A x) on each
     # projection named in lora_targets.
     lora_rank: int = 0
@@ -177,7 +203,7 @@ class ModelConfig:
             bad("mlp_only_layers", "must be a tuple (hashable)")
         if not isinstance(self.eos_token_ids, tuple):
             bad("eos_token_ids", "must be a tuple (hashable)")
-        if self.arch == "qwen3_moe":
+        if self.arch in MOE_ARCHS:
             if self.num_experts <= 0 or self.moe_intermediate_size <= 0:
                 bad("num_experts", "qwen3_moe needs num_experts > 0 and moe_intermediate_size > 0")
             if not 0 < self.num_experts_per_tok <= self.num_experts:
@@ -185,7 +211,8 @@ class ModelConfig:
             if self.decoder_sparse_step <= 0:
                 bad("decoder_sparse_step", "must be positive")
         elif self.num_experts:
-            bad("num_experts", f"only qwen3_moe has experts, not {self.arch}")
+            bad("num_experts", f"only {MOE_ARCHS} have experts, not {self.arch}")
+        check_hybrid(self, bad)
         self._check_lora(bad)
 
     def _check_lora(self, bad) -> None:
@@ -223,11 +250,29 @@ class ModelConfig:
         """Qwen3-MoE placement rule: MoE unless listed in mlp_only_layers, every
         decoder_sparse_step-th layer (1-based), when there are experts at all."""
         return (
-            self.arch == "qwen3_moe"
+            self.arch in MOE_ARCHS
             and self.num_experts > 0
             and i not in self.mlp_only_layers
             and (i + 1) % self.decoder_sparse_step == 0
         )
+
+    def is_linear_layer(self, i: int) -> bool:
+        """Layer i is a Gated DeltaNet layer (hybrid Qwen3.5), not full attention."""
+        return bool(self.layer_types) and self.layer_types[i] == "linear_attention"
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Qwen3.5: DeltaNet layers, gated attention, zero-centred RMSNorms."""
+        return self.arch in HYBRID_ARCHS
+
+    @property
+    def num_linear_layers(self) -> int:
+        return sum(self.is_linear_layer(i) for i in range(self.num_layers))
+
+    @property
+    def rotary_dim(self) -> int:
+        """Leading head dims RoPE rotates (head_dim unless partial_rotary_factor < 1)."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @property
     def moe_layers(self) -> tuple[int, ...]:
@@ -253,7 +298,7 @@ class ModelConfig:
             context; cos/sin scaled by attention_factor (default 0.1·ln(factor)+1).
         The float32 arithmetic mirrors transformers so that logits agree to ~1e-6.
         """
-        d = self.head_dim
+        d = self.rotary_dim
         base = np.float32(self.rope_theta)
         exponents = np.arange(0, d, 2, dtype=np.float32) / np.float32(d)
         pos_freqs = base**exponents
@@ -307,6 +352,7 @@ class ModelConfig:
         attention_impl, scan_layers) or
         any other field. Raises ValueError naming the unsupported architecture / field.
         """
+        hf = text_part(hf)
         model_type = hf.get("model_type")
         read = _HfReader(hf)
         _check_supported(hf, read)
@@ -331,7 +377,10 @@ class ModelConfig:
             "arch": model_type,
             "vocab_size": read.count("vocab_size"),
             "hidden_size": hidden,
-            "intermediate_size": read.count("intermediate_size"),
+            # Qwen3.5-MoE has no dense MLP width (hybrid_fields fills in the expert width).
+            "intermediate_size": read.count(
+                "intermediate_size", 1 if model_type == "qwen3_5_moe" else _HfReader._REQUIRED
+            ),
             "num_layers": read.count("num_hidden_layers"),
             "num_heads": heads,
             "num_kv_heads": kv_heads,
@@ -349,6 +398,8 @@ class ModelConfig:
             "eos_token_ids": eos_ids,
             "pad_token_id": read.token_id("pad_token_id", hf.get("pad_token_id")),
         }
+        if model_type in HYBRID_ARCHS:
+            fields.update(hybrid_fields(hf, read, fields["num_layers"]))
         if model_type == "qwen3_moe":
             num_experts = hf.get("num_experts", hf.get("num_local_experts"))
             if num_experts is None:
@@ -408,6 +459,13 @@ class ModelConfig:
             "use_sliding_window": False,
             "vocab_size": self.vocab_size,
         }
+        if self.is_hybrid:
+            hf.update(hybrid_hf(self))
+            drop = ["max_window_layers", "sliding_window", "use_sliding_window"]
+            drop += ["intermediate_size"] if self.arch == "qwen3_5_moe" else []
+            for key in drop:
+                hf.pop(key, None)
+            return dict(sorted(hf.items()))
         if self.arch in ("qwen2", "qwen3"):
             hf["layer_types"] = ["full_attention"] * self.num_layers
             hf["max_window_layers"] = self.num_layers
@@ -438,66 +496,6 @@ class ModelConfig:
         return dict(sorted(hf.items()))
 
 
-class _HfReader:
-    """Typed reads of config.json's fields, each range-checked like a config field, with a
-    message naming the key (hf_io.model_config_from_file adds the file). JSON has real
-    booleans and integers: `"tie_word_embeddings": "false"` is truthy in Python and used to
-    drop the untied head silently, and `int("32")` or `int(32.7)` hid a hand-edited file."""
-
-    def __init__(self, hf: dict[str, Any]):
-        self.hf = hf
-
-    def need(self, key: str):
-        if self.hf.get(key) is None:
-            raise ValueError(
-                f"config.json for {self.hf.get('model_type')!r} lacks required field {key!r}"
-            )
-        return self.hf[key]
-
-    _REQUIRED = object()
-
-    def integer(self, key: str, value) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{key}={value!r} must be an integer")  # noqa: TRY004 - a bad value, as the range errors
-        return value
-
-    def count(self, key: str, default=_REQUIRED) -> int:
-        """A positive integer; `default` (None allowed) when the key is absent or null."""
-        value = self.hf.get(key)
-        if value is None:
-            if default is _HfReader._REQUIRED:
-                self.need(key)
-            return default
-        if self.integer(key, value) <= 0:
-            raise ValueError(f"{key}={value!r} must be a positive integer")
-        return value
-
-    def positive(self, key: str, value) -> float:
-        """A finite number > 0 (rope_theta, rms_norm_eps, a RoPE factor)."""
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{key}={value!r} must be a number")  # noqa: TRY004 - a bad value, as the range errors
-        if not (math.isfinite(value) and value > 0):
-            raise ValueError(f"{key}={value!r} must be a finite number > 0")
-        return float(value)
-
-    def flag(self, key: str, default: bool) -> bool:
-        value = self.hf.get(key)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise ValueError(  # noqa: TRY004 - a bad value, as the range errors
-                f"{key}={value!r} must be true or false (a JSON boolean, not a string or number)"
-            )
-        return value
-
-    def token_id(self, key: str, value) -> int | None:
-        if value is None:
-            return None
-        if self.integer(key, value) < 0:
-            raise ValueError(f"{key}={value!r} must be a token id >= 0")
-        return value
-
-
 def _check_supported(hf: dict[str, Any], read) -> None:
     """The architecture and the features a config.json asks for are ones implemented here."""
     model_type = hf.get("model_type")
@@ -522,6 +520,8 @@ def _check_supported(hf: dict[str, Any], read) -> None:
             f"unsupported: use_sliding_window=true (sliding_window={hf.get('sliding_window')})"
             " — sliding-window attention is not implemented"
         )
+    if model_type in HYBRID_ARCHS:
+        return  # layer types and partial rotary: hybrid_config.hybrid_fields
     layer_types = hf.get("layer_types") or []
     other = sorted({t for t in layer_types if t != "full_attention"})
     if other:

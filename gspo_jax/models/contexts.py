@@ -48,6 +48,12 @@ class SelfAttention:
         out = self_attention(self.impl, q_BLHC, k_BLKC, v_BLKC, self.mask_BL, self.allowed_BLS)
         return out, ((k_BLKC, v_BLKC) if self.keep_kv else None)
 
+    def linear(self, layer_data):
+        """A Gated DeltaNet layer's context (block.py): this call's mask, no state carried
+        in, the chunked form; its final (conv window, state) kept when `keep_kv`."""
+        del layer_data
+        return self.mask_BL, None, self.keep_kv, False
+
 
 def full_context(cfg: ModelConfig, mask_BL, *, keep_kv: bool = False) -> SelfAttention:
     """The `SelfAttention` context of `cfg.attention_impl` for a batch with this mask."""
@@ -79,6 +85,12 @@ class SharedPromptAttention:
         )
         return out, None
 
+    def linear(self, layer_data):
+        raise ValueError(
+            "hidden_states_shared: a hybrid (Gated DeltaNet) model's responses cannot share "
+            "their prompt's row (each needs the prompt's recurrent state); use hidden_states"
+        )
+
 
 @dataclasses.dataclass(frozen=True)
 class PackedAttention:
@@ -100,6 +112,12 @@ class PackedAttention:
         if self.impl == "splash":
             return self_attention("splash", q_BLHC, k_BLKC, v_BLKC, self.segment_BL), None
         return attend(q_BLHC, k_BLKC, v_BLKC, self.allowed_BLS), None
+
+    def linear(self, layer_data):
+        raise ValueError(
+            "packing: a hybrid (Gated DeltaNet) model's packed rows would carry one "
+            "segment's recurrent state into the next; set packing=False for this model"
+        )
 
 
 def packed_context(cfg: ModelConfig, segment_BL, member_BL) -> PackedAttention:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 import math
 import os
 from collections.abc import Iterator
@@ -43,7 +44,13 @@ from gspo_jax import jsonio
 from gspo_jax.models.config import ModelConfig
 from gspo_jax.models.params import abstract_params
 
+log = logging.getLogger(__name__)
 INDEX_FILE = "model.safetensors.index.json"
+# A vision-language Qwen3.5 checkpoint (Qwen3_5ForConditionalGeneration): the language
+# model's tensors under this prefix; the vision tower and the multi-token-prediction head
+# under the skipped ones.
+_TEXT_PREFIX = "model.language_model."
+_SKIPPED_PREFIXES = ("model.visual.", "mtp.")
 SINGLE_FILE = "model.safetensors"
 # Present in some older exports; derived from the config, never a weight.
 _IGNORABLE_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -81,9 +88,11 @@ def _tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
             node = node[key]
         return tuple(node.shape) if index is None else tuple(node.shape[1:])
 
-    def add(path, name, kind, index=None, n_in=1):
+    def add(path, name, kind, index=None, n_in=1, hf_shape=None):
         shape = leaf(path, index)
-        if kind == "copy":
+        if hf_shape is not None:  # a "copy" stored in another shape (the conv kernel)
+            pass
+        elif kind == "copy":
             hf_shape = (math.prod(shape),) if path[-1] == "bias" else shape
         elif kind == "linear":
             hf_shape = (math.prod(shape[n_in:]), math.prod(shape[:n_in]))
@@ -92,21 +101,17 @@ def _tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
         specs.append(TensorSpec(path, index, (name,), hf_shape, shape, kind))
 
     add(("embed", "embedding"), "model.embed_tokens.weight", "copy")
-    dense = moe = 0  # rank of layer i among the dense / MoE layers: its stack index
+    # rank of layer i among the dense / MoE / full-attention / linear layers: its stack index
+    dense = moe = full = linear = 0
     for i in range(cfg.num_layers):
         pre = f"model.layers.{i}."
-        attn = ("layers", "attn")
         add(("layers", "input_norm", "scale"), pre + "input_layernorm.weight", "copy", i)
-        for n in "qkv":
-            add(attn + (f"{n}_proj", "kernel"), pre + f"self_attn.{n}_proj.weight", "linear", i)
-            if cfg.qkv_bias:
-                add(attn + (f"{n}_proj", "bias"), pre + f"self_attn.{n}_proj.bias", "copy", i)
-        add(attn + ("o_proj", "kernel"), pre + "self_attn.o_proj.weight", "linear", i, n_in=2)
-        if cfg.o_bias:
-            add(attn + ("o_proj", "bias"), pre + "self_attn.o_proj.bias", "copy", i)
-        if cfg.qk_norm:
-            add(attn + ("q_norm", "scale"), pre + "self_attn.q_norm.weight", "copy", i)
-            add(attn + ("k_norm", "scale"), pre + "self_attn.k_norm.weight", "copy", i)
+        if cfg.is_linear_layer(i):
+            _linear_attn_specs(add, leaf, pre + "linear_attn.", linear)
+            linear += 1
+        else:
+            _attn_specs(cfg, add, pre + "self_attn.", full)
+            full += 1
         add(
             ("layers", "post_attn_norm", "scale"),
             pre + "post_attention_layernorm.weight",
@@ -121,6 +126,12 @@ def _tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
                 names = tuple(pre + f"mlp.experts.{e}.{n}.weight" for e in range(cfg.num_experts))
                 hf_shape = (shape[2], shape[1])
                 specs.append(TensorSpec(path + (n,), moe, names, hf_shape, shape, "experts"))
+            if cfg.shared_expert_intermediate_size:
+                for n in ("gate_proj", "up_proj", "down_proj"):
+                    name = pre + f"mlp.shared_expert.{n}.weight"
+                    add(path + ("shared_expert", n, "kernel"), name, "linear", moe)
+                name = pre + "mlp.shared_expert_gate.weight"
+                add(path + ("shared_expert_gate", "kernel"), name, "linear", moe)
             moe += 1
         else:
             for n in ("gate_proj", "up_proj", "down_proj"):
@@ -130,6 +141,35 @@ def _tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
     if not cfg.tie_word_embeddings:
         add(("lm_head", "kernel"), "lm_head.weight", "linear")
     return specs
+
+
+def _attn_specs(cfg: ModelConfig, add, pre: str, i: int) -> None:
+    """A full-attention layer's tensors (`pre` = "model.layers.{l}.self_attn."), stack index i."""
+    attn = ("layers", "attn")
+    for n in "qkv":
+        add(attn + (f"{n}_proj", "kernel"), pre + f"{n}_proj.weight", "linear", i)
+        if cfg.qkv_bias:
+            add(attn + (f"{n}_proj", "bias"), pre + f"{n}_proj.bias", "copy", i)
+    add(attn + ("o_proj", "kernel"), pre + "o_proj.weight", "linear", i, n_in=2)
+    if cfg.o_bias:
+        add(attn + ("o_proj", "bias"), pre + "o_proj.bias", "copy", i)
+    if cfg.qk_norm:
+        add(attn + ("q_norm", "scale"), pre + "q_norm.weight", "copy", i)
+        add(attn + ("k_norm", "scale"), pre + "k_norm.weight", "copy", i)
+
+
+def _linear_attn_specs(add, leaf, pre: str, i: int) -> None:
+    """A Gated DeltaNet layer's tensors (`pre` = "model.layers.{l}.linear_attn."), stack
+    index i: projections as linear maps, conv1d [Q, 1, K] (ours [Q, K]), the rest copied."""
+    lin = ("layers", "linear_attn")
+    for n in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"):
+        add(lin + (n, "kernel"), pre + f"{n}.weight", "linear", i)
+    add(lin + ("out_proj", "kernel"), pre + "out_proj.weight", "linear", i, n_in=2)
+    Q, K = leaf(lin + ("conv1d",), i)
+    add(lin + ("conv1d",), pre + "conv1d.weight", "copy", i, hf_shape=(Q, 1, K))
+    for n in ("dt_bias", "A_log"):
+        add(lin + (n,), pre + n, "copy", i)
+    add(lin + ("norm", "scale"), pre + "norm.weight", "copy", i)
 
 
 def _to_ours(spec: TensorSpec, hf_array: np.ndarray) -> np.ndarray:
@@ -229,7 +269,7 @@ def load_pretrained(
     cfg = read_model_config(
         path, param_dtype=dtype, dtype=compute_dtype or dtype, **config_overrides
     )
-    weight_map = _weight_map(path)
+    weight_map, source = _text_weights(path, _weight_map(path))
     wanted = {
         name: (spec, e) for spec in _tensor_specs(cfg) for e, name in enumerate(spec.hf_names)
     }
@@ -246,7 +286,7 @@ def load_pretrained(
             available = set(f.keys())
             for name in names:
                 spec, e = wanted[name]
-                hf_array = _read_tensor(f, file, name, spec, cfg, available)
+                hf_array = _read_tensor(f, file, source.get(name, name), spec, cfg, available)
                 if spec.kind != "experts":
                     placer.place(spec, _to_ours(spec, hf_array).astype(np_dtype))
                     continue
@@ -257,6 +297,30 @@ def load_pretrained(
                 if buf[1] == len(spec.hf_names):
                     placer.place(spec, expert_buffers.pop(key)[0])
     return cfg, placer.params
+
+
+def _text_weights(path: Path, weight_map: dict[str, str]) -> tuple[dict[str, str], dict]:
+    """A vision-language checkpoint's language model as a causal LM's tensor names:
+    (weight map under "model.…" names, {our name: the name in the file}); the vision and
+    MTP tensors dropped with one log line. Any other checkpoint is returned unchanged."""
+    if not any(name.startswith(_TEXT_PREFIX) for name in weight_map):
+        return weight_map, {}
+    out, source, skipped = {}, {}, 0
+    for name, file in weight_map.items():
+        if name.startswith(_SKIPPED_PREFIXES):
+            skipped += 1
+            continue
+        ours = "model." + name[len(_TEXT_PREFIX) :] if name.startswith(_TEXT_PREFIX) else name
+        out[ours], source[ours] = file, name
+    if skipped:
+        log.info(
+            "%s: skipping %d vision-tower / multi-token-prediction tensor(s) (%s*); "
+            "loading the language model only",
+            path,
+            skipped,
+            "*, ".join(_SKIPPED_PREFIXES),
+        )
+    return out, source
 
 
 def _check_tensor_names(path: Path, cfg: ModelConfig, weight_map: dict, wanted: dict) -> None:

@@ -29,6 +29,14 @@ every step sliced (copied) each layer's weights and cache out of the stacks (doc
     valid slots plus response slots 0..t; segments after t's are not read, which is why
     the response cache is split in time (a step reads only what can hold tokens).
 
+Hybrid models (Qwen3.5): only the full-attention layers have k/v buffers (the tuples run
+over those layers, in order); each Gated DeltaNet layer keeps (conv window [rows, K−1,
+conv channels], recurrent state [rows, heads, d_k, d_v] float32) instead — the prompt's,
+from the prefill, in `PromptCache.linear`, and each decode row's in `ResponseCache.linear`.
+The step at response slot 0 starts every row from its prompt's state (the G rows of a
+prompt share it, as they share its keys); later steps carry their own. The decode step
+runs the recurrent form, the prefill the chunked one (deltanet.py).
+
 Writing past a buffer's end is not checked inside jit (dynamic_update_slice clamps):
 size caches as prompt length + max new tokens.
 
@@ -61,12 +69,14 @@ class PromptCache:
     v       tuple over layers of [Q, K, P, C]
     valid   bool [Q, P]   slot holds a real prompt token
     length  int32 [Q]     real prompt tokens = position id of the first response token
+    linear  tuple over linear layers of (conv window, recurrent state) after the prompt
     """
 
     k: tuple
     v: tuple
     valid: jax.Array
     length: jax.Array
+    linear: tuple = ()
 
 
 @struct.dataclass
@@ -76,10 +86,12 @@ class ResponseCache:
     k   tuple over layers of a tuple over segments of [B, K, C, W_m]
     v   tuple over layers of a tuple over segments of [B, K, W_m, C]
     Segment m holds response slots [start_m, start_m + W_m) (`segments`).
+    linear  tuple over linear layers of (conv window, recurrent state) of each row
     """
 
     k: tuple
     v: tuple
+    linear: tuple = ()
 
     @property
     def segments(self) -> tuple[tuple[int, int], ...]:
@@ -128,9 +140,22 @@ def init_response_cache(
         return jax.lax.with_sharding_constraint(x, partition.spec(mesh, names, shape))
 
     k_names, v_names = ("batch", "kv_heads", None, None), ("batch", "kv_heads", None, None)
+    full = cfg.num_layers - cfg.num_linear_layers
+    H, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    channels = 2 * cfg.linear_num_key_heads * dk + H * dv
+    window = (B, cfg.linear_conv_kernel_dim - 1, channels)
+    # The window in the compute dtype, the state in float32: what a decode step returns.
+    linear = tuple(
+        (
+            zeros(window, ("batch", None, None)).astype(cfg.dtype),
+            zeros((B, H, dk, dv), ("batch",) + (None,) * 3).astype(jnp.float32),
+        )
+        for _ in range(cfg.num_linear_layers)
+    )
     return ResponseCache(
-        k=tuple(tuple(zeros((B, K, C, w), k_names) for w in widths) for _ in range(cfg.num_layers)),
-        v=tuple(tuple(zeros((B, K, w, C), v_names) for w in widths) for _ in range(cfg.num_layers)),
+        k=tuple(tuple(zeros((B, K, C, w), k_names) for w in widths) for _ in range(full)),
+        v=tuple(tuple(zeros((B, K, w, C), v_names) for w in widths) for _ in range(full)),
+        linear=linear,
     )
 
 
@@ -156,6 +181,9 @@ class _CacheAttention:
     allowed  bool [B|1, L|1, W] over the written segment's slots (after the write);
              earlier segments are full and wholly visible, later ones are not read
     The cache entry a layer returns is its (k segments, v segments) tuples, updated.
+    index    layer -> its index among the layers of its kind (full attention / DeltaNet)
+    states   per DeltaNet layer, the rows' (conv window, state) before this step
+    first    bool []: the response's first step, whose rows start from their prompt's state
     """
 
     prompt: PromptCache
@@ -164,9 +192,22 @@ class _CacheAttention:
     segment: int
     at: jax.Array
     allowed: jax.Array
+    index: tuple
+    states: tuple = ()
+    first: jax.Array | None = None
     layer_data = None  # per-layer buffers are indexed by layer (unrolled decoder)
 
+    def linear(self, layer: int):
+        """A DeltaNet layer's context: no mask, its rows' state, kept, the recurrent form."""
+        i = self.index[layer]
+        rows = self.states[i][0].shape[0]
+        own = self.states[i]
+        start = tuple(jnp.repeat(x, rows // x.shape[0], axis=0) for x in self.prompt.linear[i])
+        state = tuple(jnp.where(self.first, p, o.astype(p.dtype)) for p, o in zip(start, own))
+        return None, state, True, True
+
     def __call__(self, layer: int, q_BLHC, k_BLKC, v_BLKC):
+        layer = self.index[layer]
         ks, vs = list(self.k[layer]), list(self.v[layer])
         m = self.segment
         # Only segment m changes, and attention reads the updated buffer whole (a slice
@@ -177,6 +218,16 @@ class _CacheAttention:
         parts += [(ks[j], vs[j], None) for j in range(m)]
         parts.append((ks[m], vs[m], self.allowed))
         return attend_cached(q_BLHC, parts), (tuple(ks), tuple(vs))
+
+
+def _kind_index(cfg: ModelConfig) -> tuple[int, ...]:
+    """Layer i's index among the layers of its kind (full attention / Gated DeltaNet)."""
+    out, counts = [], [0, 0]
+    for i in range(cfg.num_layers):
+        kind = int(cfg.is_linear_layer(i))
+        out.append(counts[kind])
+        counts[kind] += 1
+    return tuple(out)
 
 
 @functools.partial(jax.jit, static_argnums=0, static_argnames=("dtype",))
@@ -191,17 +242,23 @@ def prefill_shared(
     (`decode_step_shared`).
     """
     cfg = model_config
-    hidden_QPD, (k, v), routing_out = run_full(
+    hidden_QPD, entries, routing_out = run_full(
         cfg, params, tokens_QP, attention_mask_QP, routing, keep_kv=True
     )
+    linear = ()
+    if cfg.is_hybrid:  # (full layers' (k, v), DeltaNet layers' (window, state)), stacked
+        entries, (window, state) = entries
+        linear = tuple((window[i], state[i]) for i in range(cfg.num_linear_layers))
+    k, v = entries
     dtype = jnp.dtype(dtype or cfg.dtype)
     mask = attention_mask_QP.astype(bool)
-    layers = range(cfg.num_layers)
+    layers = range(cfg.num_layers - cfg.num_linear_layers)
     cache = PromptCache(
         k=tuple(k[i].transpose(0, 2, 3, 1).astype(dtype) for i in layers),  # [Q, K, C, P]
         v=tuple(v[i].transpose(0, 2, 1, 3).astype(dtype) for i in layers),  # [Q, K, P, C]
         valid=mask,
         length=jnp.sum(mask, axis=1, dtype=jnp.int32),
+        linear=linear,
     )
     logits = logits_from_hidden(cfg, params, hidden_QPD[:, -1])
     return cache, logits, routing_out
@@ -263,11 +320,19 @@ def decode_step_shared(
         segment=segment,
         at=offset,
         allowed=(jnp.arange(width) <= offset)[None, None, :],
+        index=_kind_index(cfg),
+        states=response.linear,
+        first=jnp.asarray(slot, jnp.int32) == 0,
     )
     model = merge(cfg, params)
     hidden_B1D, entries, routing_out = model(
         tokens_B[:, None], positions_B1, context, routing, unroll=True, layer_params=layer_params
     )
-    new = ResponseCache(k=tuple(k for k, _ in entries), v=tuple(v for _, v in entries))
+    full = [e for i, e in enumerate(entries) if not cfg.is_linear_layer(i)]
+    new = ResponseCache(
+        k=tuple(k for k, _ in full),
+        v=tuple(v for _, v in full),
+        linear=tuple(e for i, e in enumerate(entries) if cfg.is_linear_layer(i)),
+    )
     logits = logits_from_hidden(cfg, params, hidden_B1D[:, 0])
     return logits, new, routing_out

@@ -39,7 +39,10 @@ class LayerRun:
     """`repeats` consecutive copies of a unit of layers, applied as one scan.
 
     start: first layer; kinds: per layer of the unit, True for MoE; dense_start /
-    moe_start: index of the run's first dense / MoE layer in the `mlp` / `moe` stacks.
+    moe_start: index of the run's first dense / MoE layer in the `mlp` / `moe` stacks;
+    mixers: per layer of the unit, True for a Gated DeltaNet layer (hybrid models; empty
+    when none is); full_start / linear_start: the run's first index in the `attn` /
+    `linear_attn` stacks.
     """
 
     start: int
@@ -47,6 +50,20 @@ class LayerRun:
     repeats: int
     dense_start: int
     moe_start: int
+    mixers: tuple[bool, ...] = ()
+    full_start: int = 0
+    linear_start: int = 0
+
+    def is_linear(self, j: int) -> bool:
+        return bool(self.mixers) and self.mixers[j]
+
+    @property
+    def linear_per_unit(self) -> int:
+        return sum(self.mixers)
+
+    @property
+    def full_per_unit(self) -> int:
+        return len(self.kinds) - self.linear_per_unit
 
     @property
     def num_layers(self) -> int:
@@ -70,7 +87,9 @@ def layer_runs(cfg: ModelConfig) -> tuple[LayerRun, ...]:
     of a one-layer unit; decoder_sparse_step=2 is one run of (dense, MoE) pairs; an odd
     mlp_only_layers entry costs a run or two more.
     """
-    kinds = tuple(cfg.is_moe_layer(i) for i in range(cfg.num_layers))
+    moe = tuple(cfg.is_moe_layer(i) for i in range(cfg.num_layers))
+    linear = tuple(cfg.is_linear_layer(i) for i in range(cfg.num_layers))
+    kinds = tuple(zip(moe, linear))
     n = len(kinds)
     # best[i] = (traced layers, runs, (unit length, repeats)) for layers i..n-1
     best: list = [None] * n + [(0, 0, None)]
@@ -88,8 +107,20 @@ def layer_runs(cfg: ModelConfig) -> tuple[LayerRun, ...]:
     out, i = [], 0
     while i < n:
         p, repeats = best[i][2]
-        before = kinds[:i]
-        out.append(LayerRun(i, kinds[i : i + p], repeats, i - sum(before), sum(before)))
+        moe_before, linear_before = sum(moe[:i]), sum(linear[:i])
+        mixers = linear[i : i + p] if any(linear) else ()
+        out.append(
+            LayerRun(
+                i,
+                moe[i : i + p],
+                repeats,
+                i - moe_before,
+                moe_before,
+                mixers,
+                i - linear_before,
+                linear_before,
+            )
+        )
         i += p * repeats
     return tuple(out)
 
@@ -107,15 +138,17 @@ def _remat_policy(name: str):
 
 
 @functools.cache
-def _block_graph(cfg: ModelConfig, is_moe: bool):
+def _block_graph(cfg: ModelConfig, is_moe: bool, is_linear: bool = False):
     """(graphdef, abstract State) of one layer of this kind, built once."""
     # graph_updates=False: no shardings from a mesh in context (logical names are not mesh
     # axes; the first call may happen while tracing under jax.set_mesh).
-    return nnx.split(nnx.eval_shape(lambda: Block(cfg, is_moe, nnx.Rngs(0)), graph_updates=False))
+    return nnx.split(
+        nnx.eval_shape(lambda: Block(cfg, is_moe, nnx.Rngs(0), is_linear), graph_updates=False)
+    )
 
 
-def _merge_block(cfg: ModelConfig, is_moe: bool, layer_params) -> Block:
-    graphdef, abstract_state = _block_graph(cfg, is_moe)
+def _merge_block(cfg: ModelConfig, is_moe: bool, layer_params, is_linear: bool = False) -> Block:
+    graphdef, abstract_state = _block_graph(cfg, is_moe, is_linear)
     state = jax.tree.map(lambda v: v, abstract_state)  # fresh Variables, cached ones untouched
     nnx.replace_by_pure_dict(state, layer_params)
     return nnx.merge(graphdef, state)
@@ -134,39 +167,47 @@ def _slice_layers(tree, start: int, count: int, total: int, unit: int):
 
 
 def _unit_fn(run: LayerRun, layer_fn, policy, scanned: bool):
-    """(x, this unit's slices) -> (x, {"entries", "routes"} stacked over the unit's layers,
-    and "stats": its MoE layers' router load statistics summed, when layer_fn returns them):
-    the body of the run's scan. layer_fn(is_moe, layer_params, x, data, forced) runs one
-    layer; with a remat policy each layer is checkpointed on its own."""
+    """(x, this unit's slices) -> (x, {"entries", "linear_entries", "routes"} stacked over
+    the unit's layers of each kind, and "stats": its MoE layers' router load statistics
+    summed, when layer_fn returns them): the body of the run's scan. layer_fn((is_moe,
+    is_linear), layer_params, x, data, forced) runs one layer; with a remat policy each
+    layer is checkpointed on its own."""
 
     def unit(x, xs_unit):
-        unit_entries, unit_routes, unit_stats = [], [], []
-        d = e = 0
+        entries, linear_entries, unit_routes, unit_stats = [], [], [], []
+        counts = {"mlp": 0, "moe": 0, "attn": 0, "linear_attn": 0}
+
+        def take(name):
+            index = counts[name]
+            counts[name] += 1
+            return jax.tree.map(lambda a: a[index], xs_unit[name])
+
         for j, is_moe in enumerate(run.kinds):
+            is_linear = run.is_linear(j)
             layer_params = jax.tree.map(lambda a, j=j: a[j], xs_unit["half"])
-            if is_moe:
-                layer_params["mlp"] = jax.tree.map(lambda a, e=e: a[e], xs_unit["moe"])
-                forced = xs_unit["forced"][e] if "forced" in xs_unit else None
-            else:
-                layer_params["mlp"] = jax.tree.map(lambda a, d=d: a[d], xs_unit["mlp"])
-                forced = None
+            forced = None
+            if is_moe and "forced" in xs_unit:
+                forced = xs_unit["forced"][counts["moe"]]
+            layer_params["mlp"] = take("moe" if is_moe else "mlp")
+            mixer = "linear_attn" if is_linear else "attn"
+            layer_params[mixer] = take(mixer)
             data = jax.tree.map(lambda a, j=j: a[j], xs_unit["data"])
-            fn = functools.partial(layer_fn, is_moe)
+            fn = functools.partial(layer_fn, (is_moe, is_linear))
             if policy is not False:
                 # Inside a scan the loop already keeps iterations apart, so CSE across the
                 # recomputation is harmless (jax's advice for remat inside scan).
                 fn = jax.checkpoint(fn, policy=policy, prevent_cse=not scanned)
             x, entry, idx, *stats = fn(layer_params, x, data, forced)
-            unit_entries.append(entry)
+            (linear_entries if is_linear else entries).append(entry)
             if is_moe:
                 unit_routes.append(idx)
                 unit_stats.extend(stats)
-                e += 1
-            else:
-                d += 1
         stack = functools.partial(jax.tree.map, lambda *a: jnp.stack(a))
-        routes = stack(*unit_routes) if unit_routes else None
-        ys = {"entries": stack(*unit_entries), "routes": routes}
+        ys = {
+            "entries": stack(*entries) if entries else None,
+            "linear_entries": stack(*linear_entries) if linear_entries else None,
+            "routes": stack(*unit_routes) if unit_routes else None,
+        }
         if unit_stats:
             ys["stats"] = jax.tree.map(lambda *a: sum(a), *unit_stats)
         return x, ys
@@ -174,37 +215,68 @@ def _unit_fn(run: LayerRun, layer_fn, policy, scanned: bool):
     return unit
 
 
+def _layer_context(attention, data, is_linear: bool):
+    """This layer's context: attention's, or (a linear layer) `attention.linear`'s."""
+    if is_linear:
+        return functools.partial(attention.linear, data)
+    return functools.partial(attention, data)
+
+
+def _run_xs(cfg: ModelConfig, run: LayerRun, stacks: dict, attention, routing) -> dict:
+    """The slices of the weights, context data and forced routing one run scans over."""
+    n, m, lin = cfg.num_layers, cfg.num_moe_layers, cfg.num_linear_layers
+    p, pd, pm = len(run.kinds), run.dense_per_unit, run.moe_per_unit
+    half = {k: stacks[k] for k in ("input_norm", "post_attn_norm")}
+    xs = {
+        "half": _slice_layers(half, run.start, run.num_layers, n, p),
+        "data": _slice_layers(attention.layer_data, run.start, run.num_layers, n, p),
+    }
+    pf, pl = run.full_per_unit, run.linear_per_unit
+    if pf:
+        xs["attn"] = _slice_layers(stacks["attn"], run.full_start, pf * run.repeats, n - lin, pf)
+    if pl:
+        xs["linear_attn"] = _slice_layers(
+            stacks["linear_attn"], run.linear_start, pl * run.repeats, lin, pl
+        )
+    if pd:
+        xs["mlp"] = _slice_layers(stacks["mlp"], run.dense_start, pd * run.repeats, n - m, pd)
+    if pm:
+        xs["moe"] = _slice_layers(stacks["moe"], run.moe_start, pm * run.repeats, m, pm)
+        if routing is not None:
+            xs["forced"] = _slice_layers(routing, run.moe_start, pm * run.repeats, m, pm)
+    return xs
+
+
+def _concat(parts):
+    parts = [p for p in parts if p is not None]
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
+
+
 def apply_layers(
     cfg: ModelConfig, stacks: dict, x_BLD, cos, sin, attention, routing, remat, stats_mask_BL=None
 ):
     """All layers, run by run (`layer_runs`), each run a scan over its repeated unit.
 
-    Returns (x_BLD, cache entries stacked on a leading layer axis (or None), routing
-    [M, B, L, X] computed or forced); with `stats_mask_BL` [B, L] (1: a real token; MoE
-    models) also the router load statistics of every MoE layer summed over the layers,
-    (counts [E], probs [E], rows) as `moe_aux.load_balancing_loss` takes them."""
-    n, m = cfg.num_layers, cfg.num_moe_layers
+    Returns (x_BLD, cache entries stacked on a leading layer axis (or None) — for a
+    hybrid model a pair (full-attention layers' entries, linear layers' entries), each in
+    layer order — and routing [M, B, L, X] computed or forced); with `stats_mask_BL`
+    [B, L] (1: a real token; MoE models) also the router load statistics of every MoE
+    layer summed over the layers, (counts [E], probs [E], rows) as
+    `moe_aux.load_balancing_loss` takes them."""
     policy = _remat_policy(cfg.remat) if remat and cfg.remat != "none" else False
     extra = () if stats_mask_BL is None else (stats_mask_BL,)
 
-    def layer_fn(is_moe, layer_params, x, data, forced):
-        block = _merge_block(cfg, is_moe, layer_params)
-        return block(x, cos, sin, functools.partial(attention, data), forced, *extra)
+    def layer_fn(kind, layer_params, x, data, forced):
+        is_moe, is_linear = kind
+        block = _merge_block(cfg, is_moe, layer_params, is_linear)
+        context = _layer_context(attention, data, is_linear)
+        return block(x, cos, sin, context, forced, *extra)
 
-    entries, routes, stats = [], [], []
+    entries, linear_entries, routes, stats = [], [], [], []
     for run in layer_runs(cfg):
-        p, pd, pm = len(run.kinds), run.dense_per_unit, run.moe_per_unit
-        half = {k: stacks[k] for k in ("input_norm", "attn", "post_attn_norm")}
-        xs = {
-            "half": _slice_layers(half, run.start, run.num_layers, n, p),
-            "data": _slice_layers(attention.layer_data, run.start, run.num_layers, n, p),
-        }
-        if pd:
-            xs["mlp"] = _slice_layers(stacks["mlp"], run.dense_start, pd * run.repeats, n - m, pd)
-        if pm:
-            xs["moe"] = _slice_layers(stacks["moe"], run.moe_start, pm * run.repeats, m, pm)
-            if routing is not None:
-                xs["forced"] = _slice_layers(routing, run.moe_start, pm * run.repeats, m, pm)
+        xs = _run_xs(cfg, run, stacks, attention, routing)
         scanned = run.repeats > 1 and cfg.scan_layers
         unit = _unit_fn(run, layer_fn, policy, scanned)
         if scanned:
@@ -217,18 +289,16 @@ def apply_layers(
             ys = jax.tree.map(lambda *a: jnp.stack(a), *per_unit)
         flat = functools.partial(jax.tree.map, lambda a: a.reshape(-1, *a.shape[2:]))
         entries.append(flat(ys["entries"]))
-        if pm:
-            routes.append(flat(ys["routes"]))
+        linear_entries.append(flat(ys["linear_entries"]))
+        routes.append(flat(ys["routes"]))
         if "stats" in ys:  # [repeats, ...] -> summed over the run
             stats.append(jax.tree.map(lambda a: jnp.sum(a, axis=0), ys["stats"]))
-    if len(entries) == 1:
-        entries_out = entries[0]
-    else:
-        entries_out = jax.tree.map(lambda *a: jnp.concatenate(a), *entries)
+    entries_out = _concat(entries)
+    if cfg.is_hybrid:
+        entries_out = (entries_out, _concat(linear_entries))
     B, L = x_BLD.shape[:2]
-    if routes:
-        routing_out = routes[0] if len(routes) == 1 else jnp.concatenate(routes)
-    else:
+    routing_out = _concat(routes)
+    if routing_out is None:
         routing_out = jnp.zeros((0, B, L, cfg.num_experts_per_tok), jnp.int32)
     if stats_mask_BL is None:
         return x_BLD, entries_out, routing_out
@@ -253,13 +323,20 @@ def split_layers(model_config: ModelConfig, params) -> tuple[dict, ...]:
     """
     stacks = params["layers"]
     dtype = jnp.dtype(model_config.dtype)
-    out, dense, moe = [], 0, 0
+    out, dense, moe, full, linear = [], 0, 0, 0, 0
 
     def at(tree, index):
         return jax.tree.map(lambda a: a[index].astype(dtype), tree)
 
     for i in range(model_config.num_layers):
-        layer = {k: at(stacks[k], i) for k in ("input_norm", "attn", "post_attn_norm")}
+        layer = {k: at(stacks[k], i) for k in ("input_norm", "post_attn_norm")}
+        if model_config.is_linear_layer(i):
+            # A_log / dt_bias / the norms stay as stored: the layer computes them in f32.
+            layer["linear_attn"] = jax.tree.map(lambda a, j=linear: a[j], stacks["linear_attn"])
+            linear += 1
+        else:
+            layer["attn"] = at(stacks["attn"], full)
+            full += 1
         if model_config.is_moe_layer(i):
             router = stacks["moe"]["router"]
             layer["mlp"] = at({k: v for k, v in stacks["moe"].items() if k != "router"}, moe)
@@ -285,10 +362,11 @@ def apply_layers_unrolled(cfg: ModelConfig, layer_params, x_BLD, cos, sin, atten
     entries, routes = [], []
     moe = 0
     for i in range(cfg.num_layers):
-        is_moe = cfg.is_moe_layer(i)
+        is_moe, is_linear = cfg.is_moe_layer(i), cfg.is_linear_layer(i)
         forced = routing[moe] if is_moe and routing is not None else None
-        block = _merge_block(cfg, is_moe, layer_params[i])
-        x_BLD, entry, idx = block(x_BLD, cos, sin, functools.partial(attention, i), forced)
+        block = _merge_block(cfg, is_moe, layer_params[i], is_linear)
+        context = _layer_context(attention, i, is_linear)
+        x_BLD, entry, idx = block(x_BLD, cos, sin, context, forced)
         entries.append(entry)
         if is_moe:
             routes.append(idx)

@@ -53,16 +53,24 @@ def _param(rngs: nnx.Rngs | None, shape, axes, param_dtype, init: str = "normal"
 
 
 class RMSNorm(nnx.Module):
-    """y = x / sqrt(mean(x²) + eps) · scale; statistics in float32 (as transformers)."""
+    """y = x / sqrt(mean(x²) + eps) · scale; statistics in float32 (as transformers).
+
+    Zero-centred (hybrid Qwen3.5, `cfg.is_hybrid`): the stored scale is w, initialised to
+    0, and y = (x / sqrt(mean(x²) + eps) · (1 + w)) computed in float32, then cast
+    (transformers' Qwen3_5RMSNorm), so w is read and written as the checkpoint holds it."""
 
     def __init__(self, dim: int, eps: float, cfg: ModelConfig):
-        self.scale = _param(None, (dim,), (None,), cfg.param_dtype, init="ones")
+        self.zero_centred = cfg.is_hybrid
+        init = "zeros" if self.zero_centred else "ones"
+        self.scale = _param(None, (dim,), (None,), cfg.param_dtype, init=init)
         self.eps = eps
         self.dtype = jnp.dtype(cfg.dtype)
 
     def __call__(self, x):
         x32 = x.astype(F32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        if self.zero_centred:
+            return (normed * (1.0 + self.scale[...].astype(F32))).astype(self.dtype)
         # transformers casts back to the activation dtype before the scale multiply.
         return normed.astype(self.dtype) * self.scale[...].astype(self.dtype)
 
@@ -86,6 +94,10 @@ def apply_rope(x_BLHC, cos_BLc, sin_BLc):
     tests/train_step/test_routing_replay.py; the figures: docs/benchmarks.md, "What was tried").
     """
     dtype = x_BLHC.dtype
+    rotary = 2 * cos_BLc.shape[-1]
+    if rotary < x_BLHC.shape[-1]:  # partial rotary (Qwen3.5): the rest passes unrotated
+        head, tail = x_BLHC[..., :rotary], x_BLHC[..., rotary:]
+        return jnp.concatenate([apply_rope(head, cos_BLc, sin_BLc), tail], axis=-1)
     x = x_BLHC.astype(F32)
     x1, x2 = jnp.split(x, 2, axis=-1)
     cos, sin = cos_BLc[:, :, None, :], sin_BLc[:, :, None, :]
@@ -144,13 +156,24 @@ class Proj(nnx.Module):
 
 class Attention(nnx.Module):
     """GQA self-attention with RoPE, optional q/k/v(/o) bias (Qwen2) and per-head q/k
-    RMSNorm before RoPE (Qwen3). Which keys a query sees (causal mask, cache) is the
+    RMSNorm before RoPE (Qwen3). Hybrid Qwen3.5 adds an output gate: q_proj gives
+    [H, 2C] per token, the query (first C) and a gate (last C), and the attention output
+    is multiplied by σ(gate) before o_proj; RoPE rotates the first `rotary_dim` dims only
+    (`apply_rope` with shorter cos/sin). Which keys a query sees (causal mask, cache) is the
     attention context's business: the same module serves forward, prefill and decode."""
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         D, H, K, C = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.gated = cfg.is_hybrid
         self.q_proj = Proj(
-            (D,), (H, C), ("embed",), ("heads", None), cfg, rngs, bias=cfg.qkv_bias, name="q_proj"
+            (D,),
+            (H, 2 * C if self.gated else C),
+            ("embed",),
+            ("heads", None),
+            cfg,
+            rngs,
+            bias=cfg.qkv_bias,
+            name="q_proj",
         )
         kv = ((D,), (K, C), ("embed",), ("kv_heads", None), cfg, rngs)
         self.k_proj = Proj(*kv, bias=cfg.qkv_bias, name="k_proj")
@@ -170,6 +193,9 @@ class Attention(nnx.Module):
         call's normed, rotated queries/keys and values, stores what its cache keeps, and
         attends. Returns (y_BLD, cache_entry)."""
         q = partition.constrain(self.q_proj(x_BLD), partition.HEADS)
+        gate = None
+        if self.gated:
+            q, gate = jnp.split(q, 2, axis=-1)
         k = partition.constrain(self.k_proj(x_BLD), partition.KV_HEADS)
         v = partition.constrain(self.v_proj(x_BLD), partition.KV_HEADS)
         if self.q_norm is not None:
@@ -179,6 +205,8 @@ class Attention(nnx.Module):
         q, k, v = (checkpoint_name(t, "qkv") for t in (q, k, v))
         out_BLHC, cache_entry = attention(q, k, v)
         out_BLHC = checkpoint_name(partition.constrain(out_BLHC, partition.HEADS), "attention")
+        if gate is not None:
+            out_BLHC = out_BLHC * jax.nn.sigmoid(gate.astype(F32)).astype(out_BLHC.dtype)
         return partition.constrain(self.o_proj(out_BLHC), partition.RESIDUAL), cache_entry
 
 
@@ -238,7 +266,9 @@ def _top_k_per_device(probs_JE, k: int):
 class MoE(nnx.Module):
     """Sparse MoE block: router [D, E] and E SwiGLU experts of width moe_intermediate_size.
 
-    y_j = Σ_{e ∈ topk(j)} gate_{j,e} · down_e(silu(gate_e(x_j)) · up_e(x_j)) for each token j.
+    y_j = Σ_{e ∈ topk(j)} gate_{j,e} · down_e(silu(gate_e(x_j)) · up_e(x_j)) for each token j,
+    plus, with a shared expert (Qwen3.5-MoE, `shared_expert_intermediate_size`),
+    σ(w_sᵀ x_j) · shared(x_j), a SwiGLU every token goes through, scaled by its own gate.
     """
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
@@ -248,6 +278,9 @@ class MoE(nnx.Module):
         self.gate_proj = _param(rngs, (E, D, F), ("expert", "embed", "mlp"), cfg.param_dtype)
         self.up_proj = _param(rngs, (E, D, F), ("expert", "embed", "mlp"), cfg.param_dtype)
         self.down_proj = _param(rngs, (E, F, D), ("expert", "mlp", "embed"), cfg.param_dtype)
+        S = cfg.shared_expert_intermediate_size
+        self.shared_expert = MLP(cfg, S, rngs) if S else None
+        self.shared_expert_gate = Proj((D,), (1,), ("embed",), (None,), cfg, rngs) if S else None
         self.k = cfg.num_experts_per_tok
         self.norm_topk_prob = cfg.norm_topk_prob
         self.impl = cfg.moe_impl
@@ -286,7 +319,11 @@ class MoE(nnx.Module):
             # loop-invariant, were hoisted out of the sampler's loop for every layer at
             # once, many times the temporaries of this way (docs/tpu.md, "MoE on TPU").
             y_JD = _experts_ragged(x_JD, gates_JX, idx_JX, wg, wu, wd)
-        out = (y_JD.astype(self.dtype).reshape(B, L, D), own_JX.reshape(B, L, self.k))
+        y_BLD = y_JD.astype(self.dtype).reshape(B, L, D)
+        if self.shared_expert is not None:
+            gate_BL1 = jax.nn.sigmoid(self.shared_expert_gate(x_BLD).astype(F32))
+            y_BLD = y_BLD + gate_BL1.astype(self.dtype) * self.shared_expert(x_BLD)
+        out = (y_BLD, own_JX.reshape(B, L, self.k))
         if stats_mask_BL is None:
             return out
         stats = moe_aux.router_load_stats(

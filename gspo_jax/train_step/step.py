@@ -158,14 +158,16 @@ def shared_group(step_config: StepConfig, splits: int) -> int:
     divides G, every run of G/splits consecutive rows of a part are responses to one
     prompt, which then goes through the model once for them (`models.hidden_states_shared`)
     instead of once per response. Off (1) with `shared_prompt` off, with MoE models (the
-    routing arrays are per repeated row), when the split does not keep groups together, and
+    routing arrays are per repeated row), with hybrid Qwen3.5 models (a response continues
+    its prompt's DeltaNet state, which the shared layout does not carry), when the split
+    does not keep groups together, and
     when the model's attention is a fused kernel (splash, cuDNN: the shared layout runs the
     einsum attention, whose scores would be materialised). Call it at trace time: the
     kernel depends on the platform compiled for.
     """
     g = step_config.group_size
     cfg = step_config.model
-    if not step_config.shared_prompt or cfg.num_moe_layers or g % splits:
+    if not step_config.shared_prompt or cfg.num_moe_layers or cfg.is_hybrid or g % splits:
         return 1
     if resolve_impl(cfg.attention_impl, dtype=cfg.dtype) != "xla":
         return 1

@@ -1,0 +1,43 @@
+"""Qwen3.5 (hybrid Gated DeltaNet + gated attention) on GSM8K with GSPO, from a local checkpoint.
+
+  python -m gspo_jax.main \
+      --config=configs/qwen35_gsm8k.py:hf_path=/ckpt/Qwen3.5-0.8B,manual_dir=/data/gsm8k \
+      --workdir=/tmp/gspo_qwen35_gsm8k
+
+hf_path: a local copy of a Qwen3.5 checkpoint: a text model (`Qwen3_5ForCausalLM`,
+`Qwen3_5MoeForCausalLM`) or a released vision-language one
+(`Qwen3_5ForConditionalGeneration`, whose language model is loaded and whose vision tower
+and multi-token-prediction weights are skipped); config.json, safetensors, tokenizer files.
+manual_dir: GSM8K's official `train.jsonl` and `test.jsonl`. Nothing is downloaded.
+
+The sampler runs the static engine (`sampling.engine="static"`): the continuous engine
+keeps no per-slot DeltaNet state yet and refuses these models at start-up. Sampler and
+trainer share the model code: the prefill and every train-step pass run the chunked
+Gated DeltaNet, the decode steps its recurrent form (docs/configuration.md, "Qwen3.5"); the gap
+shows as sampler/logprob_gap_*. Settings otherwise as configs/qwen3_0p6b_gsm8k.py.
+"""
+
+from configs import common, gspo_paper
+
+
+def get_config(arg: str | None = None):
+    args = common.parse_arg(arg, hf_path="", manual_dir="")
+    if not args["hf_path"]:
+        raise ValueError(
+            "configs/qwen35_gsm8k.py needs :hf_path=DIR,manual_dir=DIR (a local Qwen3.5 "
+            "checkpoint and the GSM8K jsonl files)"
+        )
+    c = gspo_paper.get_config(arg)
+    c.sampling.engine = "static"
+    c.num_steps = 500
+    c.rollout_batch_size = 64
+    c.num_return_sequences_in_group = 8
+    c.micro_batch_size = 16
+    c.response_length = 768
+    c.sampling.temperature = 1.0
+    c.optim.learning_rate = 1e-6
+    c.optim.warmup_steps = 20
+    c.eval.every_steps = 25
+    c.eval.num_prompts = 500
+    c.checkpoint.every_steps = 25
+    return c
