@@ -109,7 +109,7 @@ def scratch_model_config(config, **tokens) -> models.ModelConfig:
         rope_theta=m.rope_theta,
         tie_word_embeddings=m.tie_word_embeddings,
         qkv_bias=m.arch == "qwen2",
-        qk_norm=m.arch != "qwen2",
+        qk_norm=m.arch not in ("qwen2", "llama"),
         num_experts=m.num_experts if moe else 0,
         num_experts_per_tok=m.num_experts_per_tok if moe else 0,
         moe_intermediate_size=m.moe_intermediate_size if moe else 0,

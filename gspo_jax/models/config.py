@@ -1,15 +1,15 @@
-"""`ModelConfig`: one frozen, hashable description of a Qwen2 / Qwen3 / Qwen3-MoE decoder.
+"""`ModelConfig`: one frozen, hashable description of a Qwen2 / Qwen3 / Qwen3-MoE / Qwen3.5 /
+Llama 3 decoder.
 
 Where it sits: `load_pretrained` builds it from a checkpoint's config.json
 (`ModelConfig.from_hf_config`), every model function takes it as its first, static
 (jit-hashable) argument, and `save_pretrained` writes it back (`to_hf_config`). Anything
 the model code does not implement (sliding-window attention, other activations, RoPE
-variants Qwen never shipped, other architectures) is rejected here with a message naming
-the field, so a checkpoint is never silently run with the wrong maths.
+variants not listed in rope.py, MLP biases, other architectures) is rejected here with a
+message naming the field, so a checkpoint is never silently run with the wrong maths.
 
-Supported RoPE types (`rope_scaling`): "default" (stored as None), "linear" and "yarn"
-(the long-context recipe in the Qwen2.5 / Qwen3 model cards). "dynamic" NTK depends on
-the running sequence length and "longrope"/"llama3" are not Qwen's; they are refused.
+Llama ("llama": Llama 3.x dense, LlamaForCausalLM) is Qwen3's decoder without q/k norms:
+attention_bias on q/k/v/o, tied or untied embeddings, the "llama3" RoPE scaling.
 
 Both spellings of the fields that moved between transformers versions are read:
 `rope_theta` at top level (published Qwen checkpoints) or inside `rope_parameters`
@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from gspo_jax.models import rope as rope_lib
 from gspo_jax.models.hf_fields import HfReader as _HfReader
 from gspo_jax.models.hybrid_config import (
     CAUSAL_LM,
@@ -35,12 +36,13 @@ from gspo_jax.models.hybrid_config import (
     text_part,
 )
 
-ARCHS = ("qwen2", "qwen3", "qwen3_moe") + HYBRID_ARCHS
+ARCHS = ("qwen2", "qwen3", "qwen3_moe", "llama") + HYBRID_ARCHS
 MOE_ARCHS = ("qwen3_moe", "qwen3_5_moe")
 HF_ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "llama": "LlamaForCausalLM",
     **{arch: names[1] for arch, names in CAUSAL_LM.items()},
 }
 REMAT_POLICIES = ("none", "full", "dots", "save_qkv", "save_qkv_attention")
@@ -51,22 +53,6 @@ DTYPES = ("float32", "bfloat16", "float16")
 LORA_ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 LORA_MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
 LORA_TARGETS = LORA_ATTENTION_TARGETS + LORA_MLP_TARGETS
-ROPE_TYPES = ("linear", "yarn")
-# Keys allowed inside a rope dict, per type (besides rope_type/type/rope_theta).
-_ROPE_KEYS = {
-    "default": set(),
-    "linear": {"factor"},
-    "yarn": {
-        "factor",
-        "original_max_position_embeddings",
-        "attention_factor",
-        "beta_fast",
-        "beta_slow",
-        "mscale",
-        "mscale_all_dim",
-        "truncate",
-    },
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,8 +179,8 @@ class ModelConfig:
                 bad(f, f"expected one of {DTYPES}")
         if self.rope_scaling is not None:
             rope = dict(self.rope_scaling)
-            if rope.get("rope_type") not in ROPE_TYPES:
-                bad("rope_scaling", f"rope_type must be one of {ROPE_TYPES}")
+            if rope.get("rope_type") not in rope_lib.ROPE_TYPES:
+                bad("rope_scaling", f"rope_type must be one of {rope_lib.ROPE_TYPES}")
             if "factor" not in rope:
                 bad("rope_scaling", "needs a 'factor'")
             if not (math.isfinite(float(rope["factor"])) and float(rope["factor"]) > 0):
@@ -288,60 +274,12 @@ class ModelConfig:
         return "default" if self.rope_scaling is None else dict(self.rope_scaling)["rope_type"]
 
     def rope_inv_freq_and_scale(self) -> tuple[np.ndarray, float]:
-        """Inverse frequencies [head_dim/2] (float32) and the cos/sin scale of RoPE.
-
-        default: inv_freq_i = θ^(-2i/d).
-        linear:  inv_freq_i / factor (positions interpolated by `factor`).
-        yarn (arXiv 2309.00071): per dimension, blend interpolated (inv/factor) and
-            extrapolated (inv) frequencies with a linear ramp between the dims whose
-            wavelength makes beta_fast resp. beta_slow rotations over the original
-            context; cos/sin scaled by attention_factor (default 0.1·ln(factor)+1).
-        The float32 arithmetic mirrors transformers so that logits agree to ~1e-6.
-        """
-        d = self.rotary_dim
-        base = np.float32(self.rope_theta)
-        exponents = np.arange(0, d, 2, dtype=np.float32) / np.float32(d)
-        pos_freqs = base**exponents
-        inv_freq = (np.float32(1.0) / pos_freqs).astype(np.float32)
-        rope = {} if self.rope_scaling is None else dict(self.rope_scaling)
-        kind = rope.get("rope_type", "default")
-        if kind == "default":
-            return inv_freq, 1.0
-        factor = float(rope["factor"])
-        if kind == "linear":
-            return (inv_freq / np.float32(factor)).astype(np.float32), 1.0
-        # yarn
-        original = rope.get("original_max_position_embeddings") or self.max_position_embeddings
-
-        def get_mscale(scale, mscale=1.0):
-            return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
-
-        attention_factor = rope.get("attention_factor")
-        if attention_factor is None:
-            mscale, mscale_all_dim = rope.get("mscale"), rope.get("mscale_all_dim")
-            if mscale and mscale_all_dim:
-                attention_factor = get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)
-            else:
-                attention_factor = get_mscale(factor)
-        beta_fast = rope.get("beta_fast") or 32
-        beta_slow = rope.get("beta_slow") or 1
-
-        def correction_dim(num_rotations):
-            return (d * math.log(original / (num_rotations * 2 * math.pi))) / (
-                2 * math.log(self.rope_theta)
-            )
-
-        low, high = correction_dim(beta_fast), correction_dim(beta_slow)
-        if rope.get("truncate", True):
-            low, high = math.floor(low), math.ceil(high)
-        low, high = max(low, 0), min(high, d - 1)
-        if low == high:
-            high += 0.001  # avoid a zero-width ramp
-        ramp = np.clip((np.arange(d // 2, dtype=np.float32) - low) / (high - low), 0, 1)
-        extrapolation_weight = (1 - ramp).astype(np.float32)
-        interp = np.float32(1.0) / (np.float32(factor) * pos_freqs)
-        inv = interp * (1 - extrapolation_weight) + inv_freq * extrapolation_weight
-        return inv.astype(np.float32), float(attention_factor)
+        """Inverse frequencies [rotary_dim/2] (float32) and the cos/sin scale of RoPE for
+        this model's `rope_scaling` (`rope.inv_freq_and_scale`: default, linear, yarn,
+        llama3)."""
+        return rope_lib.inv_freq_and_scale(
+            self.rope_theta, self.rotary_dim, self.rope_scaling, self.max_position_embeddings
+        )
 
     # --------------------------------------------------------------- HF mapping
     @classmethod
@@ -357,7 +295,7 @@ class ModelConfig:
         read = _HfReader(hf)
         _check_supported(hf, read)
 
-        rope_theta, rope_scaling = _parse_rope(hf)
+        rope_theta, rope_scaling = rope_lib.parse_rope(hf)
         hidden, heads = read.count("hidden_size"), read.count("num_attention_heads")
         head_dim = read.count("head_dim", None)
         if head_dim is None:
@@ -389,7 +327,8 @@ class ModelConfig:
             "rope_scaling": rope_scaling,
             "rms_norm_eps": read.positive("rms_norm_eps", hf.get("rms_norm_eps", 1e-6)),
             "tie_word_embeddings": read.flag("tie_word_embeddings", False),
-            # Qwen2 hard-codes bias on q/k/v (not o); Qwen3 follows attention_bias on all four.
+            # Qwen2 hard-codes bias on q/k/v (not o); Qwen3 and Llama follow attention_bias
+            # on all four.
             "qkv_bias": True if model_type == "qwen2" else attention_bias,
             "o_bias": False if model_type == "qwen2" else attention_bias,
             "qk_norm": is_qwen3,
@@ -400,6 +339,8 @@ class ModelConfig:
         }
         if model_type in HYBRID_ARCHS:
             fields.update(hybrid_fields(hf, read, fields["num_layers"]))
+        if model_type == "llama":
+            _check_llama(hf, read)
         if model_type == "qwen3_moe":
             num_experts = hf.get("num_experts", hf.get("num_local_experts"))
             if num_experts is None:
@@ -466,6 +407,14 @@ class ModelConfig:
             for key in drop:
                 hf.pop(key, None)
             return dict(sorted(hf.items()))
+        if self.arch == "llama":
+            if self.qkv_bias != self.o_bias or self.qk_norm:
+                raise ValueError("llama needs qkv_bias == o_bias and qk_norm=False")
+            for key in ("sliding_window", "use_sliding_window"):
+                hf.pop(key)
+            hf.update(attention_bias=self.qkv_bias, head_dim=self.head_dim, mlp_bias=False)
+            hf["pretraining_tp"] = 1
+            return dict(sorted(hf.items()))
         if self.arch in ("qwen2", "qwen3"):
             hf["layer_types"] = ["full_attention"] * self.num_layers
             hf["max_window_layers"] = self.num_layers
@@ -531,6 +480,16 @@ def _check_supported(hf: dict[str, Any], read) -> None:
         raise ValueError(f"unsupported partial_rotary_factor={partial!r} (only 1.0)")
 
 
+def _check_llama(hf: dict[str, Any], read) -> None:
+    """What Llama's config.json may ask for that the decoder does not do: MLP biases and
+    the tensor-parallel pretraining split of the projections."""
+    if read.flag("mlp_bias", False):
+        raise ValueError("unsupported mlp_bias=true for llama (the MLP has no biases here)")
+    tp = hf.get("pretraining_tp", 1)
+    if tp not in (None, 1):
+        raise ValueError(f"unsupported pretraining_tp={tp!r} for llama (only 1)")
+
+
 def _check_ids_and_layers(fields: dict[str, Any], model_type: str) -> None:
     """Token ids inside the vocabulary; MoE layer indices inside the model."""
     vocab = fields["vocab_size"]
@@ -551,37 +510,3 @@ def _check_ids_and_layers(fields: dict[str, Any], model_type: str) -> None:
             raise ValueError(
                 f"mlp_only_layers lists layer {i}, but num_hidden_layers={fields['num_layers']}"
             )
-
-
-def _parse_rope(hf: dict[str, Any]) -> tuple[float, tuple[tuple[str, Any], ...] | None]:
-    """(rope_theta, hashable rope_scaling) from either HF spelling."""
-    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    if not isinstance(params, dict):
-        raise TypeError(f"unsupported rope_parameters/rope_scaling={params!r} (expected a dict)")
-    if any(isinstance(v, dict) for v in params.values()):
-        raise ValueError(f"unsupported per-layer-type rope_parameters {sorted(params)}")
-    theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
-    kind = params.get("rope_type", params.get("type", "default"))
-    if kind not in _ROPE_KEYS:
-        raise ValueError(
-            f"unsupported rope type {kind!r} in rope_parameters/rope_scaling; "
-            f"supported: {sorted(_ROPE_KEYS)}"
-        )
-    extra = set(params) - {"rope_type", "type", "rope_theta"} - _ROPE_KEYS[kind]
-    extra -= {"partial_rotary_factor"} if params.get("partial_rotary_factor") in (1, 1.0) else set()
-    if extra:
-        raise ValueError(f"unsupported keys {sorted(extra)} for rope type {kind!r}")
-    if kind == "default":
-        return theta, None
-    scaling = {k: params[k] for k in _ROPE_KEYS[kind] if params.get(k) is not None}
-    if "factor" not in scaling:
-        raise ValueError(f"rope type {kind!r} needs a 'factor'")
-    for key in ("factor", "original_max_position_embeddings", "attention_factor"):
-        if key in scaling:
-            _HfReader(hf).positive(f"rope scaling {key}", scaling[key])
-    if kind == "yarn":
-        scaling.setdefault(
-            "original_max_position_embeddings", hf.get("max_position_embeddings", 32768)
-        )
-    scaling["rope_type"] = kind
-    return theta, tuple(sorted(scaling.items()))

@@ -23,7 +23,7 @@ from gspo_jax import models
 from gspo_jax.data import load_tokenizer
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "models"
-FAMILIES = ("qwen2", "qwen3", "qwen3_moe")
+FAMILIES = ("qwen2", "qwen3", "qwen3_moe", "llama")
 
 
 def _tensors(directory: Path) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -225,7 +225,15 @@ def test_no_weights_is_named(tmp_path):
 @pytest.mark.parametrize(
     "edit, message",
     [
-        ({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}, "llama"),
+        ({"model_type": "mistral", "architectures": ["MistralForCausalLM"]}, "mistral"),
+        (
+            {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "mlp_bias": True},
+            "mlp_bias",
+        ),
+        (
+            {"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e4}},
+            "llama3.*low_freq_factor",
+        ),
         ({"architectures": ["Qwen2ForSequenceClassification"]}, "Qwen2ForSequenceClassification"),
         ({"use_sliding_window": True, "sliding_window": 8}, "sliding"),
         ({"hidden_act": "gelu"}, "gelu"),

@@ -15,7 +15,7 @@ import pytest
 from gspo_jax import models
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "models"
-FAMILIES = ("qwen2", "qwen3", "qwen3_moe")
+FAMILIES = ("qwen2", "qwen3", "qwen3_moe", "llama")
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -41,6 +41,14 @@ def test_fixture_configs_cover_the_variants(family):
             "rope_type": "default",
         },
         "qwen3_moe": {"qk_norm": True, "tie_word_embeddings": False, "num_moe_layers": 2},
+        "llama": {
+            "arch": "llama",
+            "qkv_bias": False,
+            "o_bias": False,
+            "qk_norm": False,
+            "tie_word_embeddings": False,
+            "rope_type": "llama3",
+        },
     }[name]
     for field, value in expected.items():
         assert getattr(cfg, field) == value, field

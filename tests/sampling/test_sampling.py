@@ -25,7 +25,7 @@ from gspo_jax.sampling import continuous, draw, sampler, static
 # Shape letters: N prompts, G samples per prompt, B = N·G, P prompt width, T new tokens.
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "models"
-FAMILIES = ("qwen2", "qwen3", "qwen3_moe")
+FAMILIES = ("qwen2", "qwen3", "qwen3_moe", "llama")
 WIDTH, BUCKET, T = 20, 16, 12
 UNUSED_EOS = (2, 1)  # <|im_end|> and <|im_start|>: absent from every greedy reference
 G = 4
