@@ -315,7 +315,11 @@ def plot(cells: list[dict], settings: Sequence[Setting], png: str) -> str:
         if not numeric:
             ax.set_xticks(xs, values)
         ax.legend(fontsize=7)
+    # a fraction spanning 0 to ~0.3: linear below 1e-4 (so 0 shows), log above, no
+    # negative half (matplotlib's symlog would otherwise mirror the axis below 0)
     axes[2].set_yscale("symlog", linthresh=1e-4)
+    axes[2].set_ylim(0, 1)
+    axes[2].set_ylabel("fraction of tokens (symlog: linear below 1e-4)", fontsize=8)
     fig.tight_layout()
     os.makedirs(os.path.dirname(png) or ".", exist_ok=True)
     fig.savefig(png, dpi=100)
