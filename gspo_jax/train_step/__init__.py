@@ -5,14 +5,12 @@ then ppo_epochs x num_mini_batches optimizer updates with micro-batch accumulati
 Imports only the algorithm, the models and the sharding (docs/architecture.md is the map).
 """
 
+from gspo_jax.train_step.jitted import batch_shardings, make_logprobs_fn, make_train_step
 from gspo_jax.train_step.metrics import metric_reductions, routing_changes
 from gspo_jax.train_step.step import (
     StepConfig,
     TrainState,
     batch_ndims,
-    batch_shardings,
-    make_logprobs_fn,
-    make_train_step,
     response_logprobs,
     shared_group,
     train_step,

@@ -63,7 +63,6 @@ import jax.numpy as jnp
 import optax
 
 from gspo_jax import models
-from gspo_jax import sharding as sharding_lib
 from gspo_jax.algorithm import logprobs as logprobs_lib
 from gspo_jax.algorithm import objectives, old_policy
 from gspo_jax.algorithm.masked import masked_mean
@@ -526,97 +525,3 @@ def train_step(step_config: StepConfig, tx: optax.GradientTransformation, state:
     metrics = step_metrics(step_config, per_update)
     metrics["optimizer_step"] = step.astype(jnp.float32)
     return TrainState(step=step, params=params, opt_state=opt_state), metrics
-
-
-def batch_shardings(step_config: StepConfig, mesh) -> dict:
-    """Shardings of the train batch: every entry split over the mesh's batch axes."""
-    return {
-        name: sharding_lib.batch_sharding(mesh, ndim)
-        for name, ndim in batch_ndims(step_config).items()
-    }
-
-
-def make_train_step(
-    step_config: StepConfig,
-    tx: optax.GradientTransformation,
-    *,
-    state_shardings=None,
-    mesh=None,
-    donate: bool = True,
-):
-    """jax.jit(train_step) with the state donated and, given `state_shardings` and `mesh`,
-    explicit in/out shardings: the state as given, the batch over the mesh's batch axes
-    (`batch_shardings`), the metrics replicated."""
-    kwargs = {}
-    if state_shardings is not None:
-        if mesh is None:
-            raise ValueError("make_train_step: state_shardings need the mesh of the batch")
-        kwargs["in_shardings"] = (state_shardings, batch_shardings(step_config, mesh))
-        kwargs["out_shardings"] = (state_shardings, sharding_lib.replicated(mesh))
-
-    def jitted(sc):
-        fn = functools.partial(train_step, sc, tx)
-        return jax.jit(fn, donate_argnums=(0,) if donate else (), **kwargs)
-
-    if not step_config.packing or step_config.pack_rows:  # padded, or a fixed packed size
-        return jitted(step_config)
-    return PackedStep(step_config, jitted, sharding_lib.data_parallel_size(mesh) if mesh else 1)
-
-
-class PackedStep:
-    """The packed train step (`config.packing`). Per call: the packed rows the batch's
-    micro-batches need (`packing.rows_needed`, one small jitted pass and a scalar fetch),
-    bucketed (`packing.bucket_rows`); when R packed rows of pack_length hold fewer tokens
-    than the padded micro-batch (its shared-prompt layout's when `shared_group` > 1) the
-    packed step of that bucket runs, else the padded one (a batch of full-length responses
-    packs no better; rows 0). `compiled`: the steps compiled so far, by rows (one per
-    `packing.bucket_sizes` reached, and the padded one)."""
-
-    def __init__(self, step_config: StepConfig, jitted, shards: int):
-        self.step_config, self._jitted, self._shards = step_config, jitted, shards
-        self.compiled: dict[int, Any] = {}
-
-    def rows(self, batch) -> int:
-        """Packed rows per micro-batch this batch compiles for; 0: the padded step."""
-        sc = self.step_config
-        b, length = batch["tokens"].shape
-        response_len = batch["response_mask"].shape[1]
-        micro, group = _micro_batching(sc, b // sc.num_mini_batches)
-        splits = sc.num_mini_batches * micro
-        needed, contiguous = packing.rows_needed(
-            sc, batch["attention_mask"], response_len, splits, group
-        )
-        if not bool(contiguous):
-            raise ValueError(
-                "packing: every attention_mask row must be a left-padded prompt then a "
-                "right-padded response (real tokens contiguous on each side)"
-            )
-        micro_rows = b // splits
-        rows = packing.bucket_rows(int(needed), micro_rows, self._shards)
-        padded = micro_rows * response_len + (micro_rows // group) * (length - response_len)
-        return rows if rows * packing.pack_length(sc, length) < padded else 0
-
-    def __call__(self, state, batch):
-        rows = self.rows(batch)
-        if rows not in self.compiled:
-            sc = dataclasses.replace(self.step_config, packing=rows > 0, pack_rows=rows or None)
-            self.compiled[rows] = self._jitted(sc)
-        return self.compiled[rows](state, batch)
-
-
-def make_logprobs_fn(step_config: StepConfig):
-    """Jitted log π(response tokens) of any params, the whole batch at once (π_ref; π_old
-    for the token-level KL reward; the train step's own π_old pass is separate):
-    fn(params, tokens_BL, attention_mask_BL, response_len) -> (logprobs [B, T],
-    entropy [B, T], routing [B, M, L, X], batch-major; [B, 0, L, 0] for dense models).
-    The rows are laid out as a rollout's (the G responses of a prompt contiguous), so with
-    `shared_prompt` each prompt goes through the model once per group."""
-
-    def fn(params, tokens_BL, attention_mask_BL, response_len):
-        group = shared_group(step_config, 1)
-        logp, ent, routing = response_logprobs(
-            step_config, params, tokens_BL, attention_mask_BL, response_len, group=group
-        )
-        return logp, ent, jnp.moveaxis(routing, 1, 0)
-
-    return jax.jit(fn, static_argnums=(3,))
