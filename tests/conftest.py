@@ -80,6 +80,9 @@ LONGEST_FIRST = (
     # 339 s alone on the shared VM beside 3 other jobs (2026-12-06), not yet measured in a
     # full run: 7 presets through `gspo_jax.main`, each compiling its own train step
     "test_family_presets.py",
+    # new on 2026-12-06 (helpers' loaded timings / 2.5): packing's whole steps ~210 s, the
+    # router loss's steps ~40, Qwen3.5's models and its run, the warm-start cache's runs
+    "test_packing.py",
     "test_mesh_equality.py",  # 313
     "test_train_step.py",  # 206
     "test_routing_replay.py",  # 206
@@ -97,6 +100,12 @@ LONGEST_FIRST = (
     "test_objectives.py",  # 94
     "test_layouts.py",  # 94
     "test_notebooks.py",  # 93
+    "test_qwen35.py",
+    "test_qwen35_run.py",
+    "test_router_aux_loss.py",
+    "test_user_code.py",
+    "test_warm_cache.py",
+    "test_aot.py",
 )
 
 

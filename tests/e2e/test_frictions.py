@@ -276,6 +276,7 @@ def test_the_first_rl_step_says_it_is_compiling(monkeypatch, caplog):
         progress_bar=True,
         export_hf=False,
         plot=False,
+        profile_steps=(),
     )
     trainer = types.SimpleNamespace(
         schedule=schedule,

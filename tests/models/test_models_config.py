@@ -92,7 +92,7 @@ def test_yarn_rope_scaling_both_spellings():
 @pytest.mark.parametrize(
     "edit, message",
     [
-        ({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}, "llama"),
+        ({"model_type": "mistral", "architectures": ["MistralForCausalLM"]}, "mistral"),
         ({"model_type": None}, "model_type=None"),
         ({"architectures": ["Qwen3ForSequenceClassification"]}, "Qwen3ForSequenceClassification"),
         ({"use_sliding_window": True}, "use_sliding_window"),

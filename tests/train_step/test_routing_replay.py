@@ -99,7 +99,9 @@ def test_logged_expert_change_is_routing_disagreement_with_pi_old(moe):
 def test_moe_tiny_grpo_with_replay_through_main(tmp_path):
     """configs/moe_tiny.py (GRPO + Routing Replay) for 2 RL steps through `gspo_jax.main`:
     every update's expert change, ratio range and clip fractions reach metrics.jsonl,
-    and the plot is drawn."""
+    and the plot is drawn. With `model.router_aux_loss_coef` the load-balancing loss is
+    logged too: finite, in (0, E] (E · Σ F·P <= E; k = 2 of E = 8 experts: 2 at uniform
+    routing)."""
     workdir = tmp_path / "run"
     cmd = main_command(
         workdir,
@@ -113,6 +115,7 @@ def test_moe_tiny_grpo_with_replay_through_main(tmp_path):
         "--config.eval.batch_size=8",
         "--config.reward.num_workers=0",
         "--config.checkpoint.every_steps=0",
+        "--config.model.router_aux_loss_coef=0.01",
         config="configs/moe_tiny.py:algo=grpo,routing_replay=true",
     )
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600)
@@ -132,6 +135,8 @@ def test_moe_tiny_grpo_with_replay_through_main(tmp_path):
         assert m["sampler/logprob_gap_mean"] >= 0
         expected = np.mean([m[f"updates/expert_change/{u}"] for u in range(4)])
         assert m["policy/expert_change"] == pytest.approx(expected, rel=1e-5)
+        assert 0 < m["policy/router_aux_loss"] <= 8
+        assert all(np.isfinite(m[f"updates/router_aux_loss/{u}"]) for u in range(4))
     assert (workdir / "curves.png").exists()
     tags = _tensorboard_tags(workdir / "tb")
     for key in ("updates/expert_change/1", "updates/clipfrac_seq/3", "policy/ratio_noise_floor"):
