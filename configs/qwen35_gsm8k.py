@@ -17,7 +17,7 @@ Gated DeltaNet, the decode steps its recurrent form (docs/configuration.md, "Qwe
 shows as sampler/logprob_gap_*. Settings otherwise as configs/qwen3_0p6b_gsm8k.py.
 """
 
-from configs import common, gspo_paper
+from configs import common, qwen3_0p6b_gsm8k
 
 
 def get_config(arg: str | None = None):
@@ -27,17 +27,6 @@ def get_config(arg: str | None = None):
             "configs/qwen35_gsm8k.py needs :hf_path=DIR,manual_dir=DIR (a local Qwen3.5 "
             "checkpoint and the GSM8K jsonl files)"
         )
-    c = gspo_paper.get_config(arg)
+    c = qwen3_0p6b_gsm8k.get_config(arg)
     c.sampling.engine = "static"
-    c.num_steps = 500
-    c.rollout_batch_size = 64
-    c.num_return_sequences_in_group = 8
-    c.micro_batch_size = 16
-    c.response_length = 768
-    c.sampling.temperature = 1.0
-    c.optim.learning_rate = 1e-6
-    c.optim.warmup_steps = 20
-    c.eval.every_steps = 25
-    c.eval.num_prompts = 500
-    c.checkpoint.every_steps = 25
     return c
