@@ -13,13 +13,17 @@ from pathlib import Path
 
 import pytest
 
-# XLA flags of every CPU test process (conftest.py; the two-process runs): LLVM at -O0. The
-# tests' programs are tiny, so compiling them is most of the suite's time
-# (tests/models/test_models_params.py: 56 s -> 37 s). The floats differ from -O2's in the last bits
-# only, as between two CPU types, which every tolerance here already allows: a 6-step tiny
-# run through `gspo_jax.main` logged the same rewards, clipped fractions and policy loss; 9 of
-# its 307 metrics differed, e.g. entropy 4.5958438 vs 4.5958433.
-CPU_TEST_FLAGS = "--xla_backend_optimization_level=0"
+# XLA flags of every CPU test process (conftest.py; the two-process runs). The tests' programs
+# are tiny, so compiling them is most of the suite's time:
+# - LLVM at -O0 (tests/models/test_models_params.py: 56 s -> 37 s);
+# - the CPU backend's older elemental emitters instead of its fusion emitters (one train step
+#   of the Qwen3 fixture, 2 mini-batches: XLA compile 27-33 s -> 9-13 s on the 2-core VM at
+#   load ~13, the tracing's 5-7 s unchanged).
+# The floats differ from the default build's in the last bits only, as between two CPU types,
+# which every tolerance here already allows: a 6-step tiny run through `gspo_jax.main` at -O0
+# logged the same rewards, clipped fractions and policy loss; 9 of its 307 metrics differed,
+# e.g. entropy 4.5958438 vs 4.5958433.
+CPU_TEST_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 
 
 def main_command(workdir, *flags, config="configs/default.py") -> list[str]:
