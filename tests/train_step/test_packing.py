@@ -20,11 +20,13 @@ from gspo_jax import models, sharding
 from gspo_jax.config import validate
 from gspo_jax.config.errors import ConfigError
 from gspo_jax.config.specs import step_config
-from gspo_jax.train_step import TrainState, make_train_step, packing
+from gspo_jax.train_step import TrainState, make_logprobs_fn, make_train_step, packing
+from gspo_jax.train_step import jitted as jitted_lib
 from gspo_jax.train_step import step as step_lib
 
 FIXTURE = "tests/fixtures/models/qwen2"
 MOE_FIXTURE = "tests/fixtures/models/qwen3_moe"
+HYBRID_FIXTURE = "tests/fixtures/models/qwen35"
 N, G, P, T = 2, 4, 6, 5
 B, L = N * G, P + T
 LENGTHS = np.array([T, 1, 3, T, 2, T, 4, 1])  # a length-1 response beside full-length ones
@@ -140,6 +142,26 @@ def test_logprobs_equal_the_padded_pass(model, group):
     )
     real = mask_BL[:, P:].astype(bool)
     for a, b in zip(out[:2], ref[:2]):
+        np.testing.assert_allclose(np.asarray(a)[real], np.asarray(b)[real], atol=5e-6)
+        assert np.all(np.asarray(a)[~real] == 0)
+
+
+def test_the_reference_logprob_pass_packs_too(model):
+    """make_logprobs_fn (π_ref's pass) with packing: the whole batch in fewer packed rows,
+    the same log-probs and entropies as the padded pass; full-length rows run it padded."""
+    cfg, params = model
+    tokens_BL, mask_BL = _rows(cfg.vocab_size, seed=1)
+    sc = _sc(cfg)
+    packed_sc = dataclasses.replace(sc, packing=True, pack_length=PACK)
+    rows = jitted_lib.packed_rows(packed_sc, mask_BL, T, 1, step_lib.shared_group(sc, 1), 1)
+    assert 0 < rows < B
+    full_BL = mask_BL.copy()
+    full_BL[:, P:] = 1
+    assert jitted_lib.packed_rows(packed_sc, full_BL, T, 1, G, 1) == 0
+    got = make_logprobs_fn(packed_sc)(params, tokens_BL, mask_BL, T)
+    want = make_logprobs_fn(sc)(params, tokens_BL, mask_BL, T)
+    real = mask_BL[:, P:].astype(bool)
+    for a, b in zip(got[:2], want[:2]):
         np.testing.assert_allclose(np.asarray(a)[real], np.asarray(b)[real], atol=5e-6)
         assert np.all(np.asarray(a)[~real] == 0)
 
@@ -323,6 +345,34 @@ def test_the_step_packs_only_when_it_computes_fewer_tokens(model):
     bad = dict(ragged, attention_mask=ragged["attention_mask"].at[0, P + 1].set(0))
     with pytest.raises(ValueError, match="contiguous"):
         step.rows(bad)
+
+
+def test_hybrid_deltanet_packed_equals_each_alone_and_the_padded_step():
+    """Qwen3.5 (Gated DeltaNet layers, chunks of 4 so segment starts fall inside and on
+    chunk edges): a packed row of three sequences (responses of 1, T and 3 tokens) gives
+    each token the log-prob and entropy of its sequence alone (the padded pass: a row per
+    sequence); the packed mini-batch's loss, metrics and gradient equal the padded one's."""
+    cfg, params = models.load_pretrained(HYBRID_FIXTURE)
+    cfg = dataclasses.replace(cfg, deltanet_chunk_size=4)
+    tokens_BL, mask_BL = _rows(cfg.vocab_size, seed=3)
+    pick = [1, 0, 2]  # lengths 1, T, 3
+    sc = _sc(cfg, use_kl_loss=True, entropy_coef=0.01, num_mini_batches=1)
+    assert step_lib.shared_group(sc, 1) == 1  # hybrid: a prompt per response
+    row = dataclasses.replace(sc, packing=True, pack_length=3 * L, pack_rows=1)
+    fn = jax.jit(lambda s, p, t, m: step_lib.response_logprobs(s, p, t, m, T), static_argnums=0)
+    packed = fn(row, params, tokens_BL[pick], mask_BL[pick])
+    alone = fn(sc, params, tokens_BL[pick], mask_BL[pick])
+    real = mask_BL[pick, P:].astype(bool)
+    for a, want in zip(packed[:2], alone[:2]):
+        np.testing.assert_allclose(np.asarray(a)[real], np.asarray(want)[real], atol=5e-6)
+    batch = _mini_batch(cfg, params, seed=13)
+    packed_sc = _packed(sc, batch["attention_mask"])
+    assert packed_sc.pack_rows < B
+    got_grads, got = _grads(packed_sc, params, batch)
+    want_grads, want = _grads(sc, params, batch)
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=2e-5, atol=2e-6, err_msg=key)
+    _assert_same_grads(got_grads, want_grads)
 
 
 # ----------------------------------------------------------------------- MoE, replay
