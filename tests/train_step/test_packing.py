@@ -17,7 +17,7 @@ import pytest
 
 from configs import base as base_config
 from gspo_jax import models, sharding
-from gspo_jax.config import validate
+from gspo_jax.config import specs, validate
 from gspo_jax.config.errors import ConfigError
 from gspo_jax.config.specs import step_config
 from gspo_jax.train_step import TrainState, make_logprobs_fn, make_train_step, packing
@@ -53,7 +53,7 @@ def _rows(vocab, seed=0, lengths=LENGTHS):
 
 def _sc(cfg, **overrides):
     sc = step_config(base_config.get_config(), cfg)
-    overrides = {"shared_prompt": True, **overrides}
+    overrides = {"shared_prompt": True, "packing": False, **overrides}  # padded unless asked
     return dataclasses.replace(sc, group_size=G, horizon=T, **overrides)
 
 
@@ -123,6 +123,22 @@ def test_pack_length_is_validated():
     c.pack_length = -1
     with pytest.raises(ConfigError, match="pack_length"):
         validate.validate(c)
+
+
+def test_packing_none_packs_long_responses_only():
+    """packing=None (the default): on from PACKING_MIN_RESPONSE_LENGTH response tokens, so
+    configs/default.py's 16-token answers stay padded; True / False as set."""
+    from configs import default
+
+    c = base_config.get_config()
+    assert c.packing is None
+    c.response_length = specs.PACKING_MIN_RESPONSE_LENGTH
+    assert specs.packing_on(c)
+    c.response_length -= 1
+    assert not specs.packing_on(c)
+    c.packing = True
+    assert specs.packing_on(c)
+    assert not specs.packing_on(default.get_config())
 
 
 # ------------------------------------------------------------------ per-token equality
