@@ -5,7 +5,9 @@ gradient equal the padded step's for every ratio, aggregation and loss mode, wit
 micro-batches, shared prompts, rollout correction, OPSM, KL and entropy; the whole step
 through `make_train_step` (buckets), on 8-device meshes; MoE with Routing Replay (one
 device, and the whole step on fsdp 2 x expert 2 x tensor 2); the
-splash kernel with segment ids (Pallas interpret mode)."""
+splash kernel with segment ids (Pallas interpret mode); π_ref's log-prob pass packed
+(make_logprobs_fn); Qwen3.5's Gated DeltaNet packed (each sequence as alone, the step as
+padded); the default rule (packing=None: on from 64 response tokens)."""
 
 import dataclasses
 import itertools
