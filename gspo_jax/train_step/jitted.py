@@ -127,9 +127,9 @@ def make_logprobs_fn(step_config: StepConfig, *, mesh=None):
         )
         return logp, ent, jnp.moveaxis(routing, 1, 0)
 
+    if not step_config.packing:  # one jitted function (`.lower` works: tools.aot)
+        return jax.jit(functools.partial(fn, step_config), static_argnums=(3,))
     jitted = jax.jit(fn, static_argnums=(0, 4))
-    if not step_config.packing:
-        return functools.partial(jitted, step_config)
     shards = sharding_lib.data_parallel_size(mesh) if mesh else 1
 
     def packed_fn(params, tokens_BL, attention_mask_BL, response_len):
