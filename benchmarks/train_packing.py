@@ -21,7 +21,12 @@ model must read), each step's median seconds and real tokens/s, the packed / pad
 speed-up (of the medians, and of each step's fastest run: on a loaded machine the less
 noisy one), and the fraction of computed token slots that hold a real token (packed: the
 packed rows' non-empty slots, a prompt repeated in a second segment counted as real;
-padded: real tokens over the shared-prompt rows' slots). Targets (issue 39): long tail
+padded: real tokens over the shared-prompt rows' slots), each step's compile (its first
+call less its median: the packed step's is one bucket's) and `bucket_break_even_steps`: the
+steps of this batch after which one more bucket's compile is paid back by the time packing
+saves per step (None: it saved nothing). A run with packing compiles a step per bucket it
+reaches instead of the one padded step; `configs/base.py`'s `packing=None` rule rests on
+this figure. Targets (issue 39): long tail
 packed >= 2.5x padded real tokens/s with >= 90 % of computed slots real; uniform within 5 %.
 
     python benchmarks/train_packing.py                     # ~3-5 min on 2 cores
@@ -84,6 +89,7 @@ def timings(batches: dict, sc, tx, params, args):
     steps = {"padded": make_train_step(padded_sc, tx), "packed": make_train_step(packed_sc, tx)}
     state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
     times = {(b, s): [] for b in batches for s in steps}
+    first = {}
     for rep in range(args.reps + 1):  # the first round compiles
         for b, batch in batches.items():
             for s, fn in steps.items():
@@ -92,11 +98,14 @@ def timings(batches: dict, sc, tx, params, args):
                 jax.block_until_ready(fn(fresh, batch))
                 if rep:
                     times[b, s].append(time.perf_counter() - t0)
-    return times, steps
+                else:
+                    first[b, s] = time.perf_counter() - t0
+    return times, first, steps
 
 
-def measure(batch, times, steps, sc, args) -> dict:
-    """One batch's figures: medians of its timings, rows, real fractions."""
+def measure(batch, times, first, steps, sc, args) -> dict:
+    """One batch's figures: medians of its timings, rows, real fractions, and the steps
+    after which packing's own compile has paid for itself (`break_even_steps`)."""
     T, group = args.response_length, args.group
     packed, packed_sc = steps["packed"], steps["packed"].step_config
     real = real_tokens(batch, group, T)
@@ -128,6 +137,11 @@ def measure(batch, times, steps, sc, args) -> dict:
         plan_s.append(time.perf_counter() - t0)
     out = {name: float(np.median(v)) for name, v in times.items()}
     best = {name: float(np.min(v)) for name, v in times.items()}
+    # the first call compiles (the packed one its bucket's step): a run with packing
+    # compiles one step per bucket it reaches instead of one padded step, so each bucket
+    # after the first costs a compile, paid back by the time saved per step
+    compile_s = {name: first[name] - out[name] for name in out}
+    saved_s = out["padded"] - out["packed"]
     return {
         "real_tokens": real,
         "padded_s": out["padded"],
@@ -142,6 +156,9 @@ def measure(batch, times, steps, sc, args) -> dict:
         "padded_rows_per_micro_batch": micro_rows,
         "packed_plan_s": float(np.median(plan_s)),
         "packed_compiles": len(packed.compiled),  # over both batches: their buckets
+        "padded_compile_s": compile_s["padded"],
+        "packed_compile_s": compile_s["packed"],
+        "bucket_break_even_steps": compile_s["packed"] / saved_s if saved_s > 0 else None,
     }
 
 
@@ -182,18 +199,21 @@ def main():
         )
         for name, lengths in batches.items()
     }
-    times, steps = timings(data, sc, tx, params, args)
+    times, first, steps = timings(data, sc, tx, params, args)
     results = {}
     for name, batch in data.items():
         mine = {s: times[name, s] for s in ("padded", "packed")}
-        results[name] = r = measure(batch, mine, steps, sc, args)
+        its_first = {s: first[name, s] for s in ("padded", "packed")}
+        results[name] = r = measure(batch, mine, its_first, steps, sc, args)
         print(
             f"{name:9s} real tokens {r['real_tokens']:6d}  padded {r['padded_s']:.3f} s "
             f"({r['padded_real_fraction']:.0%} real)  packed {r['packed_s']:.3f} s "
             f"({r['packed_real_fraction']:.0%} real, {r['packed_rows_per_micro_batch']} of "
             f"{r['padded_rows_per_micro_batch']} rows)  speed-up {r['speedup']:.2f}x "
             f"(fastest runs: {r['speedup_of_fastest']:.2f}x); row count "
-            f"{r['packed_plan_s'] * 1e3:.1f} ms"
+            f"{r['packed_plan_s'] * 1e3:.1f} ms; compile padded {r['padded_compile_s']:.1f} s, "
+            f"packed {r['packed_compile_s']:.1f} s; a further bucket paid back after "
+            f"{r['bucket_break_even_steps'] or float('inf'):.0f} steps"
         )
     results["setup"] = {
         "batch": B,

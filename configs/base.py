@@ -97,9 +97,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.rollout_correction_threshold = 2.0  # C > 1: the TIS cap, or the mask's [1/C, C]
     c.shared_prompt = True  # train step and log-prob pass: each prompt's tokens through the
     # model once per group, its G responses attending to them (dense models; the same numbers)
-    c.packing = False  # train step (π_old pass included): responses packed into rows of
-    # pack_length real tokens (segment ids, attention within a segment), so long-tailed lengths
-    # stop costing padding; the same numbers (docs/benchmarks.md has when it wins)
+    c.packing = _placeholder(bool)  # train step (π_old pass included) and π_ref's log-prob
+    # pass: responses packed into rows of pack_length real tokens (segment ids, attention and
+    # DeltaNet state within a segment), so long-tailed lengths stop costing padding; the same
+    # numbers. None: on when response_length >= 64 (where it wins, docs/benchmarks.md)
     c.pack_length = 0  # tokens per packed row; 0: prompt + response length (a rollout row)
     c.logprob_chunk_size = 256  # tokens per chunk of the chunked log-softmax, per chip (a
     # batch split over n chips runs chunks of n x this many tokens): [B, T, V] f32 logits never

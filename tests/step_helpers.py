@@ -20,9 +20,10 @@ B = N * G
 
 def step_config_for(cfg, **overrides) -> StepConfig:
     """The train step's config at configs/base.py's defaults, with `overrides`. Every row
-    of `train_batch` has its own prompt, so the prompt is not shared (test_shared_prompt.py)."""
+    of `train_batch` has its own prompt, so the prompt is not shared (test_shared_prompt.py),
+    and the step runs padded rows (packing: test_packing.py)."""
     sc = step_config(base_config.get_config(), cfg)
-    return dataclasses.replace(sc, shared_prompt=False, **overrides)
+    return dataclasses.replace(sc, shared_prompt=False, **{"packing": False, **overrides})
 
 
 def train_batch(cfg, params, step_config, seed=0, *, advantages=None):

@@ -19,7 +19,8 @@ one RL step calls:
     sampler decode    continuous.engine_loop (its loop, one replica per data-parallel chip
                       group) or static.decode (static), every response response_length
                       tokens long
-    logprobs          train_step.make_logprobs_fn: π_old (and π_ref) recompute
+    logprobs          train_step.make_logprobs_fn: π_old (and π_ref) recompute (padded
+                      rows, every response response_length long, also with packing)
     advantages        rollout.make_advantage_fn (or the token-level-KL variant)
     train step        train_step.make_train_step: ppo_epochs × num_mini_batches updates
 
@@ -709,7 +710,8 @@ def _compile_logprobs(a: _Abstract) -> Report:
     tokens_BL = _batch_sds(a.mesh, (a.B, a.L), jnp.int32)
     report, _ = _compile(
         "logprobs",
-        make_logprobs_fn(a.step_config),
+        # padded: its packed rows (a bucket per batch) are data dependent
+        make_logprobs_fn(dataclasses.replace(a.step_config, packing=False)),
         a.params,
         tokens_BL,
         tokens_BL,

@@ -43,7 +43,6 @@ def check_ranges(config) -> None:
     for name in (
         "use_kl_loss",
         "add_token_level_kl",
-        "packing",
         "dual_clip_loss",
         "whiten_advantages",
         "reward_shift",
@@ -58,6 +57,8 @@ def check_ranges(config) -> None:
         _bool(config, name)
     if config.model.scan_layers is not None:  # None: scan models of more than 4 layers
         _bool(config, "model.scan_layers")
+    if config.packing is not None:  # None: pack long responses (specs.packing_on)
+        _bool(config, "packing")
     _positive_int(config, "logprob_chunk_size")
     _pack_length(config)
 

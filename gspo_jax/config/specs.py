@@ -564,9 +564,22 @@ def step_config(config, model_config: models.ModelConfig) -> StepConfig:
         token_advantages=bool(config.add_token_level_kl),
         group_size=int(config.num_return_sequences_in_group),
         shared_prompt=bool(config.shared_prompt),
-        packing=bool(config.packing),
+        packing=packing_on(config),
         pack_length=int(config.pack_length),
     )
+
+
+# packing=None (the default) packs when responses may run at least this long: measured on
+# the long tail (docs/benchmarks.md, "Packed sequences"), a packed-row bucket's compile is
+# paid back within ~15 steps from here on, ~50 at 32 tokens, ~300 at the default run's 16
+PACKING_MIN_RESPONSE_LENGTH = 64
+
+
+def packing_on(config) -> bool:
+    """`config.packing`, or when it is None: response_length ≥ PACKING_MIN_RESPONSE_LENGTH."""
+    if config.packing is None:
+        return config.response_length >= PACKING_MIN_RESPONSE_LENGTH
+    return bool(config.packing)
 
 
 def pass_k_field(config) -> str:

@@ -29,7 +29,8 @@ class Block(nnx.Module):
     One layer's parameters. The decoder keeps them stacked (`Layers`) and merges a Block
     from each layer's slice inside its scan. A hybrid model's linear layers (`is_linear`)
     mix tokens with a Gated DeltaNet (`linear_attn`) instead of attention; their context
-    is called with no arguments and returns (mask_BL, state, keep_state, recurrent)."""
+    is called with no arguments and returns (mask_BL, state, keep_state, recurrent), a
+    packed pass's also a fifth value, its segment starts (`reset_BL` of the DeltaNet)."""
 
     def __init__(self, cfg: ModelConfig, is_moe: bool, rngs: nnx.Rngs, is_linear: bool = False):
         self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg)
@@ -49,9 +50,13 @@ class Block(nnx.Module):
         a dense layer) as a fourth value."""
         x_BLD = partition.constrain(x_BLD, RESIDUAL)
         if self.is_linear:
-            mask_BL, state, keep_state, recurrent = attention()
+            mask_BL, state, keep_state, recurrent, *reset = attention()
             attn_out, state = self.linear_attn(
-                self.input_norm(x_BLD), mask_BL, state, recurrent=recurrent
+                self.input_norm(x_BLD),
+                mask_BL,
+                state,
+                recurrent=recurrent,
+                reset_BL=reset[0] if reset else None,
             )
             cache_entry = state if keep_state else None
         else:

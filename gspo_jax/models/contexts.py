@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 
 from gspo_jax.models.attention import (
     attend,
@@ -98,7 +99,10 @@ class PackedAttention:
     segments (a prompt, then one or more responses to it), and a query sees the keys at or
     before it of its own segment's prompt and its own response (`attention.packed_allowed`).
     "splash" runs the kernel with the segment ids (causal within a segment: one response
-    per segment); every other implementation runs `attend` with the mask built once."""
+    per segment); every other implementation runs `attend` with the mask built once. A
+    hybrid model's Gated DeltaNet layers restart their state and conv window at each
+    segment's first token (`reset_BL`; a segment then holds one response: `shared_group`
+    is 1 for them)."""
 
     segment_BL: jax.Array
     impl: str
@@ -114,10 +118,16 @@ class PackedAttention:
         return attend(q_BLHC, k_BLKC, v_BLKC, self.allowed_BLS), None
 
     def linear(self, layer_data):
-        raise ValueError(
-            "packing: a hybrid (Gated DeltaNet) model's packed rows would carry one "
-            "segment's recurrent state into the next; set packing=False for this model"
-        )
+        """A Gated DeltaNet layer's context: real slots, no state carried in, the chunked
+        form, and a fifth value, the segment starts (block.py)."""
+        del layer_data
+        return self.segment_BL > 0, None, False, False, segment_starts(self.segment_BL)
+
+
+def segment_starts(segment_BL):
+    """True at each slot whose segment id differs from the slot before (and at slot 0)."""
+    changed = segment_BL[:, 1:] != segment_BL[:, :-1]
+    return jnp.concatenate([jnp.ones_like(changed[:, :1]), changed], axis=1)
 
 
 def packed_context(cfg: ModelConfig, segment_BL, member_BL) -> PackedAttention:

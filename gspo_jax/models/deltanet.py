@@ -73,7 +73,15 @@ def recurrent_gated_delta_rule(q_BLJk, k_BLJk, v_BLHv, g_BLH, beta_BLH, state_BH
 
 
 def chunk_gated_delta_rule(
-    q_BLJk, k_BLJk, v_BLHv, g_BLH, beta_BLH, state_BHkv=None, *, chunk_size: int = 64
+    q_BLJk,
+    k_BLJk,
+    v_BLHv,
+    g_BLH,
+    beta_BLH,
+    state_BHkv=None,
+    *,
+    chunk_size: int = 64,
+    reset_BL=None,
 ):
     """The gated delta rule chunk by chunk: the same result as
     `recurrent_gated_delta_rule` (float rounding aside) with matmuls over C tokens.
@@ -83,6 +91,12 @@ def chunk_gated_delta_rule(
     unit-lower-triangular system (I + strict_lower(β k kᵀ ⊙ Γ)) [U, W] = [β v, β k e^c];
     then v' = U − W S, out = (q e^c) S + (q kᵀ ⊙ Γ) v', S ← e^{c_C} S + (k e^{c_C − c})ᵀ v'.
     The sequence is zero-padded to a multiple of C (g = β = 0 there: no effect).
+
+    reset_BL (bool, packed rows): the state is 0 before each token marked (a segment's
+    first), as if exp(g) were 0 there. Exactly, without an infinite g in the cumulative
+    sums: with s_i the resets at or before token i within its chunk, Γ_ij is 0 unless
+    s_i = s_j, the carried state reaches token i only when s_i = 0, token j reaches the
+    next chunk's state only when s_j = s_C, and the chunk's decay e^{c_C} only when s_C = 0.
     Returns (out [B, L, H, v] float32, final state [B, H, k, v] float32).
     """
     q, k, v, g, beta = _prepare(q_BLJk, k_BLJk, v_BLHv, g_BLH, beta_BLH)
@@ -99,17 +113,24 @@ def chunk_gated_delta_rule(
     q, k, v, g, beta = (chunks(x) for x in (q, k, v, g, beta))
     cum = jnp.cumsum(g, axis=-1)  # [N, B, H, C]
     lower = jnp.tril(jnp.ones((C, C), bool))
+    from_start, to_end = cum, cum[..., -1:] - cum  # log decays: chunk start -> i, i -> end
+    if reset_BL is not None:  # s: resets so far in the chunk ([N, B, 1, C], all heads)
+        r = jnp.pad(reset_BL.astype(jnp.int32), [(0, 0), (0, pad)]).reshape(B, N, C)
+        s = jnp.cumsum(jnp.moveaxis(r, 1, 0), axis=-1)[:, :, None]
+        lower = lower & (s[..., :, None] == s[..., None, :])
+        from_start = jnp.where(s == 0, from_start, -jnp.inf)
+        to_end = jnp.where(s == s[..., -1:], to_end, -jnp.inf)
     decay_CC = jnp.exp(jnp.where(lower, cum[..., :, None] - cum[..., None, :], -jnp.inf))
     k_beta = k * beta[..., None]
     system = jnp.einsum("nbhik,nbhjk->nbhij", k_beta, k) * decay_CC
     system = jnp.where(jnp.tril(jnp.ones((C, C), bool), -1), system, 0.0) + jnp.eye(C, dtype=F32)
-    rhs = jnp.concatenate([v * beta[..., None], k_beta * jnp.exp(cum)[..., None]], axis=-1)
+    rhs = jnp.concatenate([v * beta[..., None], k_beta * jnp.exp(from_start)[..., None]], axis=-1)
     solved = _unit_lower_solve(system, rhs)
     u, w = solved[..., :dv], solved[..., dv:]
     intra = jnp.einsum("nbhik,nbhjk->nbhij", q, k) * decay_CC
-    q_dec = q * jnp.exp(cum)[..., None]
-    k_dec = k * jnp.exp(cum[..., -1:] - cum)[..., None]
-    chunk_decay = jnp.exp(cum[..., -1])[..., None, None]
+    q_dec = q * jnp.exp(from_start)[..., None]
+    k_dec = k * jnp.exp(to_end)[..., None]
+    chunk_decay = jnp.exp(from_start[..., -1])[..., None, None]
     if state_BHkv is None:
         state_BHkv = jnp.zeros((B, H, dk, dv), F32)
 
@@ -142,9 +163,11 @@ def _unit_lower_solve(a_CC, b_CX):
     return x
 
 
-def causal_conv(x_BLQ, w_QK, window_BWQ=None):
+def causal_conv(x_BLQ, w_QK, window_BWQ=None, reset_BL=None):
     """Causal depthwise conv1d, then SiLU: y_t = silu(Σ_j w[:, j] · x_{t−K+1+j}), with the
-    window's K−1 earlier inputs (zeros at a sequence's start) in front.
+    window's K−1 earlier inputs (zeros at a sequence's start) in front. reset_BL (bool,
+    packed rows): a marked token starts a segment, and no tap of a token reads an input
+    before its segment's first (nor the window).
     Returns (y [B, L, Q], the new window: the last K−1 inputs [B, W, Q])."""
     B, L, Q = x_BLQ.shape
     K = w_QK.shape[1]
@@ -152,8 +175,13 @@ def causal_conv(x_BLQ, w_QK, window_BWQ=None):
         window_BWQ = jnp.zeros((B, K - 1, Q), x_BLQ.dtype)
     xp = jnp.concatenate([window_BWQ.astype(x_BLQ.dtype), x_BLQ], axis=1)
     w = w_QK.astype(F32)
-    y = sum(xp[:, j : j + L].astype(F32) * w[:, j] for j in range(K))
-    return jax.nn.silu(y).astype(x_BLQ.dtype), xp[:, L:]
+    taps = [xp[:, j : j + L].astype(F32) * w[:, j] for j in range(K)]
+    if reset_BL is not None:  # tap j reads d = K − 1 − j tokens back: within the segment?
+        t_L = jnp.arange(L)
+        start_BL = jax.lax.cummax(jnp.where(reset_BL, t_L, -1), axis=1)
+        since_BL = jnp.where(start_BL < 0, L + K, t_L - start_BL)[..., None]
+        taps = [jnp.where(since_BL >= K - 1 - j, tap, 0.0) for j, tap in enumerate(taps)]
+    return jax.nn.silu(sum(taps)).astype(x_BLQ.dtype), xp[:, L:]
 
 
 class GatedRMSNorm(nnx.Module):
@@ -192,17 +220,19 @@ class GatedDeltaNet(nnx.Module):
         self.chunk_size = cfg.deltanet_chunk_size
         self.dtype = jnp.dtype(cfg.dtype)
 
-    def __call__(self, x_BLD, mask_BL=None, state=None, *, recurrent=False):
+    def __call__(self, x_BLD, mask_BL=None, state=None, *, recurrent=False, reset_BL=None):
         """mask_BL: 1 for real tokens (None: all real). state: (conv window [B, W, Q],
         recurrent state [B, H, k, v] f32) carried in from earlier tokens, or None (a
         sequence's start). recurrent: the token-by-token form (decode), else chunked.
+        reset_BL (bool, the chunked form of a packed pass): True at each segment's first
+        token, where the state and the conv window start afresh.
         Returns (y_BLD, the state after the last token)."""
         J, H, dk, dv = self.dims
         B, L, _ = x_BLD.shape
         if mask_BL is not None:
             x_BLD = x_BLD * mask_BL[..., None].astype(x_BLD.dtype)
         window, S = (None, None) if state is None else state
-        qkv, window = causal_conv(self.in_proj_qkv(x_BLD), self.conv1d[...], window)
+        qkv, window = causal_conv(self.in_proj_qkv(x_BLD), self.conv1d[...], window, reset_BL)
         q = qkv[..., : J * dk].reshape(B, L, J, dk)
         k = qkv[..., J * dk : 2 * J * dk].reshape(B, L, J, dk)
         v = qkv[..., 2 * J * dk :].reshape(B, L, H, dv)
@@ -214,7 +244,9 @@ class GatedDeltaNet(nnx.Module):
         if recurrent:
             out, S = recurrent_gated_delta_rule(q, k, v, g, beta, S)
         else:
-            out, S = chunk_gated_delta_rule(q, k, v, g, beta, S, chunk_size=self.chunk_size)
+            out, S = chunk_gated_delta_rule(
+                q, k, v, g, beta, S, chunk_size=self.chunk_size, reset_BL=reset_BL
+            )
         out = partition.constrain(out.astype(self.dtype), partition.HEADS)
         z = self.in_proj_z(x_BLD)
         y = self.out_proj(self.norm(out, z))

@@ -170,7 +170,8 @@ def hidden_states_packed(
     to its segment's prompt and its own response at or before it
     (`contexts.PackedAttention`), so at every real token the hidden state equals
     `hidden_states` of the unpacked row (float rounding aside). With the splash kernel a
-    segment holds one response (the kernel masks by segment ids alone).
+    segment holds one response (the kernel masks by segment ids alone), and so it does for
+    a hybrid model, whose Gated DeltaNet layers restart at each segment's first token.
     """
     _check_routing(model_config, tokens_RL, routing)
     model = merge(model_config, params)

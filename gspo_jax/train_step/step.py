@@ -321,7 +321,11 @@ def _micro_loss(
     metrics = dict(metrics)
     metrics["pg_loss"] = pg_loss
     if step_config.use_kl_loss:
-        kl_BT = objectives.kl_penalty(logp_BT, mb["ref_logprobs"], step_config.kl_estimator)
+        # masked: a packed π_ref pass (make_logprobs_fn) leaves 0 at padding, where k3 of
+        # the padded step's log π could overflow
+        kl_BT = objectives.kl_penalty(
+            logp_BT, mb["ref_logprobs"], step_config.kl_estimator, mask=mask_BT
+        )
         kl_loss = objectives.aggregate_loss(
             kl_BT, mask_BT, step_config.loss_agg_mode, **denominators
         )

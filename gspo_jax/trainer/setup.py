@@ -258,7 +258,7 @@ def _rollouts(spec: specs.Specs, model_config, tokenizer, mesh, pool) -> Rollout
         sample=_bind_sampler(model_config, spec.sampler, tokenizer),
         reward=Scorer.for_reward(spec.reward, pool),
         accuracy=None if same else Scorer.for_accuracy(spec.reward, pool),
-        logprobs_fn=make_logprobs_fn(spec.step),
+        logprobs_fn=make_logprobs_fn(spec.step, mesh=mesh),
         advantage_fn=make_advantage_fn(spec.advantage, mesh),
         batch_shardings=batch_shardings(spec.step, mesh),
         rollout_params=layout if layout.layout == "tensor" else None,

@@ -288,7 +288,8 @@ def step_setup():
     """The fixture model, a batch whose sampler log-probs are the trainer's shifted per row
     (so ρ spans both sides of [1/C, C]), and the trainer's own log-probs of it."""
     cfg, params = models.load_pretrained("tests/fixtures/models/qwen3")
-    sc = dataclasses.replace(step_config(base_config.get_config(), cfg), shared_prompt=False)
+    sc = step_config(base_config.get_config(), cfg)
+    sc = dataclasses.replace(sc, shared_prompt=False, packing=False)
     rng = np.random.default_rng(0)
     tokens = rng.integers(3, cfg.vocab_size, (B, P + T)).astype(np.int32)
     resp = (np.arange(T)[None] < rng.integers(2, T + 1, B)[:, None]).astype(np.float32)

@@ -3,7 +3,8 @@ against itself (fixtures from tests/fixtures/make_qwen35_fixtures.py).
 
 Specification: the gated delta rule's recurrent form equals a float64 NumPy loop of its
 definition, and the chunked form equals the recurrent one for any chunk size and carried
-state; the causal conv carried by its window equals one pass; f32 logits within 1e-4 of
+state; the causal conv carried by its window equals one pass; with segment resets (packed
+rows) the chunked rule and the conv equal each segment alone; f32 logits within 1e-4 of
 transformers at every real token (dense; MoE within twice transformers' own f32-vs-f64
 error on the same inputs), with and without left padding; the vision-language
 checkpoint's text part loads to the same model; save -> load gives identical logits;
@@ -11,6 +12,7 @@ bad config.json / tensors fail with one line naming the key or tensor and the fi
 """
 
 import dataclasses
+import itertools
 import json
 import logging
 import shutil
@@ -98,6 +100,32 @@ def test_a_sequence_split_in_two_carries_its_state_and_conv_window():
     np.testing.assert_allclose(np.concatenate([y1, y2], 1), y, atol=1e-6)
     # y_t = silu(Σ_j w[:, j] x_{t-3+j}): at t = 0 only the last tap sees a real input.
     np.testing.assert_allclose(y[:, 0], jax.nn.silu(x[:, 0] * w[:, 3]), atol=1e-6)
+
+
+def test_segment_resets_equal_each_segment_alone(chunk=4):
+    """Packed rows (reset_BL): segments starting at 0, 4, 5 and 9 of 11 tokens (a length-1
+    segment, starts on and off chunk boundaries), row 1 without resets but with a carried
+    state: the chunked rule and the conv equal each segment run alone from a zero state."""
+    q, k, v, g, beta, state = _rule_inputs(4)
+    reset = np.zeros((2, 11), bool)
+    reset[0, [0, 4, 5, 9]] = True
+    fn = jax.jit(deltanet.chunk_gated_delta_rule, static_argnames="chunk_size")
+    out, final = fn(q, k, v, g, beta, state, chunk_size=chunk, reset_BL=reset)
+    rec_out, rec_state = deltanet.recurrent_gated_delta_rule(q, k, v, g, beta, state)
+    np.testing.assert_allclose(out[1], rec_out[1], atol=2e-5)
+    np.testing.assert_allclose(final[1], rec_state[1], atol=2e-5)
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(2, 11, 6)).astype(np.float32)
+    w = rng.normal(size=(6, 4)).astype(np.float32)
+    y, _ = deltanet.causal_conv(x, w, reset_BL=reset)
+    np.testing.assert_allclose(y[1], deltanet.causal_conv(x, w)[0][1], atol=1e-6)
+    for a, b in itertools.pairwise([0, 4, 5, 9, 11]):
+        alone, s = deltanet.recurrent_gated_delta_rule(*(z[:1, a:b] for z in (q, k, v, g, beta)))
+        np.testing.assert_allclose(out[0, a:b], alone[0], atol=2e-5)
+        np.testing.assert_allclose(y[0, a:b], deltanet.causal_conv(x[:1, a:b], w)[0][0], atol=1e-6)
+    np.testing.assert_allclose(final[0], s[0], atol=2e-5)
+    grads = jax.grad(lambda g_: fn(q, k, v, g_, beta, chunk_size=chunk, reset_BL=reset)[0].sum())(g)
+    assert np.all(np.isfinite(grads))  # no inf − inf behind the zeroed decays
 
 
 @pytest.fixture(scope="module", params=["qwen35", "qwen35_moe"])

@@ -5,7 +5,9 @@ gradient equal the padded step's for every ratio, aggregation and loss mode, wit
 micro-batches, shared prompts, rollout correction, OPSM, KL and entropy; the whole step
 through `make_train_step` (buckets), on 8-device meshes; MoE with Routing Replay (one
 device, and the whole step on fsdp 2 x expert 2 x tensor 2); the
-splash kernel with segment ids (Pallas interpret mode)."""
+splash kernel with segment ids (Pallas interpret mode); π_ref's log-prob pass packed
+(make_logprobs_fn); Qwen3.5's Gated DeltaNet packed (each sequence as alone, the step as
+padded); the default rule (packing=None: on from 64 response tokens)."""
 
 import dataclasses
 import itertools
@@ -17,14 +19,16 @@ import pytest
 
 from configs import base as base_config
 from gspo_jax import models, sharding
-from gspo_jax.config import validate
+from gspo_jax.config import specs, validate
 from gspo_jax.config.errors import ConfigError
 from gspo_jax.config.specs import step_config
-from gspo_jax.train_step import TrainState, make_train_step, packing
+from gspo_jax.train_step import TrainState, make_logprobs_fn, make_train_step, packing
+from gspo_jax.train_step import jitted as jitted_lib
 from gspo_jax.train_step import step as step_lib
 
 FIXTURE = "tests/fixtures/models/qwen2"
 MOE_FIXTURE = "tests/fixtures/models/qwen3_moe"
+HYBRID_FIXTURE = "tests/fixtures/models/qwen35"
 N, G, P, T = 2, 4, 6, 5
 B, L = N * G, P + T
 LENGTHS = np.array([T, 1, 3, T, 2, T, 4, 1])  # a length-1 response beside full-length ones
@@ -51,7 +55,7 @@ def _rows(vocab, seed=0, lengths=LENGTHS):
 
 def _sc(cfg, **overrides):
     sc = step_config(base_config.get_config(), cfg)
-    overrides = {"shared_prompt": True, **overrides}
+    overrides = {"shared_prompt": True, "packing": False, **overrides}  # padded unless asked
     return dataclasses.replace(sc, group_size=G, horizon=T, **overrides)
 
 
@@ -123,6 +127,22 @@ def test_pack_length_is_validated():
         validate.validate(c)
 
 
+def test_packing_none_packs_long_responses_only():
+    """packing=None (the default): on from PACKING_MIN_RESPONSE_LENGTH response tokens, so
+    configs/default.py's 16-token answers stay padded; True / False as set."""
+    from configs import default
+
+    c = base_config.get_config()
+    assert c.packing is None
+    c.response_length = specs.PACKING_MIN_RESPONSE_LENGTH
+    assert specs.packing_on(c)
+    c.response_length -= 1
+    assert not specs.packing_on(c)
+    c.packing = True
+    assert specs.packing_on(c)
+    assert not specs.packing_on(default.get_config())
+
+
 # ------------------------------------------------------------------ per-token equality
 
 
@@ -140,6 +160,26 @@ def test_logprobs_equal_the_padded_pass(model, group):
     )
     real = mask_BL[:, P:].astype(bool)
     for a, b in zip(out[:2], ref[:2]):
+        np.testing.assert_allclose(np.asarray(a)[real], np.asarray(b)[real], atol=5e-6)
+        assert np.all(np.asarray(a)[~real] == 0)
+
+
+def test_the_reference_logprob_pass_packs_too(model):
+    """make_logprobs_fn (π_ref's pass) with packing: the whole batch in fewer packed rows,
+    the same log-probs and entropies as the padded pass; full-length rows run it padded."""
+    cfg, params = model
+    tokens_BL, mask_BL = _rows(cfg.vocab_size, seed=1)
+    sc = _sc(cfg)
+    packed_sc = dataclasses.replace(sc, packing=True, pack_length=PACK)
+    rows = jitted_lib.packed_rows(packed_sc, mask_BL, T, 1, step_lib.shared_group(sc, 1), 1)
+    assert 0 < rows < B
+    full_BL = mask_BL.copy()
+    full_BL[:, P:] = 1
+    assert jitted_lib.packed_rows(packed_sc, full_BL, T, 1, G, 1) == 0
+    got = make_logprobs_fn(packed_sc)(params, tokens_BL, mask_BL, T)
+    want = make_logprobs_fn(sc)(params, tokens_BL, mask_BL, T)
+    real = mask_BL[:, P:].astype(bool)
+    for a, b in zip(got[:2], want[:2]):
         np.testing.assert_allclose(np.asarray(a)[real], np.asarray(b)[real], atol=5e-6)
         assert np.all(np.asarray(a)[~real] == 0)
 
@@ -323,6 +363,34 @@ def test_the_step_packs_only_when_it_computes_fewer_tokens(model):
     bad = dict(ragged, attention_mask=ragged["attention_mask"].at[0, P + 1].set(0))
     with pytest.raises(ValueError, match="contiguous"):
         step.rows(bad)
+
+
+def test_hybrid_deltanet_packed_equals_each_alone_and_the_padded_step():
+    """Qwen3.5 (Gated DeltaNet layers, chunks of 4 so segment starts fall inside and on
+    chunk edges): a packed row of three sequences (responses of 1, T and 3 tokens) gives
+    each token the log-prob and entropy of its sequence alone (the padded pass: a row per
+    sequence); the packed mini-batch's loss, metrics and gradient equal the padded one's."""
+    cfg, params = models.load_pretrained(HYBRID_FIXTURE)
+    cfg = dataclasses.replace(cfg, deltanet_chunk_size=4)
+    tokens_BL, mask_BL = _rows(cfg.vocab_size, seed=3)
+    pick = [1, 0, 2]  # lengths 1, T, 3
+    sc = _sc(cfg, use_kl_loss=True, entropy_coef=0.01, num_mini_batches=1)
+    assert step_lib.shared_group(sc, 1) == 1  # hybrid: a prompt per response
+    row = dataclasses.replace(sc, packing=True, pack_length=3 * L, pack_rows=1)
+    fn = jax.jit(lambda s, p, t, m: step_lib.response_logprobs(s, p, t, m, T), static_argnums=0)
+    packed = fn(row, params, tokens_BL[pick], mask_BL[pick])
+    alone = fn(sc, params, tokens_BL[pick], mask_BL[pick])
+    real = mask_BL[pick, P:].astype(bool)
+    for a, want in zip(packed[:2], alone[:2]):
+        np.testing.assert_allclose(np.asarray(a)[real], np.asarray(want)[real], atol=5e-6)
+    batch = _mini_batch(cfg, params, seed=13)
+    packed_sc = _packed(sc, batch["attention_mask"])
+    assert packed_sc.pack_rows < B
+    got_grads, got = _grads(packed_sc, params, batch)
+    want_grads, want = _grads(sc, params, batch)
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=2e-5, atol=2e-6, err_msg=key)
+    _assert_same_grads(got_grads, want_grads)
 
 
 # ----------------------------------------------------------------------- MoE, replay

@@ -41,6 +41,7 @@ def _rows(cfg, seed=0):
 
 def _sc(cfg, **overrides):
     sc = step_config(base_config.get_config(), cfg)
+    overrides = {"packing": False, **overrides}  # padded rows (packed: test_packing.py)
     return dataclasses.replace(sc, group_size=G, horizon=T, **overrides)
 
 
