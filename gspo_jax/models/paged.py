@@ -288,37 +288,51 @@ def _pallas_paged_attention(q_SHC, kv_pages, kv_lens_S, page_table_SM, *, sm_sca
     )
 
 
+def _per_chip_heads(fn, pool, heads_args, rest_args, out_is_pool: bool):
+    """`fn(pool, *heads_args, *rest_args)` run by every chip on its own kv heads: the pool
+    and `heads_args` (arrays with a head axis 1: query heads, or combined heads [S, 2K, ...])
+    split over the heads as the rules split "kv_heads", `rest_args` whole; the result is a
+    pool (`out_is_pool`) or [S, H, ...] split likewise. Manual over every axis GSPMD still
+    partitions, size-1 ones too: XLA cannot partition a Mosaic kernel ("Mosaic kernels
+    cannot be automatically partitioned"), and an int8 pool's row view (`_int8_rows_set`)
+    merges its head axis with others, which GSPMD would all-gather. Without such axes (one
+    chip, or a replica of the engine, every axis already manual) `fn` runs as it is."""
+    mesh = partition.context_mesh()
+    axes = () if mesh is None else partition.auto_axes(mesh)
+    if not axes:
+        return fn(pool, *heads_args, *rest_args)
+    heads = partition.spec(mesh, ("kv_heads",), (pool.shape[2] // 2,))[0]
+    P = jax.sharding.PartitionSpec
+    if isinstance(pool, Int8Pages):  # head major
+        pool_spec = Int8Pages(P(None, heads, None, None), P(None, heads, None))
+    else:
+        pool_spec = P(None, None, heads, None)
+    specs = [P(None, heads, *[None] * (x.ndim - 2)) for x in heads_args]
+    return jax.shard_map(
+        fn,
+        mesh=mesh,
+        in_specs=(pool_spec, *specs, *[P()] * len(rest_args)),
+        out_specs=pool_spec if out_is_pool else specs[0],
+        axis_names=frozenset(axes),
+        check_vma=False,
+    )(pool, *heads_args, *rest_args)
+
+
 def paged_attention(
     impl: str, q_SHC, kv_pages, kv_lens_S, page_table_SM, *, sm_scale, split_S=None
 ):
     """`ragged_paged_attention` ("xla", with `split_S`) or a Pallas kernel ("pallas", one
     product over the whole context: jax's for a float pool, `int8_paged_attention` for an
-    `Int8Pages` one)."""
+    `Int8Pages` one), every chip on its own kv heads (and the query heads that read them),
+    rows whole."""
     if impl == "pallas":
-        kernel = functools.partial(_pallas_paged_attention, sm_scale=sm_scale)
-        mesh = partition.context_mesh()
-        axes = () if mesh is None else partition.auto_axes(mesh)
-        if not axes:  # one chip, or every axis already manual (a replica of the engine)
-            return kernel(q_SHC, kv_pages, kv_lens_S, page_table_SM)
-        # Every chip runs the kernel on its own kv heads (and the query heads that read
-        # them), rows whole. Manual over every axis GSPMD still partitions, size-1 ones
-        # too: XLA cannot partition a Mosaic kernel ("Mosaic kernels cannot be
-        # automatically partitioned").
-        K = kv_pages.shape[2] // 2
-        heads = partition.spec(mesh, ("kv_heads",), (K,))[0]
-        P = jax.sharding.PartitionSpec
-        if isinstance(kv_pages, Int8Pages):  # head major
-            pool_spec = Int8Pages(P(None, heads, None, None), P(None, heads, None))
-        else:
-            pool_spec = P(None, None, heads, None)
-        return jax.shard_map(
-            kernel,
-            mesh=mesh,
-            in_specs=(P(None, heads, None), pool_spec, P(), P()),
-            out_specs=P(None, heads, None),
-            axis_names=frozenset(axes),
-            check_vma=False,
-        )(q_SHC, kv_pages, kv_lens_S, page_table_SM)
+
+        def kernel(pool, q_SHC, kv_lens_S, page_table_SM):
+            return _pallas_paged_attention(q_SHC, pool, kv_lens_S, page_table_SM, sm_scale=sm_scale)
+
+        return _per_chip_heads(
+            kernel, kv_pages, (q_SHC,), (kv_lens_S, page_table_SM), out_is_pool=False
+        )
     if impl == "xla":
         return ragged_paged_attention(
             q_SHC, kv_pages, kv_lens_S, page_table_SM, sm_scale=sm_scale, split_S=split_S
@@ -334,18 +348,38 @@ def copy_pages(pool, src_S, dst_S):
     page-indexed scatter's pool out page-offset-minor, unlike the Pallas kernel's layout,
     and copied every pool out of and back into the kernel's layout on every decode step:
     two pool copies per layer in the engine's temporaries (v5e, Qwen3-0.6B widths; row
-    writes leave the temporaries at the pools alone). An `Int8Pages` pool (head major: a
-    page is no run of token rows) copies whole pages of its int8 keys/values and scales."""
+    writes leave the temporaries at the pools alone). An `Int8Pages` pool: as rows of its
+    head-major layout, [pages · 2K · page_size, C] and its scales flat (a page is 2K ·
+    page_size consecutive rows)."""
     if isinstance(pool, Int8Pages):
-        return Int8Pages(
-            pool.q.at[dst_S].set(pool.q[src_S]), pool.scale.at[dst_S].set(pool.scale[src_S])
-        )
+
+        def copy(pool, src_S, dst_S):
+            _, K2, ps, _ = pool.q.shape
+            per_page = jnp.arange(K2 * ps, dtype=jnp.int32)
+            src = (src_S[:, None] * (K2 * ps) + per_page).reshape(-1)
+            dst = (dst_S[:, None] * (K2 * ps) + per_page).reshape(-1)
+            return _int8_rows_set(pool, dst, lambda arrays: tuple(x[src] for x in arrays))
+
+        return _per_chip_heads(copy, pool, (), (src_S, dst_S), out_is_pool=True)
     R, ps = pool.shape[:2]
     offsets = jnp.arange(ps, dtype=jnp.int32)
     rows = pool.reshape(R * ps, *pool.shape[2:])
     src = (src_S[:, None] * ps + offsets).reshape(-1)
     dst = (dst_S[:, None] * ps + offsets).reshape(-1)
     return rows.at[dst].set(rows[src]).reshape(pool.shape)
+
+
+def _int8_rows_set(pool, rows, values):
+    """`pool` (`Int8Pages`) with its token rows `rows` (of [pages · 2K · page_size, C], and
+    the scales flat in the same order) set to `values((q_rows, flat_scales))`: a bitcast of
+    the head-major layout, so the pool keeps the kernel's layout."""
+    C = pool.q.shape[-1]
+    q_rows, s_flat = pool.q.reshape(-1, C), pool.scale.reshape(-1)
+    new_q, new_s = values((q_rows, s_flat))
+    return Int8Pages(
+        q_rows.at[rows].set(new_q).reshape(pool.q.shape),
+        s_flat.at[rows].set(new_s).reshape(pool.scale.shape),
+    )
 
 
 def kv_entry(k_SKC, v_SKC, dtype):
@@ -356,13 +390,23 @@ def kv_entry(k_SKC, v_SKC, dtype):
 
 def write_entry(pool, page_S, offset_S, k_SKC, v_SKC):
     """`pool` with one token per row written at (page_S[s], offset_S[s]) (quantised first
-    for an `Int8Pages` pool, into its head-major layout)."""
+    for an `Int8Pages` pool, and written as rows of its head-major layout, as `copy_pages`
+    does: an indexed write of [S, 2K, C] across the page_size axis made XLA:TPU lay the
+    pool out page-offset major for the scatter and copy every layer's pool into the
+    kernel's layout and back on every decode step, 2 x 28 copies of 138 MB per step on
+    Qwen3-0.6B, v5e, 64 slots)."""
     if isinstance(pool, Int8Pages):
+
+        def write(pool, q_SHC, scale_SH, page_S, offset_S):
+            _, K2, ps, C = pool.q.shape
+            heads = jnp.arange(K2, dtype=jnp.int32)
+            rows_SH = (page_S[:, None] * K2 + heads) * ps + offset_S[:, None]
+            new = (q_SHC.reshape(-1, C), scale_SH.reshape(-1))
+            return _int8_rows_set(pool, rows_SH.reshape(-1), lambda _: new)
+
         q_SHC, scale_SH = quantize_int8(kv_entry(k_SKC, v_SKC, F32))
-        return Int8Pages(
-            pool.q.at[page_S, :, offset_S].set(q_SHC),
-            pool.scale.at[page_S, :, offset_S].set(scale_SH),
-        )
+        args = ((q_SHC, scale_SH), (page_S, offset_S))
+        return _per_chip_heads(write, pool, *args, out_is_pool=True)
     return pool.at[page_S, offset_S].set(kv_entry(k_SKC, v_SKC, pool.dtype))
 
 
