@@ -4,6 +4,9 @@ interpreter on CPU, against its XLA twin (`models.ragged_paged_attention` on the
 before the value product; the kernel: one online pass per page), so in f32 they agree to
 f32 rounding."""
 
+import re
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -53,3 +56,38 @@ def test_int8_kernel_refuses_mismatched_scales():
             jnp.zeros((1, H, C)), pool.q, pool.scale[:, 0], jnp.ones(1, jnp.int32),
             jnp.zeros((1, 1), jnp.int32), sm_scale=1.0, interpret=True,
         )  # fmt: skip
+
+
+def test_int8_writes_stay_on_each_chips_kv_heads():
+    """A decode step's int8 writes (`write_entry`) and page copies (`copy_pages`) are rows
+    of the head-major layout, a view that merges the head axis with others: on a pool split
+    over kv heads (the tensor rollout layout, here fsdp 2) each chip writes its own heads
+    (no collective in the compiled program) and the result is the one-device one."""
+    from gspo_jax import sharding
+    from gspo_jax.models import paged, partition
+
+    rng = np.random.default_rng(4)
+    pool = models.to_kv_dtype(
+        jnp.asarray(rng.standard_normal((6, PS, 2 * K, C)), jnp.float32), "int8"
+    )
+    k, v = (jnp.asarray(rng.standard_normal((2, K, C)), jnp.float32) for _ in range(2))
+    where = (jnp.array([3, 1]), jnp.array([2, 0]))
+    copy = (jnp.array([3, 0]), jnp.array([4, 0]))
+
+    def step(pool, k, v):
+        with partition.layout(sharding.ROLLOUT_RULES):
+            new = paged.write_entry(pool, *where, k, v)
+            return models.copy_pages(new, *copy)
+
+    want = step(pool, k, v)
+    mesh = sharding.make_mesh({"data": 1, "fsdp": 2, "tensor": 1, "expert": 1}, jax.devices()[:2])
+    P = jax.sharding.PartitionSpec
+    with jax.set_mesh(mesh):
+        specs = models.Int8Pages(P(None, "fsdp"), P(None, "fsdp"))
+        placed = jax.device_put(pool, jax.tree.map(lambda s: jax.NamedSharding(mesh, s), specs))
+        compiled = jax.jit(step).lower(placed, k, v).compile()
+        got = compiled(placed, k, v)
+    assert not re.search(r"all-gather|all-reduce|all-to-all|collective-permute", compiled.as_text())
+    np.testing.assert_array_equal(np.asarray(got.q), np.asarray(want.q))
+    np.testing.assert_array_equal(np.asarray(got.scale), np.asarray(want.scale))
+    assert got.q.sharding.spec[:2] == (None, "fsdp")
