@@ -27,8 +27,8 @@ the pool goes to our own Pallas kernel (`paged_int8_kernel.int8_paged_attention`
 reads the int8 pages and their scales from HBM and does the same in VMEM: a decode step
 reads about half a bf16 pool's bytes. (jax's kernel of the pinned version takes one
 static scale for all keys and one for all values, not per-token scales.) The kernel's
-scales fill whole 128-lane rows when page_size is a multiple of 128; smaller pages make XLA
-relay them out (a padded copy) on the way in.
+scales fill whole 128-lane rows when page_size is a multiple of 128; smaller pages can make
+XLA relay them out (a padded copy, seen with 16 combined heads per chip) on the way in.
 
 A row's context is its prompt's real tokens (left padding dropped, position 0 first) then
 its own response tokens; a group's G rows share the pages of their prompt (the table
