@@ -50,10 +50,10 @@ def test_int8_kernel_equals_its_xla_twin(pages_per_block):
 
 def test_int8_kernel_refuses_mismatched_scales():
     """Scales not of the pages' [num_pages, 2K, page_size]: one error naming both."""
-    pool = models.to_kv_dtype(jnp.zeros((3, PS, 2 * K, C)), "int8")
+    q = np.zeros((3, 2 * K, PS, C), np.int8)
     with pytest.raises(ValueError, match=r"scales \(3, 4\) for pages \(3, 4, 4, 16\)"):
         paged_int8_kernel.int8_paged_attention(
-            jnp.zeros((1, H, C)), pool.q, pool.scale[:, 0], jnp.ones(1, jnp.int32),
+            jnp.zeros((1, H, C)), q, np.zeros((3, PS), np.float32), jnp.ones(1, jnp.int32),
             jnp.zeros((1, 1), jnp.int32), sm_scale=1.0, interpret=True,
         )  # fmt: skip
 
