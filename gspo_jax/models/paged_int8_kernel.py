@@ -14,10 +14,12 @@ Layout it reads (`Int8Pages`, stored so: every per-page, per-head slice is whole
                                                 values at 2k + 1
     scale  f32  [num_pages, 2K, page_size]      one per token and combined head
 
-Grid (S rows, K kv heads); step (s, k) takes the R = H/K query heads of kv head k of row
-s together ([R, C]) and loops over its context in blocks of `pages_per_block` pages up to
-kv_lens[s] (scalar-prefetched with the page table), each block's pages copied from HBM by
-async DMA into a double buffer (block b + 1's copies start before block b is computed).
+Grid (S rows, K kv heads), run in order; step (s, k) takes the R = H/K query heads of kv
+head k of row s together ([R, C]) and loops over its context in blocks of
+`pages_per_block` pages up to kv_lens[s] (scalar-prefetched with the page table), each
+block's pages copied from HBM by async DMA into a double buffer: block b + 1's copies start
+before block b is computed, and a step's last block starts the next step's first (when
+that row has a context: an idle row, kv_len 0, breaks the chain for the step after it).
 Per page, in f32: scores = (q · k_q) · k_scale · sm_scale, masked past kv_len; an online
 softmax (running max m, sum l); acc += (p · v_scale) · v_q; out = acc / l (0 for a row
 with kv_len 0). Keys/values are converted int8 -> f32 exactly; q·k_q runs in q's dtype
@@ -81,17 +83,43 @@ def _page_update(carry, q_RC, kv_q, kv_s, start, kv_len, sm_scale):
     return m_new, l, acc
 
 
-def _kernel(lens_ref, table_ref, q_ref, q_hbm, s_hbm, o_ref, q_buf, s_buf, sem, *, sm_scale, bp):
-    """Grid step (row s, kv head k): the R query heads of kv head k over row s's context."""
+def _blocks(lens_ref, row, ps: int, bp: int):
+    """(blocks, pages) of row `row`'s context: ⌈kv_len / (bp · ps)⌉ and ⌈kv_len / ps⌉.
+    lax.div, not //: floor division lowers through sign(), which asks the runtime's device
+    kind (not the target's when compiling ahead of time); both operands are >= 0."""
+    kv_len = lens_ref[row]
+    return jax.lax.div(kv_len + bp * ps - 1, bp * ps), jax.lax.div(kv_len + ps - 1, ps)
+
+
+def _kernel(
+    lens_ref, table_ref, q_ref, q_hbm, s_hbm, o_ref, q_buf, s_buf, sem, slot_ref, *,
+    sm_scale, bp,
+):  # fmt: skip
+    """Grid step (row s, kv head k): the R query heads of kv head k over row s's context.
+    The grid runs in order; the last block of a step starts the copies of the next step's
+    first block (when that row has a context), so a step's first copy is hidden too.
+    `slot_ref` (SMEM) carries the buffer slot of the next step's first block."""
     row, head = pl.program_id(0), pl.program_id(1)
+    num_heads = pl.num_programs(1)
+    step = row * num_heads + head
     ps = q_buf.shape[3]
     kv_len = lens_ref[row]
-    width = bp * ps
-    # lax.div, not //: floor division lowers through sign(), which asks the runtime's device
-    # kind (not the target's when compiling ahead of time); both operands are >= 0.
-    blocks = jax.lax.div(kv_len + width - 1, width)
-    end = jax.lax.div(kv_len + ps - 1, ps)
-    refs = (table_ref, q_hbm, s_hbm, q_buf, s_buf, sem, row, head)
+    blocks, end = _blocks(lens_ref, row, ps, bp)
+    refs = (table_ref, q_hbm, s_hbm, q_buf, s_buf, sem)
+    # The next grid step's row and head, and whether its first block is ours to prefetch.
+    next_head = jax.lax.rem(head + 1, num_heads)
+    next_row = jnp.where(next_head == 0, row + 1, row)
+    has_next = next_row < pl.num_programs(0)
+    next_blocks, next_end = _blocks(lens_ref, jnp.minimum(next_row, pl.num_programs(0) - 1), ps, bp)
+    prefetch_next = jnp.logical_and(has_next, next_blocks > 0)
+    prev_row = jnp.where(head == 0, row - 1, row)
+    prefetched = jnp.logical_and(
+        step > 0, _blocks(lens_ref, jnp.maximum(prev_row, 0), ps, bp)[0] > 0
+    )
+
+    @pl.when(step == 0)
+    def _init():
+        slot_ref[0] = 0
 
     @pl.when(blocks == 0)
     def _empty():
@@ -99,35 +127,41 @@ def _kernel(lens_ref, table_ref, q_ref, q_hbm, s_hbm, o_ref, q_buf, s_buf, sem, 
 
     @pl.when(blocks > 0)
     def _attend():
-        for c in _copies(*refs, 0, 0, bp, end):
-            c.start()
+        first = slot_ref[0]
+
+        @pl.when(jnp.logical_not(prefetched))
+        def _start():
+            for c in _copies(*refs, row, head, 0, first, bp, end):
+                c.start()
+
         q_RC = q_ref[...]
         R, C = q_RC.shape
 
         def block(b, carry):
-            slot = jax.lax.rem(b, 2)
+            slot = jax.lax.rem(first + b, 2)
 
             @pl.when(b + 1 < blocks)
             def _prefetch():
-                for c in _copies(*refs, b + 1, 1 - slot, bp, end):
+                for c in _copies(*refs, row, head, b + 1, 1 - slot, bp, end):
                     c.start()
 
-            for c in _copies(*refs, b, slot, bp, end):
+            @pl.when(jnp.logical_and(b + 1 == blocks, prefetch_next))
+            def _prefetch_next_step():
+                for c in _copies(*refs, next_row, next_head, 0, 1 - slot, bp, next_end):
+                    c.start()
+
+            for c in _copies(*refs, row, head, b, slot, bp, end):
                 c.wait()
             for i in range(bp):
-                kv_q = q_buf[slot, i]
-                kv_s = s_buf[slot, i]
                 start = (b * bp + i) * ps
-                carry = _page_update(carry, q_RC, kv_q, kv_s, start, kv_len, sm_scale)
+                args = (q_RC, q_buf[slot, i], s_buf[slot, i], start, kv_len, sm_scale)
+                carry = _page_update(carry, *args)
             return carry
 
-        init = (
-            jnp.full((R, 1), -jnp.inf, F32),
-            jnp.zeros((R, 1), F32),
-            jnp.zeros((R, C), F32),
-        )
+        init = (jnp.full((R, 1), -jnp.inf, F32), jnp.zeros((R, 1), F32), jnp.zeros((R, C), F32))
         _, l, acc = jax.lax.fori_loop(0, blocks, block, init)
         o_ref[...] = (acc / l).astype(o_ref.dtype)
+        slot_ref[0] = jax.lax.rem(first + blocks, 2)
 
 
 def int8_paged_attention(
@@ -164,6 +198,7 @@ def int8_paged_attention(
                 pltpu.VMEM((2, bp, 2, ps, C), q_pages.dtype),
                 pltpu.VMEM((2, bp, 2, ps), scale_pages.dtype),
                 pltpu.SemaphoreType.DMA((2,)),
+                pltpu.SMEM((1,), jnp.int32),  # the buffer slot of the next step's first block
             ],
         ),
         compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary", "arbitrary")),

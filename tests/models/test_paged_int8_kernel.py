@@ -14,13 +14,15 @@ import pytest
 from gspo_jax import models
 from gspo_jax.models import paged_int8_kernel
 
-# 5 rows over 14 pages of 4 tokens (page-table width 6): rows 0, 1 and 3 share a prompt's
-# pages 3 and 7 (row 3 only the first); ragged kv_lens, one of 1 (a single live key), one
-# of 0 (output 0), one filling its table; 2 query heads per kv head (GQA).
+# 5 rows over 14 pages of 4 tokens (page-table width 6): rows 0, 2 and 4 share a prompt's
+# pages 3 and 7 (row 4 only the first); ragged kv_lens, one of 1 (a single live key), one
+# of 0 between two others (output 0; the kernel's chain of prefetches across grid steps
+# breaks there), one filling its table; 2 query heads per kv head (GQA).
 S, H, K, C, PS, PAGES = 5, 4, 2, 16, 4, 14
-TABLE = [[3, 7, 1, 0, 0, 0], [3, 7, 2, 9, 4, 11], [5, 0, 0, 0, 0, 0], [3, 8, 6, 10, 0, 0],
-         [12, 13, 0, 0, 0, 0]]  # fmt: skip
-LENS = [9, 24, 1, 14, 0]
+TABLE = [[3, 7, 1, 0, 0, 0], [12, 13, 0, 0, 0, 0], [3, 7, 2, 9, 4, 11], [5, 0, 0, 0, 0, 0],
+         [3, 8, 6, 10, 0, 0]]  # fmt: skip
+LENS = [9, 0, 24, 1, 14]
+LIVE = [0, 2, 3, 4]
 
 
 @pytest.mark.parametrize("pages_per_block", [1, 4])
@@ -41,11 +43,11 @@ def test_int8_kernel_equals_its_xla_twin(pages_per_block):
     )  # fmt: skip
     want = models.ragged_paged_attention(q, pool, lens, table, sm_scale=scale, block_pages=2)
     assert got.shape == (S, H, C) and got.dtype == jnp.float32
-    np.testing.assert_allclose(np.asarray(got)[:4], np.asarray(want)[:4], atol=2e-6, rtol=1e-5)
-    assert np.all(np.asarray(got)[4] == 0)
-    # Row 2 reads its one key: the output is that token's dequantised value, per head.
+    np.testing.assert_allclose(np.asarray(got)[LIVE], np.asarray(want)[LIVE], atol=2e-6, rtol=1e-5)
+    assert np.all(np.asarray(got)[1] == 0)
+    # Row 3 reads its one key: the output is that token's dequantised value, per head.
     v0 = np.asarray(pool.q[5, 1::2, 0], np.float32) * np.asarray(pool.scale[5, 1::2, 0])[:, None]
-    np.testing.assert_allclose(np.asarray(got)[2], np.repeat(v0, H // K, 0), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(got)[3], np.repeat(v0, H // K, 0), rtol=1e-6)
 
 
 def test_int8_kernel_refuses_mismatched_scales():
