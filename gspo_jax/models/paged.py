@@ -157,6 +157,16 @@ def _block_half(table, pool_5, scale_4, start, bp: int, which: int, shape):
     return x_SWKC, scale_SKW[:, :, None, :]
 
 
+def _split_kv(pool):
+    """(pool [pages, page_size, K, 2, C], None), or for an `Int8Pages` pool (q [pages, K, 2,
+    page_size, C], scales [pages, K, 2, page_size]): kv head k's keys / values at index 0 / 1
+    of their own axis."""
+    P, ps, K2, C = pool.shape
+    if isinstance(pool, Int8Pages):
+        return pool.q.reshape(P, K2 // 2, 2, ps, C), pool.scale.reshape(P, K2 // 2, 2, ps)
+    return pool.reshape(P, ps, K2 // 2, 2, C), None
+
+
 def ragged_paged_attention(
     q_SHC, kv_pages, kv_lens_S, page_table_SM, *, sm_scale, block_pages=8, split_S=None
 ):
@@ -181,7 +191,6 @@ def ragged_paged_attention(
     shared-prompt attention (`attention.attend_shared_prompt`) does."""
     S, H, C = q_SHC.shape
     _, page_size, K2, _ = kv_pages.shape
-    quantized = isinstance(kv_pages, Int8Pages)
     K = K2 // 2
     M = page_table_SM.shape[1]
     bp = max(1, min(int(block_pages), M))
@@ -197,13 +206,9 @@ def ragged_paged_attention(
     # one of the two by index (not a stride-2 slice of the 2K axis) keeps a pool split over
     # kv heads (the rollout's tensor layout) where it is: a strided slice across the shards
     # made GSPMD all-reduce every gathered block.
-    # An int8 pool (head major: [pages, K, 2, page_size, C], scales [pages, K, 2,
-    # page_size]) the same way.
-    if quantized:
-        pool_5 = kv_pages.q.reshape(-1, K, 2, page_size, C)
-        scale_4 = kv_pages.scale.reshape(-1, K, 2, page_size)
-    else:
-        pool_5, scale_4 = kv_pages.reshape(-1, page_size, K, 2, C), None
+    # An int8 pool the same way, head major ([pages, K, 2, page_size, C], scales [pages, K, 2,
+    # page_size]): `_block_half` takes either.
+    pool_5, scale_4 = _split_kv(kv_pages)
 
     def half(j, which):
         return _block_half(table, pool_5, scale_4, j * bp, bp, which, (S, W, K, C))
