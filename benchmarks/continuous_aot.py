@@ -8,6 +8,10 @@ inside the decode loop) on `jax.ShapeDtypeStruct`s. Qwen3-0.6B widths in bfloat1
 `--layers` of its 28 layers (compile time grows with the unrolled layers; memory per layer
 is printed so the full model's can be read off).
 
+`--kv-dtype int8` stores the pages in int8 with per-token scales (`models.Int8Pages`, head
+major) and the engine reads them with our own kernel (`models.paged_int8_kernel`; use a
+`--page-size` that is a multiple of 128 with it).
+
 `--chips 1` (the default) compiles for one chip. `--chips N --layout tensor|trainer`
 compiles for N chips of the topology (mesh fsdp = N) in that rollout layout
 (`sampling.RolloutLayout`): "tensor" splits weights, KV heads and vocabulary over the chips
@@ -50,6 +54,7 @@ def main():
     ap.add_argument("--kv-budget-tokens", type=int, default=160 * 1024)
     ap.add_argument("--chips", type=int, default=1, help="chips of the topology to compile for")
     ap.add_argument("--layout", choices=("tensor", "trainer"), default="tensor")
+    ap.add_argument("--kv-dtype", choices=("bfloat16", "int8"), default="bfloat16")
     args = ap.parse_args()
     from jax.experimental import topologies
 
@@ -97,13 +102,8 @@ def main():
     )
     K2, C = 2 * cfg.num_kv_heads, cfg.head_dim
     P_ = jax.sharding.PartitionSpec
-    page_sharding = jax.sharding.NamedSharding(mesh, P_(None, None, heads, None))
-    pages = tuple(
-        jax.ShapeDtypeStruct(
-            (N * plan.prompt_pages, plan.page_size, K2, C), jnp.bfloat16, sharding=page_sharding
-        )
-        for _ in range(cfg.num_layers)
-    )
+    pages = tuple(_pages(mesh, heads, N * plan.prompt_pages, plan.page_size, K2, C, args.kv_dtype)
+                  for _ in range(cfg.num_layers))  # fmt: skip
     key = jax.eval_shape(lambda: jax.random.key(0))
     logits = jax.sharding.NamedSharding(mesh, P_(None, vocab))
     arrays = (
@@ -139,7 +139,8 @@ def main():
     # Per chip: a replica's pages (its prompts' and its share of the budget), its kv heads.
     D = len(devices) if replicas else 1
     head_shards = len(devices) if heads is not None else 1
-    pool = (1 + N // D * plan.prompt_pages + local.num_pages) * plan.page_size * K2 * C * 2
+    pool = (1 + N // D * plan.prompt_pages + local.num_pages) * plan.page_size
+    pool *= K2 * C * 2 if args.kv_dtype == "bfloat16" else K2 * (C + 4)  # int8 + f32 scales
     pool //= head_shards
     where = "one chip" if len(devices) == 1 else f"{len(devices)} chips, layout {layout!r}"
     where += f", replicas over {'x'.join(replicas)}" if replicas else ""
@@ -148,6 +149,7 @@ def main():
     print(
         f"pallas kernel in the program: {'ragged_paged_attention' in text or 'tpu_custom_call' in text}"
     )
+    print(f"int8 kernel in the program: {'int8_paged_attention' in text}")
     print(
         f"page pool per layer per chip: {pool / GiB:.3f} GiB ({local.num_pages} response "
         f"pages of {plan.page_size} tokens + {N // D * plan.prompt_pages} prompt pages per "
@@ -155,8 +157,25 @@ def main():
     )
     for name in ("argument_size_in_bytes", "temp_size_in_bytes", "output_size_in_bytes"):
         print(f"{name:28s} {getattr(mem, name) / GiB:.3f} GiB")
-    print(f"full 28 layers: pool {28 * pool / GiB:.2f} GiB per chip (bf16)")
+    print(f"full 28 layers: pool {28 * pool / GiB:.2f} GiB per chip ({args.kv_dtype})")
     return np.asarray(0)
+
+
+def _pages(mesh, heads, num_pages, page_size, K2, C, kv_dtype):
+    """One layer's prompt pages as the prefill hands them over: bf16 [pages, page_size, 2K,
+    C], or `models.Int8Pages` (head major: int8 [pages, 2K, page_size, C] and f32 scales
+    [pages, 2K, page_size]), split over the kv heads."""
+    P_ = jax.sharding.PartitionSpec
+
+    def sds(shape, dtype, spec):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=jax.sharding.NamedSharding(mesh, spec))
+
+    if kv_dtype == "int8":
+        return models.Int8Pages(
+            sds((num_pages, K2, page_size, C), jnp.int8, P_(None, heads, None, None)),
+            sds((num_pages, K2, page_size), jnp.float32, P_(None, heads, None)),
+        )
+    return sds((num_pages, page_size, K2, C), jnp.bfloat16, P_(None, None, heads, None))
 
 
 LOOP = 10**6  # stands for the engine loop's unknown trip count

@@ -612,6 +612,7 @@ def _compile_engine(a: _Abstract, functions, params, layout: str) -> list[Report
         share_prefix=True,
         page_size=page_size,
         layout=layout,
+        kv_dtype=s.kv_dtype,
     )
     if "prefill" in functions:
         reports.append(report)
@@ -619,7 +620,15 @@ def _compile_engine(a: _Abstract, functions, params, layout: str) -> list[Report
         return reports
     shapes = jax.eval_shape(
         lambda p, t: continuous.prefill_pages(
-            cfg, p, t, t, num_samples=G, share_prefix=True, page_size=page_size, layout=layout
+            cfg,
+            p,
+            t,
+            t,
+            num_samples=G,
+            share_prefix=True,
+            page_size=page_size,
+            layout=layout,
+            kv_dtype=s.kv_dtype,
         ),
         jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params),
         jax.ShapeDtypeStruct((N, P), jnp.int32),
@@ -677,12 +686,12 @@ def _compile_engine(a: _Abstract, functions, params, layout: str) -> list[Report
 def _engine_hbm_bytes(cfg, params, pool, local, P: int, T: int, waves: int) -> float:
     """HBM bytes per chip of the engine's loop, analytic: per step the chip's weights
     (`params` as the loop holds them) once and its slots' real context (P + T/2
-    positions on average), waves x T steps. The
+    positions on average; bytes per position `roofline.paged_kv_bytes_per_position`: an
+    int8 pool's pages and scales, our kernel reading them), waves x T steps. The
     HLO's count would be wrong here: the Pallas kernel takes each layer's whole page pool
     as an operand (it reads only the pages of each row's table)."""
     weights = _per_chip(params)
-    per_position = cfg.num_layers * math.prod(pool.sharding.shard_shape(pool.shape)[2:])
-    per_position *= jnp.dtype(pool.dtype).itemsize
+    per_position = cfg.num_layers * roofline.paged_kv_bytes_per_position(pool)
     context = local.num_slots * (P + T / 2) * per_position
     return float(waves * T * (weights + context))
 

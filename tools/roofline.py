@@ -10,8 +10,10 @@ Inputs, per compiled function and per chip (tools/aot.py collects them):
   fusion body included, x the trip counts of the loops around it) and its HBM bytes
   (`hlo_stats.hbm_bytes`' rule). Pallas kernels carry no FLOPs in the HLO: splash
   attention's are added analytically from its operand shapes and block size
-  (`kernel_cost`); the continuous engine's decode, whose ragged paged attention kernel
-  takes whole page pools as operands, is costed analytically by tools/aot.py;
+  (`kernel_cost`); the continuous engine's decode, whose paged attention kernel takes
+  whole page pools as operands, is costed analytically by tools/aot.py, its bytes per
+  context position from the pool's storage (`paged_kv_bytes_per_position`: bf16 pages, or
+  int8 pages and their per-token scales);
 - every collective with its execution count (`hlo_stats.collectives`).
 
 The model, per chip:
@@ -223,6 +225,33 @@ def kernel_cost(op) -> tuple[float, float]:
     flops = _SPLASH_FLOPS[kind] * B * H * C * L * L * frac
     reread = (n * frac - 1) * 2 * B * K * L * C * kv_size
     return flops, float(op.bytes) + max(reread, 0.0)
+
+
+LANES = 128  # a TPU vector register's lanes: an array's minor dimension pads to them
+
+
+def paged_kv_bytes_per_position(pool) -> float:
+    """HBM bytes the continuous decode's paged attention kernel reads per context position
+    of one layer, per chip (the pool's shard): a float pool [pages, page_size, 2K, C] (jax's
+    ragged paged attention) 2K·C x its itemsize; an int8 pool (`models.Int8Pages`, head
+    major: q [pages, 2K, page_size, C] int8, scale [pages, 2K, page_size] f32; our kernel,
+    `models.paged_int8_kernel`) 2K·C bytes plus 2K scales of 4 bytes, a page's scale row
+    padded to whole 128-lane rows (page_size 16: 8x the scale bytes; 128 or more: none).
+    `pool`: arrays or ShapeDtypeStructs (with a sharding: its shard's shape)."""
+
+    def shard(x):
+        sharding = getattr(x, "sharding", None)
+        return sharding.shard_shape(x.shape) if sharding is not None else x.shape
+
+    def itemsize(x):
+        return x.dtype.itemsize if hasattr(x.dtype, "itemsize") else int(x.dtype(0).nbytes)
+
+    if hasattr(pool, "q") and hasattr(pool, "scale"):
+        _, K2, ps, C = shard(pool.q)
+        padded = -(-ps // LANES) * LANES
+        return K2 * C * itemsize(pool.q) + K2 * itemsize(pool.scale) * padded / ps
+    _, _, K2, C = shard(pool)
+    return K2 * C * itemsize(pool)
 
 
 # ------------------------------------------------------------------------ estimates

@@ -16,14 +16,19 @@ so the TPU path hands the pool to the kernel as it is):
     kv_lens    int32 [S]: context positions 0 .. kv_len − 1 of row s are real
 
 KV dtype (`kv_dtype`, `KV_DTYPES`): pages in a float dtype, or `Int8Pages`: int8 pages
-with one f32 scale per token and combined head ([num_pages, page_size, 2K]), absmax
-quantisation x ≈ q · scale, scale = max_c |x_c| / 127, so every element is within scale/2
-of its value (`quantize_int8`; tests/sampling/test_sampling_continuous.py derives the bound). The
-XLA path folds the scales into the arithmetic (key scales multiply the scores, value scales
-the probabilities) and never materialises dequantised pages; the Pallas kernel of the
-pinned jax takes int8 pages with one static float scale for all of K and one for all of V,
-not per-token scales, so on that path the pool is dequantised to the compute dtype before
-the kernel (a one-layer temporary: the pools' memory halves, their HBM reads do not).
+with one f32 scale per token and combined head, absmax quantisation x ≈ q · scale, scale =
+max_c |x_c| / 127, so every element is within scale/2 of its value (`quantize_int8`;
+tests/sampling/test_sampling_continuous.py derives the bound). An int8 pool is stored head
+major, q [num_pages, 2K, page_size, C] and scale [num_pages, 2K, page_size], so that a
+page's keys, values and scales of one kv head are whole TPU tiles (its `shape` is still the
+float pool's). The XLA path folds the scales into the arithmetic (key scales multiply the
+scores, value scales the probabilities) and never materialises dequantised pages; on TPU
+the pool goes to our own Pallas kernel (`paged_int8_kernel.int8_paged_attention`), which
+reads the int8 pages and their scales from HBM and does the same in VMEM: a decode step
+reads about half a bf16 pool's bytes. (jax's kernel of the pinned version takes one
+static scale for all keys and one for all values, not per-token scales.) The kernel's
+scales fill whole 128-lane rows when page_size is a multiple of 128; smaller pages can make
+XLA relay them out (a padded copy, seen with 16 combined heads per chip) on the way in.
 
 A row's context is its prompt's real tokens (left padding dropped, position 0 first) then
 its own response tokens; a group's G rows share the pages of their prompt (the table
@@ -35,8 +40,8 @@ per row the kernel's result: softmax(q·kᵀ·scale over positions < kv_len) · 
 h // R for query head h. It reads the pages in blocks, in `lax.while_loop`s that stop at
 the longest row's kv_len, so a step reads the real context of its rows, not every row's
 full capacity (twice: one pass for the softmax statistics, one for the output, to keep the
-trainer's arithmetic; see the function). `paged_attention` picks the Pallas kernel when
-compiling for a TPU (`paged_attention_impl`).
+trainer's arithmetic; see the function). `paged_attention` picks the Pallas kernels when
+compiling for a TPU (`paged_attention_impl`): jax's for a float pool, ours for an int8 one.
 
 Shape letters: S decode rows (slots), M page-table width, N prompts, P prompt slots, K kv
 heads, C head dim, H query heads, R = H/K, W key positions of one block, V vocab.
@@ -55,6 +60,7 @@ from gspo_jax.models import partition
 from gspo_jax.models.attention import target_platform
 from gspo_jax.models.config import ModelConfig
 from gspo_jax.models.functional import logits_from_hidden
+from gspo_jax.models.paged_int8_kernel import int8_paged_attention
 from gspo_jax.models.params import merge
 
 F32 = jnp.float32
@@ -66,19 +72,23 @@ INT8_MAX = 127.0
 
 @struct.dataclass
 class Int8Pages:
-    """A page pool stored in int8: element [p, o, h, c] ≈ q[p, o, h, c] · scale[p, o, h].
+    """A page pool stored in int8, head major: element [p, o, h, c] of the float pool it
+    stands for ≈ q[p, h, o, c] · scale[p, h, o].
 
-    q      int8 [num_pages, page_size, 2K, C]   the float pool's layout
-    scale  f32 [num_pages, page_size, 2K]       one per token and combined head (keys and
+    q      int8 [num_pages, 2K, page_size, C]   a page's tokens of one combined head
+                                                contiguous (whole TPU tiles)
+    scale  f32 [num_pages, 2K, page_size]       one per token and combined head (keys and
                                                 values of a kv head scaled apart)
-    """
+
+    `shape` is the float pool's, [num_pages, page_size, 2K, C]."""
 
     q: jax.Array
     scale: jax.Array
 
     @property
     def shape(self):
-        return self.q.shape
+        P, K2, ps, C = self.q.shape
+        return (P, ps, K2, C)
 
     @property
     def dtype(self):
@@ -100,7 +110,8 @@ def quantize_int8(x_xC):
 def dequantize(pool, dtype):
     """The pool's values in `dtype` (a float pool is cast; `Int8Pages` multiplied out)."""
     if isinstance(pool, Int8Pages):
-        return (pool.q.astype(F32) * pool.scale[..., None]).astype(dtype)
+        x = pool.q.astype(F32) * pool.scale[..., None]
+        return x.transpose(0, 2, 1, 3).astype(dtype)
     return pool.astype(dtype)
 
 
@@ -108,7 +119,8 @@ def to_kv_dtype(pages, kv_dtype: str):
     """Float pages [..., 2K, C] in the pool's storage: `Int8Pages` for "int8", else the float
     dtype (`KV_DTYPES`; "auto" keeps the pages' own)."""
     if kv_dtype == "int8":
-        return Int8Pages(*quantize_int8(pages))
+        q, scale = quantize_int8(pages)
+        return Int8Pages(q.transpose(0, 2, 1, 3), scale.transpose(0, 2, 1))
     if kv_dtype == "auto":
         return pages
     if kv_dtype not in KV_DTYPES:
@@ -132,14 +144,27 @@ def paged_attention_impl(
 
 def _block_half(table, pool_5, scale_4, start, bp: int, which: int, shape):
     """Keys (which 0) or values (1) [S, W, K, C] of the block of `bp` pages from page-table
-    column `start`, and for an int8 pool their scales transposed to [S, K, 1, W] (else None)."""
+    column `start`, and for an int8 pool their scales transposed to [S, K, 1, W] (else None).
+    A float pool comes as [pages, page_size, K, 2, C]; an int8 one head major, q [pages,
+    K, 2, page_size, C] and scales [pages, K, 2, page_size]."""
     S, W, K, C = shape
     pages_Sb = jax.lax.dynamic_slice_in_dim(table, start, bp, axis=1)
-    x_SWKC = pool_5[pages_Sb, :, :, which].reshape(S, W, K, C)
     if scale_4 is None:
-        return x_SWKC, None
-    scale_SWK = scale_4[pages_Sb, :, :, which].reshape(S, W, K)
-    return x_SWKC, scale_SWK.transpose(0, 2, 1)[:, :, None, :]
+        return pool_5[pages_Sb, :, :, which].reshape(S, W, K, C), None
+    x_SbKpC = pool_5[pages_Sb, :, which]
+    x_SWKC = x_SbKpC.transpose(0, 1, 3, 2, 4).reshape(S, W, K, C)
+    scale_SKW = scale_4[pages_Sb, :, which].transpose(0, 2, 1, 3).reshape(S, K, W)
+    return x_SWKC, scale_SKW[:, :, None, :]
+
+
+def _split_kv(pool):
+    """(pool [pages, page_size, K, 2, C], None), or for an `Int8Pages` pool (q [pages, K, 2,
+    page_size, C], scales [pages, K, 2, page_size]): kv head k's keys / values at index 0 / 1
+    of their own axis."""
+    P, ps, K2, C = pool.shape
+    if isinstance(pool, Int8Pages):
+        return pool.q.reshape(P, K2 // 2, 2, ps, C), pool.scale.reshape(P, K2 // 2, 2, ps)
+    return pool.reshape(P, ps, K2 // 2, 2, C), None
 
 
 def ragged_paged_attention(
@@ -166,7 +191,6 @@ def ragged_paged_attention(
     shared-prompt attention (`attention.attend_shared_prompt`) does."""
     S, H, C = q_SHC.shape
     _, page_size, K2, _ = kv_pages.shape
-    quantized = isinstance(kv_pages, Int8Pages)
     K = K2 // 2
     M = page_table_SM.shape[1]
     bp = max(1, min(int(block_pages), M))
@@ -182,9 +206,9 @@ def ragged_paged_attention(
     # one of the two by index (not a stride-2 slice of the 2K axis) keeps a pool split over
     # kv heads (the rollout's tensor layout) where it is: a strided slice across the shards
     # made GSPMD all-reduce every gathered block.
-    # An int8 pool's scales [pages, page_size, K, 2] are read the same way.
-    pool_5 = (kv_pages.q if quantized else kv_pages).reshape(-1, page_size, K, 2, C)
-    scale_4 = kv_pages.scale.reshape(-1, page_size, K, 2) if quantized else None
+    # An int8 pool the same way, head major ([pages, K, 2, page_size, C], scales [pages, K, 2,
+    # page_size]): `_block_half` takes either.
+    pool_5, scale_4 = _split_kv(kv_pages)
 
     def half(j, which):
         return _block_half(table, pool_5, scale_4, j * bp, bp, which, (S, W, K, C))
@@ -243,9 +267,13 @@ def ragged_paged_attention(
 
 
 def _pallas_paged_attention(q_SHC, kv_pages, kv_lens_S, page_table_SM, *, sm_scale):
-    """jax's Pallas TPU kernel with one query per row (decode). An `Int8Pages` pool is
-    dequantised first: the pinned kernel's k_scale / v_scale are one static float each, not
-    per-token scales."""
+    """jax's Pallas TPU kernel with one query per row (decode) for a float pool; an
+    `Int8Pages` pool goes to ours (`int8_paged_attention`: the pinned kernel's k_scale /
+    v_scale are one static float each, not per-token scales)."""
+    if isinstance(kv_pages, Int8Pages):
+        return int8_paged_attention(
+            q_SHC, kv_pages.q, kv_pages.scale, kv_lens_S, page_table_SM, sm_scale=sm_scale
+        )
     from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
 
     S = q_SHC.shape[0]
@@ -254,7 +282,7 @@ def _pallas_paged_attention(q_SHC, kv_pages, kv_lens_S, page_table_SM, *, sm_sca
     # the target's when compiling ahead of time): ~512 keys per block, 32 queries.
     return ragged_paged_attention(
         q_SHC,
-        dequantize(kv_pages, q_SHC.dtype),
+        kv_pages.astype(q_SHC.dtype),
         kv_lens_S.astype(jnp.int32),
         page_table_SM.astype(jnp.int32),
         jnp.arange(S + 1, dtype=jnp.int32),
@@ -265,33 +293,51 @@ def _pallas_paged_attention(q_SHC, kv_pages, kv_lens_S, page_table_SM, *, sm_sca
     )
 
 
+def _per_chip_heads(fn, pool, heads_args, rest_args, out_is_pool: bool):
+    """`fn(pool, *heads_args, *rest_args)` run by every chip on its own kv heads: the pool
+    and `heads_args` (arrays with a head axis 1: query heads, or combined heads [S, 2K, ...])
+    split over the heads as the rules split "kv_heads", `rest_args` whole; the result is a
+    pool (`out_is_pool`) or [S, H, ...] split likewise. Manual over every axis GSPMD still
+    partitions, size-1 ones too: XLA cannot partition a Mosaic kernel ("Mosaic kernels
+    cannot be automatically partitioned"), and an int8 pool's row view (`_int8_rows_set`)
+    merges its head axis with others, which GSPMD would all-gather. Without such axes (one
+    chip, or a replica of the engine, every axis already manual) `fn` runs as it is."""
+    mesh = partition.context_mesh()
+    axes = () if mesh is None else partition.auto_axes(mesh)
+    if not axes:
+        return fn(pool, *heads_args, *rest_args)
+    heads = partition.spec(mesh, ("kv_heads",), (pool.shape[2] // 2,))[0]
+    P = jax.sharding.PartitionSpec
+    if isinstance(pool, Int8Pages):  # head major
+        pool_spec = Int8Pages(P(None, heads, None, None), P(None, heads, None))
+    else:
+        pool_spec = P(None, None, heads, None)
+    specs = [P(None, heads, *[None] * (x.ndim - 2)) for x in heads_args]
+    return jax.shard_map(
+        fn,
+        mesh=mesh,
+        in_specs=(pool_spec, *specs, *[P()] * len(rest_args)),
+        out_specs=pool_spec if out_is_pool else specs[0],
+        axis_names=frozenset(axes),
+        check_vma=False,
+    )(pool, *heads_args, *rest_args)
+
+
 def paged_attention(
     impl: str, q_SHC, kv_pages, kv_lens_S, page_table_SM, *, sm_scale, split_S=None
 ):
-    """`ragged_paged_attention` ("xla", with `split_S`) or the Pallas kernel ("pallas",
-    one product over the whole context)."""
+    """`ragged_paged_attention` ("xla", with `split_S`) or a Pallas kernel ("pallas", one
+    product over the whole context: jax's for a float pool, `int8_paged_attention` for an
+    `Int8Pages` one), every chip on its own kv heads (and the query heads that read them),
+    rows whole."""
     if impl == "pallas":
-        kv_pages = dequantize(kv_pages, q_SHC.dtype)  # no-op for a pool in q's dtype
-        kernel = functools.partial(_pallas_paged_attention, sm_scale=sm_scale)
-        mesh = partition.context_mesh()
-        axes = () if mesh is None else partition.auto_axes(mesh)
-        if not axes:  # one chip, or every axis already manual (a replica of the engine)
-            return kernel(q_SHC, kv_pages, kv_lens_S, page_table_SM)
-        # Every chip runs the kernel on its own kv heads (and the query heads that read
-        # them), rows whole. Manual over every axis GSPMD still partitions, size-1 ones
-        # too: XLA cannot partition a Mosaic kernel ("Mosaic kernels cannot be
-        # automatically partitioned").
-        K = kv_pages.shape[2] // 2
-        heads = partition.spec(mesh, ("kv_heads",), (K,))[0]
-        P = jax.sharding.PartitionSpec
-        return jax.shard_map(
-            kernel,
-            mesh=mesh,
-            in_specs=(P(None, heads, None), P(None, None, heads, None), P(), P()),
-            out_specs=P(None, heads, None),
-            axis_names=frozenset(axes),
-            check_vma=False,
-        )(q_SHC, kv_pages, kv_lens_S, page_table_SM)
+
+        def kernel(pool, q_SHC, kv_lens_S, page_table_SM):
+            return _pallas_paged_attention(q_SHC, pool, kv_lens_S, page_table_SM, sm_scale=sm_scale)
+
+        return _per_chip_heads(
+            kernel, kv_pages, (q_SHC,), (kv_lens_S, page_table_SM), out_is_pool=False
+        )
     if impl == "xla":
         return ragged_paged_attention(
             q_SHC, kv_pages, kv_lens_S, page_table_SM, sm_scale=sm_scale, split_S=split_S
@@ -307,16 +353,38 @@ def copy_pages(pool, src_S, dst_S):
     page-indexed scatter's pool out page-offset-minor, unlike the Pallas kernel's layout,
     and copied every pool out of and back into the kernel's layout on every decode step:
     two pool copies per layer in the engine's temporaries (v5e, Qwen3-0.6B widths; row
-    writes leave the temporaries at the pools alone). An `Int8Pages` pool: its int8 pages
-    and their scales alike."""
+    writes leave the temporaries at the pools alone). An `Int8Pages` pool: as rows of its
+    head-major layout, [pages · 2K · page_size, C] and its scales flat (a page is 2K ·
+    page_size consecutive rows)."""
     if isinstance(pool, Int8Pages):
-        return Int8Pages(copy_pages(pool.q, src_S, dst_S), copy_pages(pool.scale, src_S, dst_S))
+
+        def copy(pool, src_S, dst_S):
+            _, K2, ps, _ = pool.q.shape
+            per_page = jnp.arange(K2 * ps, dtype=jnp.int32)
+            src = (src_S[:, None] * (K2 * ps) + per_page).reshape(-1)
+            dst = (dst_S[:, None] * (K2 * ps) + per_page).reshape(-1)
+            return _int8_rows_set(pool, dst, lambda arrays: tuple(x[src] for x in arrays))
+
+        return _per_chip_heads(copy, pool, (), (src_S, dst_S), out_is_pool=True)
     R, ps = pool.shape[:2]
     offsets = jnp.arange(ps, dtype=jnp.int32)
     rows = pool.reshape(R * ps, *pool.shape[2:])
     src = (src_S[:, None] * ps + offsets).reshape(-1)
     dst = (dst_S[:, None] * ps + offsets).reshape(-1)
     return rows.at[dst].set(rows[src]).reshape(pool.shape)
+
+
+def _int8_rows_set(pool, rows, values):
+    """`pool` (`Int8Pages`) with its token rows `rows` (of [pages · 2K · page_size, C], and
+    the scales flat in the same order) set to `values((q_rows, flat_scales))`: a bitcast of
+    the head-major layout, so the pool keeps the kernel's layout."""
+    C = pool.q.shape[-1]
+    q_rows, s_flat = pool.q.reshape(-1, C), pool.scale.reshape(-1)
+    new_q, new_s = values((q_rows, s_flat))
+    return Int8Pages(
+        q_rows.at[rows].set(new_q).reshape(pool.q.shape),
+        s_flat.at[rows].set(new_s).reshape(pool.scale.shape),
+    )
 
 
 def kv_entry(k_SKC, v_SKC, dtype):
@@ -327,13 +395,23 @@ def kv_entry(k_SKC, v_SKC, dtype):
 
 def write_entry(pool, page_S, offset_S, k_SKC, v_SKC):
     """`pool` with one token per row written at (page_S[s], offset_S[s]) (quantised first
-    for an `Int8Pages` pool)."""
+    for an `Int8Pages` pool, and written as rows of its head-major layout, as `copy_pages`
+    does: an indexed write of [S, 2K, C] across the page_size axis made XLA:TPU lay the
+    pool out page-offset major for the scatter and copy every layer's pool into the
+    kernel's layout and back on every decode step, 2 x 28 copies of 138 MB per step on
+    Qwen3-0.6B, v5e, 64 slots)."""
     if isinstance(pool, Int8Pages):
+
+        def write(pool, q_SHC, scale_SH, page_S, offset_S):
+            _, K2, ps, C = pool.q.shape
+            heads = jnp.arange(K2, dtype=jnp.int32)
+            rows_SH = (page_S[:, None] * K2 + heads) * ps + offset_S[:, None]
+            new = (q_SHC.reshape(-1, C), scale_SH.reshape(-1))
+            return _int8_rows_set(pool, rows_SH.reshape(-1), lambda _: new)
+
         q_SHC, scale_SH = quantize_int8(kv_entry(k_SKC, v_SKC, F32))
-        return Int8Pages(
-            pool.q.at[page_S, offset_S].set(q_SHC),
-            pool.scale.at[page_S, offset_S].set(scale_SH),
-        )
+        args = ((q_SHC, scale_SH), (page_S, offset_S))
+        return _per_chip_heads(write, pool, *args, out_is_pool=True)
     return pool.at[page_S, offset_S].set(kv_entry(k_SKC, v_SKC, pool.dtype))
 
 

@@ -169,16 +169,17 @@ def _constrain_pool(pool):
     """A page pool [pages, page_size, 2K, C] split over the kv heads as the rules in force
     split "kv_heads" (a chip keeps both keys and values of its heads); pages whole. Only
     where rows are whole (a replica of the engine, the tensor layout's prefill): otherwise
-    the pools keep the layout GSPMD gives them. An int8 pool's scales [pages, page_size,
-    2K] follow its pages."""
+    the pools keep the layout GSPMD gives them. An int8 pool (`models.Int8Pages`, head
+    major: q [pages, 2K, page_size, C], scales [pages, 2K, page_size]) on its axis 1."""
     mesh = partition.context_mesh()
     if mesh is None or not partition.rows_whole():
         return pool
     heads = partition.spec(mesh, ("kv_heads",), (pool.shape[2] // 2,))[0]
     spec = jax.sharding.PartitionSpec
+    axis = 1 if isinstance(pool, models.Int8Pages) else 2
     return jax.tree.map(
         lambda x: jax.lax.with_sharding_constraint(
-            x, spec(None, None, heads, *[None] * (x.ndim - 3))
+            x, spec(*[None] * axis, heads, *[None] * (x.ndim - axis - 1))
         ),
         pool,
     )

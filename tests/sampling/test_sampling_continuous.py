@@ -265,7 +265,8 @@ def test_the_page_pools_stay_in_place_in_the_compiled_loop(model_and_prompts, kv
     ).compile()
     text = compiled.as_text()
     pool_rows = 1 + pages[0].shape[0] + plan.num_pages
-    pool = ",".join(str(d) for d in (pool_rows, *pages[0].shape[1:]))
+    stored = pages[0].q if kv_dtype == "int8" else pages[0]  # int8: head major
+    pool = ",".join(str(d) for d in (pool_rows, *stored.shape[1:]))
     assert f"[{pool}]" in text  # the pools are where we look for them
     copies = re.findall(rf"= \w+\[{pool}\]\{{[0-9,]+\}} copy\(", text)
     assert not copies, f"{len(copies)} copies of a page pool in the compiled engine"
@@ -395,7 +396,8 @@ def test_ragged_paged_attention_on_int8_pages():
     )
     np.testing.assert_allclose(got, np.asarray(kernel_ref), atol=2e-6, rtol=1e-5)
 
-    s = np.asarray(int8.scale).reshape(pages, ps, K, 2)
+    s = np.asarray(int8.scale).reshape(pages, K, 2, ps)
+    s = s.transpose(0, 3, 1, 2)
     s_k, s_v = s[..., 0].max(), s[..., 1].max()
     delta = scale * np.abs(q).sum(-1).max() * s_k / 2
     bound = s_v / 2 + np.expm1(2 * delta) * np.abs(kv[:, :, 1::2]).max()
@@ -411,11 +413,12 @@ def test_write_entry_quantises_the_token_it_writes():
     k, v = (jnp.asarray(rng.standard_normal((2, 2, 8)), jnp.float32) for _ in range(2))
     new = paged.write_entry(pool, jnp.array([3, 1]), jnp.array([2, 0]), k, v)
     want_q, want_scale = models.quantize_int8(paged.kv_entry(k, v, jnp.float32))
-    np.testing.assert_array_equal(new.q[3, 2], want_q[0])
-    np.testing.assert_array_equal(new.scale[1, 0], want_scale[1])
+    np.testing.assert_array_equal(new.q[3, :, 2], want_q[0])  # head major: [page, 2K, o, C]
+    np.testing.assert_array_equal(new.scale[1, :, 0], want_scale[1])
     keep = np.ones((5, 4), bool)
     keep[3, 2] = keep[1, 0] = False
-    np.testing.assert_array_equal(np.asarray(new.q)[keep], np.asarray(pool.q)[keep])
+    q_new, q_old = (np.asarray(x.q).transpose(0, 2, 1, 3) for x in (new, pool))
+    np.testing.assert_array_equal(q_new[keep], q_old[keep])
     copied = models.copy_pages(new, jnp.array([3, 0]), jnp.array([4, 0]))
     np.testing.assert_array_equal(copied.q[4], new.q[3])
     np.testing.assert_array_equal(copied.scale[4], new.scale[3])

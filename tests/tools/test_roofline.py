@@ -209,3 +209,23 @@ def test_splash_fused_backward_counts_dq_in_its_dkv_kernel():
     assert roofline.kernel_cost(fused)[0] == pytest.approx(
         roofline.kernel_cost(unfused)[0] * 10 / 8
     )
+
+
+def test_int8_pages_price_half_the_bf16_bytes_plus_their_scales():
+    """The decode kernel's bytes per context position and layer (Qwen3-0.6B's 8 kv heads of
+    128): bf16 pages 2·8·128·2 = 4,096; int8 pages (our kernel) 2·8·128 = 2,048 plus 16
+    f32 scales, 64 bytes at page_size 128, a page's 16-lane scale row padded to 128 lanes
+    at page_size 16 (512 bytes)."""
+    import jax
+    import jax.numpy as jnp
+
+    from gspo_jax import models
+
+    def sds(shape, dtype):
+        return jax.ShapeDtypeStruct(shape, dtype)
+
+    bf16 = roofline.paged_kv_bytes_per_position(sds((64, 16, 16, 128), jnp.bfloat16))
+    assert bf16 == 4096
+    for ps, scales in [(128, 64), (256, 64), (16, 512)]:
+        pool = models.Int8Pages(sds((64, 16, ps, 128), jnp.int8), sds((64, 16, ps), jnp.float32))
+        assert roofline.paged_kv_bytes_per_position(pool) == bf16 / 2 + scales
