@@ -30,5 +30,13 @@ ruff check .
 # tiny run, compiled train steps) are built once, not once per worker. --no-loadscope-reorder:
 # files go out in collection order, the longest first (tests/conftest.py: LONGEST_FIRST), so no
 # long file is left for last. --durations=15: the slowest tests, to keep the suite in budget.
+# Paths among the arguments (a folder, a file, file::test) replace the default `tests`.
+where=(tests)
+for arg in "$@"; do
+  if [ -e "${arg%%::*}" ]; then
+    where=()
+    break
+  fi
+done
 python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q -p no:cacheprovider --durations=15 \
-  "${tier[@]}" tests "$@"
+  "${tier[@]}" "${where[@]}" "$@"
