@@ -472,6 +472,17 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _long_meta(choice: dict, lengths: list, smoke: bool) -> str:
+    """The long length's line of the results' header (level and lr, or why it did not run)."""
+    if "long" not in lengths:
+        return "long: not run (see below)."
+    how = "a smoke test: stage 0 not run" if smoke else "stage 0"
+    return (
+        f"long: difficulty level {choice['level']} ({dict(DIFFICULTY[choice['level']])}), "
+        f"lr {choice['lr']:g} ({how})."
+    )
+
+
 def main(argv=None) -> dict:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
@@ -487,7 +498,10 @@ def main(argv=None) -> dict:
         raise ValueError(f"--seeds={args.seeds} must be at least 1")
     if args.stage == "dev":
         return stage_dev(args.workdir, args.scale, args.smoke)
-    choice = {"level": FIRST_LEVEL, "lr": LONG_LRS[1]} if args.smoke else read_choice(args.workdir)
+    if args.smoke or "long" not in lengths:  # the short length needs no stage 0
+        choice = {"level": FIRST_LEVEL, "lr": LONG_LRS[1]}
+    else:
+        choice = read_choice(args.workdir)
     if choice["level"] is None and "long" in lengths:
         log.warning("stage 0 found no difficulty level with headroom: the long length is not run")
         lengths.remove("long")
@@ -521,8 +535,7 @@ def main(argv=None) -> dict:
     )
     meta = (
         f"Scale {args.scale}; seeds 0-{n - 1} per cell, each length's seed k from its own "
-        f"warm start; short: lr {SHORT_LR:g}; long: difficulty level {choice['level']} "
-        f"({dict(DIFFICULTY[choice['level']])}), lr {choice['lr']:g} ({'a smoke test: stage 0 not run' if args.smoke else 'stage 0'})."
+        f"warm start; short: lr {SHORT_LR:g}; " + _long_meta(choice, lengths, args.smoke)
     )
     path = (
         "docs/results_mechanism.md"

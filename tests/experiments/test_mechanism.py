@@ -85,6 +85,19 @@ def test_a_missing_stage_0_names_its_command(tmp_path):
         mechanism.main(["--smoke", "--publish"])
 
 
+def test_the_short_length_alone_needs_no_stage_0(tmp_path, capsys):
+    """--lengths=short runs (here: the variance-only look) without <workdir>/dev/choice.json;
+    I = 0.2 and 0.1 as above, so sd = 0.0707."""
+    root = mechanism.root_of(str(tmp_path), "short")
+    areas = {(0, "gspo", 8): 0.5, (0, "grpo", 8): 0.3, (0, "gspo", 1): 0.2, (0, "grpo", 1): 0.2}
+    areas |= {(1, "gspo", 8): 0.4, (1, "grpo", 8): 0.4, (1, "gspo", 1): 0.1, (1, "grpo", 1): 0.2}
+    for (seed, algo, mb), a in areas.items():
+        _fake(root, algo, mb, mechanism.SHORT_LR, seed, [a])
+    mechanism.main(["--lengths=short", "--sd_only", "--seeds=2", f"--workdir={tmp_path}"])
+    assert "short: sd of I over 2 seeds = 0.0707" in capsys.readouterr().out
+    assert mechanism._long_meta({}, ["short"], False) == "long: not run (see below)."
+
+
 def test_welch_matches_scipy():
     from scipy import stats as st
 
