@@ -95,7 +95,7 @@ def test_the_short_length_alone_needs_no_stage_0(tmp_path, capsys):
         _fake(root, algo, mb, mechanism.SHORT_LR, seed, [a])
     mechanism.main(["--lengths=short", "--sd_only", "--seeds=2", f"--workdir={tmp_path}"])
     assert "short: sd of I over 2 seeds = 0.0707" in capsys.readouterr().out
-    assert mechanism._long_meta({}, ["short"], False) == "long: not run (see below)."
+    assert mechanism._long_meta({}, ["short"], False) == "long: not run (below)."
 
 
 def test_welch_matches_scipy():
@@ -120,3 +120,15 @@ def test_the_primary_verdict_needs_the_interval_above_0_and_holm():
     below = stats.Interval(-0.03, -0.05, -0.01, 0.01, 10)
     assert mechanism.verdict(below, 0.02) == "not reproduced on this test bed"
     assert mechanism.verdict(stats.undefined(0.1, 1), float("nan")) == "no verdict at n = 1"
+
+
+def test_a_length_not_run_counts_as_p_1_in_holm_and_gets_no_verdict():
+    from experiments.gspo_vs_grpo import stats
+
+    inter = np.array([0.01, 0.02, -0.005, 0.03])
+    boot = stats.one_sample(inter)
+    one = {"n": 4, "I": inter, "boot": boot, "t": None, "control": boot, "secondary": []}
+    one["clip8"] = {"gspo": (0.2, 0.1), "grpo": (0.004, 0.001)}
+    text = mechanism.report({"short": one}, "cmd", "meta")
+    assert f"| {boot.p:.3g} | {2 * boot.p:.3g} |" in text  # Holm over two: 2p
+    assert "Not run in this invocation: the long length, so no verdict" in text
