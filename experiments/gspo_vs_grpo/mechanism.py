@@ -28,7 +28,7 @@ import sys
 
 import numpy as np
 
-from experiments.gspo_vs_grpo import forest, stats
+from experiments.gspo_vs_grpo import forest, mechanism_files, stats
 from experiments.gspo_vs_grpo.analysis import series
 from experiments.gspo_vs_grpo.arms import Arm, Budget, _dense, run_dir
 
@@ -467,30 +467,6 @@ def _not_run(lengths: list) -> str:
     )
 
 
-def compute_line(roots: dict) -> str:
-    """Each length's timed phases from <root>/seconds.json, and the machine's load."""
-    parts = []
-    for length, root in roots.items():
-        path = os.path.join(root, "seconds.json")
-        if not os.path.exists(path):
-            continue
-        with open(path) as f:
-            sec = json.load(f)
-        warm = [v for k, v in sec.items() if k.startswith("warm_start/")]
-        runs = [v for k, v in sec.items() if k.startswith("run/")]
-        parts.append(
-            f"{length}: {len(warm)} warm starts {sum(warm) / 60:.1f} min, "
-            f"{len(runs)} RL runs {sum(runs) / 60:.1f} min"
-        )
-    load = os.getloadavg()[2] if hasattr(os, "getloadavg") else float("nan")
-    return (
-        "Compute (each phase timed when it ran; a rerun reuses finished runs): "
-        + ("; ".join(parts) or "no timings recorded")
-        + f". Load average over the 15 minutes before this file was written: {load:.1f} "
-        f"on {os.cpu_count()} CPUs (shared with other jobs)."
-    )
-
-
 # ------------------------------------------------------------------------------ command
 
 
@@ -510,6 +486,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--power", action="store_true", help="print the power analysis only")
     p.add_argument("--sd_only", action="store_true", help="the seed-adding rule's look")
     return p
+
+
+def _cells(lr: float) -> dict:
+    """(algo, mb) -> Arm of one length's four cells."""
+    return {(g, m): arm(g, m, lr) for g in ALGOS for m in MINI_BATCHES}
 
 
 def _long_meta(choice: dict, lengths: list, smoke: bool) -> str:
@@ -577,7 +558,10 @@ def main(argv=None) -> dict:
         f"Scale {args.scale}; seeds 0-{n - 1} per cell, each length's seed k from its own "
         f"warm start; short: lr {SHORT_LR:g}; " + _long_meta(choice, lengths, args.smoke)
     )
-    meta += "\n\n" + compute_line(roots)
+    meta += "\n\n" + mechanism_files.compute_line(roots)
+    if args.publish:
+        cells = {k: _cells(SHORT_LR if k == "short" else choice["lr"]) for k in roots}
+        meta += "\n\n" + mechanism_files.publish(roots, cells, seeds)
     path = (
         "docs/results_mechanism.md"
         if args.publish

@@ -132,3 +132,29 @@ def test_a_length_not_run_counts_as_p_1_in_holm_and_gets_no_verdict():
     text = mechanism.report({"short": one}, "cmd", "meta")
     assert f"| {boot.p:.3g} | {2 * boot.p:.3g} |" in text  # Holm over two: 2p
     assert "Not run in this invocation: the long length, so no verdict" in text
+
+
+def test_publish_exports_the_curves_and_the_per_problem_scores(tmp_path):
+    """The CSV holds every (cell, seed, step)'s reward; the copied scores read back through
+    forest.per_problem_scores unchanged; compute_line sums seconds.json's phases."""
+    from experiments.gspo_vs_grpo import forest, mechanism_files
+
+    root, cells = tmp_path / "runs", mechanism._cells(3e-5)
+    for (algo, mb), a in cells.items():
+        _fake(root, algo, mb, 3e-5, 0, [0.25, 0.5])
+        d = os.path.join(run_dir(str(root), a, 0), "eval_problems")
+        os.makedirs(d)
+        np.savez(os.path.join(d, "step2_p0.npz"), index=np.array([1, 0]), score=[mb, 0.0])
+    with open(root / "seconds.json", "w") as f:
+        json.dump({"warm_start/dense/seed0": 60.0, "run/a": 30.0, "run/b": 90.0}, f)
+    out = tmp_path / "out"
+    text = mechanism_files.publish({"short": str(root)}, {"short": cells}, [0], str(out))
+    assert "docs/mechanism/short_test_rewards.csv" in text
+    with open(out / "docs/mechanism/short_test_rewards.csv") as f:
+        rows = f.read().splitlines()
+    assert rows[0] == "algo,mb,seed,step,reward,clipfrac" and len(rows) == 1 + 4 * 2
+    assert rows[-1].startswith("grpo,8,0,2,0.5,")
+    base = out / "docs/forest/per_problem/mechanism_short"
+    np.testing.assert_array_equal(forest.per_problem_scores(str(base), "gspo_mb8", 2), [[0, 8]])
+    line = mechanism_files.compute_line({"short": str(root)})
+    assert "short: 1 warm starts 1.0 min, 2 RL runs 2.0 min" in line
