@@ -63,9 +63,9 @@ def export(root: str, length: str, cells: dict, seeds, out: str = ".") -> list[s
 
 
 def publish(roots: dict, cells: dict, seeds, out: str = ".") -> str:
-    """Export every length's files (roots and cells: length -> root, (algo, mb) -> Arm) into
-    docs/ and say where they are, for the results file."""
-    paths = [p for k, root in roots.items() for p in export(root, k, cells[k], seeds, out)]
+    """Export every length's files (roots, cells, seeds: length -> its root, its (algo, mb)
+    -> Arm, its seeds) into docs/ and say where they are, for the results file."""
+    paths = [p for k, root in roots.items() for p in export(root, k, cells[k], seeds[k], out)]
     return (
         "The files these numbers rest on (experiments/gspo_vs_grpo/mechanism_files.py): "
         + ", ".join(f"`{p}`" for p in paths)

@@ -98,6 +98,18 @@ def test_the_short_length_alone_needs_no_stage_0(tmp_path, capsys):
     assert mechanism._long_meta({}, ["short"], False) == "long: not run (below)."
 
 
+def test_seeds_are_one_count_or_one_per_length():
+    assert mechanism.seeds_of(None, ["short", "long"], "cpu") == {"short": 10, "long": 10}
+    assert mechanism.seeds_of("12", ["short"], "cpu") == {"short": 12}
+    got = mechanism.seeds_of("short:10,long:16", ["short", "long"], "gpu")
+    assert got == {"short": 10, "long": 16}
+    assert mechanism.seeds_of("long:16", ["short", "long"], "gpu") == {"short": 20, "long": 16}
+    assert mechanism.seeds_of("7", ["long"], "cpu", smoke=True) == {"long": 1}
+    for bad in ("0", "mid:3", "short:x", "short:0"):
+        with pytest.raises(ValueError, match="--seeds="):
+            mechanism.seeds_of(bad, ["short"], "cpu")
+
+
 def test_welch_matches_scipy():
     from scipy import stats as st
 
@@ -148,7 +160,7 @@ def test_publish_exports_the_curves_and_the_per_problem_scores(tmp_path):
     with open(root / "seconds.json", "w") as f:
         json.dump({"warm_start/dense/seed0": 60.0, "run/a": 30.0, "run/b": 90.0}, f)
     out = tmp_path / "out"
-    text = mechanism_files.publish({"short": str(root)}, {"short": cells}, [0], str(out))
+    text = mechanism_files.publish({"short": str(root)}, {"short": cells}, {"short": [0]}, str(out))
     assert "docs/mechanism/short_test_rewards.csv" in text
     with open(out / "docs/mechanism/short_test_rewards.csv") as f:
         rows = f.read().splitlines()
