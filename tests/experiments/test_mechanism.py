@@ -85,6 +85,31 @@ def test_a_missing_stage_0_names_its_command(tmp_path):
         mechanism.main(["--smoke", "--publish"])
 
 
+def test_the_short_length_alone_needs_no_stage_0(tmp_path, capsys):
+    """--lengths=short runs (here: the variance-only look) without <workdir>/dev/choice.json;
+    I = 0.2 and 0.1 as above, so sd = 0.0707."""
+    root = mechanism.root_of(str(tmp_path), "short")
+    areas = {(0, "gspo", 8): 0.5, (0, "grpo", 8): 0.3, (0, "gspo", 1): 0.2, (0, "grpo", 1): 0.2}
+    areas |= {(1, "gspo", 8): 0.4, (1, "grpo", 8): 0.4, (1, "gspo", 1): 0.1, (1, "grpo", 1): 0.2}
+    for (seed, algo, mb), a in areas.items():
+        _fake(root, algo, mb, mechanism.SHORT_LR, seed, [a])
+    mechanism.main(["--lengths=short", "--sd_only", "--seeds=2", f"--workdir={tmp_path}"])
+    assert "short: sd of I over 2 seeds = 0.0707" in capsys.readouterr().out
+    assert mechanism._long_meta({}, ["short"], False) == "long: not run (below)."
+
+
+def test_seeds_are_one_count_or_one_per_length():
+    assert mechanism.seeds_of(None, ["short", "long"], "cpu") == {"short": 10, "long": 10}
+    assert mechanism.seeds_of("12", ["short"], "cpu") == {"short": 12}
+    got = mechanism.seeds_of("short:10,long:16", ["short", "long"], "gpu")
+    assert got == {"short": 10, "long": 16}
+    assert mechanism.seeds_of("long:16", ["short", "long"], "gpu") == {"short": 20, "long": 16}
+    assert mechanism.seeds_of("7", ["long"], "cpu", smoke=True) == {"long": 1}
+    for bad in ("0", "mid:3", "short:x", "short:0"):
+        with pytest.raises(ValueError, match="--seeds="):
+            mechanism.seeds_of(bad, ["short"], "cpu")
+
+
 def test_welch_matches_scipy():
     from scipy import stats as st
 
@@ -107,3 +132,41 @@ def test_the_primary_verdict_needs_the_interval_above_0_and_holm():
     below = stats.Interval(-0.03, -0.05, -0.01, 0.01, 10)
     assert mechanism.verdict(below, 0.02) == "not reproduced on this test bed"
     assert mechanism.verdict(stats.undefined(0.1, 1), float("nan")) == "no verdict at n = 1"
+
+
+def test_a_length_not_run_counts_as_p_1_in_holm_and_gets_no_verdict():
+    from experiments.gspo_vs_grpo import stats
+
+    inter = np.array([0.01, 0.02, -0.005, 0.03])
+    boot = stats.one_sample(inter)
+    one = {"n": 4, "I": inter, "boot": boot, "t": None, "control": boot, "secondary": []}
+    one["clip8"] = {"gspo": (0.2, 0.1), "grpo": (0.004, 0.001)}
+    text = mechanism.report({"short": one}, "cmd", "meta")
+    assert f"| {boot.p:.3g} | {2 * boot.p:.3g} |" in text  # Holm over two: 2p
+    assert "Not run in this invocation: the long length, so no verdict" in text
+
+
+def test_publish_exports_the_curves_and_the_per_problem_scores(tmp_path):
+    """The CSV holds every (cell, seed, step)'s reward; the copied scores read back through
+    forest.per_problem_scores unchanged; compute_line sums seconds.json's phases."""
+    from experiments.gspo_vs_grpo import forest, mechanism_files
+
+    root, cells = tmp_path / "runs", mechanism._cells(3e-5)
+    for (algo, mb), a in cells.items():
+        _fake(root, algo, mb, 3e-5, 0, [0.25, 0.5])
+        d = os.path.join(run_dir(str(root), a, 0), "eval_problems")
+        os.makedirs(d)
+        np.savez(os.path.join(d, "step2_p0.npz"), index=np.array([1, 0]), score=[mb, 0.0])
+    with open(root / "seconds.json", "w") as f:
+        json.dump({"warm_start/dense/seed0": 60.0, "run/a": 30.0, "run/b": 90.0}, f)
+    out = tmp_path / "out"
+    text = mechanism_files.publish({"short": str(root)}, {"short": cells}, {"short": [0]}, str(out))
+    assert "docs/mechanism/short_test_rewards.csv" in text
+    with open(out / "docs/mechanism/short_test_rewards.csv") as f:
+        rows = f.read().splitlines()
+    assert rows[0] == "algo,mb,seed,step,reward,clipfrac" and len(rows) == 1 + 4 * 2
+    assert rows[-1].startswith("grpo,8,0,2,0.5,")
+    base = out / "docs/forest/per_problem/mechanism_short"
+    np.testing.assert_array_equal(forest.per_problem_scores(str(base), "gspo_mb8", 2), [[0, 8]])
+    line = mechanism_files.compute_line({"short": str(root)})
+    assert "short: 1 warm starts 1.0 min, 2 RL runs 2.0 min" in line
