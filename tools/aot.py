@@ -87,6 +87,7 @@ from gspo_jax.sampling import static
 from gspo_jax.sampling.replicas import replica_count
 from gspo_jax.train_step import TrainState, batch_ndims, make_logprobs_fn, make_train_step, optim
 from tools import hlo_stats, roofline
+from tools.qwen35_presets import QWEN35_PRESETS
 
 GiB = 2**30
 
@@ -147,6 +148,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         num_experts=128,
         num_experts_per_tok=8,
     ),
+    **QWEN35_PRESETS,  # Qwen3.5-0.8B, Qwen3.5-35B-A3B: tools/qwen35_presets.py
 }
 FUNCTIONS = ("prefill", "decode", "logprobs", "advantages", "train_step")
 
@@ -184,10 +186,9 @@ def model_config_for(config, preset: str | None) -> models.ModelConfig:
     if preset:
         if preset not in PRESETS:
             raise ValueError(f"--preset={preset!r}: known presets {sorted(PRESETS)}")
-        layers = PRESETS[preset]["num_hidden_layers"]
-        return models.ModelConfig.from_hf_config(
-            PRESETS[preset], **specs.model_numerics(config, layers)
-        )
+        hf = PRESETS[preset]
+        layers = hf.get("text_config", hf)["num_hidden_layers"]
+        return models.ModelConfig.from_hf_config(hf, **specs.model_numerics(config, layers))
     if m.hf_path:
         return specs.model_config(config, tokenizer=None)
     import tempfile
