@@ -121,10 +121,12 @@ def paged_attention_impl(
     attention_impl: str, platform: str | None = None, head_dim: int | None = None
 ) -> str:
     """ "pallas" when compiling for a TPU and `attention_impl` is "auto" or "splash" (the
-    Pallas kernels), "xla" otherwise, and also for a `head_dim` the kernel cannot take (it
-    works in 128-lane tiles: a multiple of 128; the tiny test models' 16 is not)."""
+    Pallas kernels), "xla" otherwise, and also for a `head_dim` the kernel cannot take: it
+    loads keys and values in 128-lane rows, so 128 only (the tiny test models' 16 is not;
+    Qwen3.5's 256 fails in Mosaic, "The last dim size is not 128", compiled for v5e with
+    the pinned jax)."""
     platform = platform or target_platform()
-    if head_dim is not None and head_dim % 128:
+    if head_dim is not None and head_dim != 128:
         return "xla"
     if platform == "tpu" and attention_impl in ("auto", "splash"):
         return "pallas"

@@ -317,3 +317,22 @@ def test_greedy_continuous_sampling_reuses_slots_and_matches_transformers():
     trainer = jnp.take_along_axis(jax.nn.log_softmax(logits), out.tokens[..., None], -1)[..., 0]
     gap = float(jnp.abs(trainer - out.logprobs).max())
     assert gap < 5e-5, gap  # measured 1.9e-5 (the static engine's: 1.7e-5)
+
+
+def test_routing_replay_forces_the_moe_fixtures_experts():
+    """Routing Replay's model half on Qwen3.5-MoE (routed experts + shared expert, DeltaNet
+    layers between): forcing the model's own routing reproduces its logits bit for bit,
+    forcing other experts moves every real token's (the shared expert alone does not
+    decide them)."""
+    cfg, params = models.load_pretrained(FIXTURES / "qwen35_moe")
+    ref = dict(np.load(FIXTURES / "reference_qwen35_moe.npz"))
+    tokens, mask = jnp.asarray(ref["tokens"]), jnp.asarray(ref["mask_left"])
+    fwd = jax.jit(models.forward_with_routing, static_argnums=0)
+    logits, routing = fwd(cfg, params, tokens, mask)
+    assert routing.shape == (cfg.num_moe_layers, *tokens.shape, cfg.num_experts_per_tok)
+    replay, replay_routing = fwd(cfg, params, tokens, mask, routing=routing)
+    np.testing.assert_array_equal(replay, logits)
+    np.testing.assert_array_equal(replay_routing, routing)
+    other, _ = fwd(cfg, params, tokens, mask, routing=(routing + 1) % cfg.num_experts)
+    valid = np.asarray(mask).astype(bool)
+    assert np.abs(np.asarray(other) - np.asarray(logits))[valid].min() > 0
