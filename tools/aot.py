@@ -6,7 +6,7 @@
 
 Run it before renting the slice. It needs libtpu importable (`pip install -r
 requirements-tpu.txt`, docs/tpu.md) but no TPU and no weights: the model comes from
-`--preset` (published Qwen3 shapes), else the config's `model.hf_path` (its config.json
+`--preset` (published Qwen3 / Qwen3.5 shapes), else the config's `model.hf_path` (its config.json
 only), else the config's scratch model. For the topology's chips it builds the config's
 mesh (`config.mesh`), the parameter / optimizer / batch shardings the trainer uses, and
 lowers and compiles, as `jax.ShapeDtypeStruct`s carrying those shardings, the functions
