@@ -10,8 +10,9 @@ hf_path: a local copy of a Qwen3.5 checkpoint: a text model (`Qwen3_5ForCausalLM
 and multi-token-prediction weights are skipped); config.json, safetensors, tokenizer files.
 manual_dir: GSM8K's official `train.jsonl` and `test.jsonl`. Nothing is downloaded.
 
-The sampler runs the static engine (`sampling.engine="static"`): the continuous engine
-keeps no per-slot DeltaNet state yet and refuses these models at start-up. Sampler and
+The sampler is the default continuous engine: pages for the full-attention layers only,
+each decode slot's Gated DeltaNet conv window and recurrent state beside them, reset from
+the prompt's prefill when the slot takes a sequence (sampling/slot_states.py). Sampler and
 trainer share the model code: the prefill and every train-step pass run the chunked
 Gated DeltaNet, the decode steps its recurrent form (docs/configuration.md, "Qwen3.5"); the gap
 shows as sampler/logprob_gap_*. Settings otherwise as configs/qwen3_0p6b_gsm8k.py.
@@ -27,6 +28,4 @@ def get_config(arg: str | None = None):
             "configs/qwen35_gsm8k.py needs :hf_path=DIR,manual_dir=DIR (a local Qwen3.5 "
             "checkpoint and the GSM8K jsonl files)"
         )
-    c = qwen3_0p6b_gsm8k.get_config(arg)
-    c.sampling.engine = "static"
-    return c
+    return qwen3_0p6b_gsm8k.get_config(arg)

@@ -6,7 +6,7 @@
 
 Run it before renting the slice. It needs libtpu importable (`pip install -r
 requirements-tpu.txt`, docs/tpu.md) but no TPU and no weights: the model comes from
-`--preset` (published Qwen3 shapes), else the config's `model.hf_path` (its config.json
+`--preset` (published Qwen3 / Qwen3.5 shapes), else the config's `model.hf_path` (its config.json
 only), else the config's scratch model. For the topology's chips it builds the config's
 mesh (`config.mesh`), the parameter / optimizer / batch shardings the trainer uses, and
 lowers and compiles, as `jax.ShapeDtypeStruct`s carrying those shardings, the functions
@@ -88,6 +88,7 @@ from gspo_jax.sampling import static
 from gspo_jax.sampling.replicas import replica_count
 from gspo_jax.train_step import TrainState, batch_ndims, make_logprobs_fn, make_train_step, optim
 from tools import hlo_stats, roofline
+from tools.qwen35_presets import QWEN35_PRESETS
 
 GiB = 2**30
 
@@ -148,6 +149,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         num_experts=128,
         num_experts_per_tok=8,
     ),
+    **QWEN35_PRESETS,  # Qwen3.5-0.8B, Qwen3.5-35B-A3B: tools/qwen35_presets.py
 }
 FUNCTIONS = ("prefill", "decode", "logprobs", "advantages", "train_step")
 
@@ -185,10 +187,9 @@ def model_config_for(config, preset: str | None) -> models.ModelConfig:
     if preset:
         if preset not in PRESETS:
             raise ValueError(f"--preset={preset!r}: known presets {sorted(PRESETS)}")
-        layers = PRESETS[preset]["num_hidden_layers"]
-        return models.ModelConfig.from_hf_config(
-            PRESETS[preset], **specs.model_numerics(config, layers)
-        )
+        hf = PRESETS[preset]
+        layers = hf.get("text_config", hf)["num_hidden_layers"]
+        return models.ModelConfig.from_hf_config(hf, **specs.model_numerics(config, layers))
     if m.hf_path:
         return specs.model_config(config, tokenizer=None)
     import tempfile
@@ -354,11 +355,22 @@ def _matmul_params(cfg: models.ModelConfig) -> int:
     return total
 
 
+def _mixing_flops(cfg, keys: float) -> float:
+    """One token's token mixing: attention's q·k and p·v over `keys` keys in each
+    full-attention layer; a hybrid model's Gated DeltaNet layers, the recurrence's
+    Sᵀk, k ⊗ δ and Sᵀq, 6·heads·d_k·d_v (the chunked form's intra-chunk products not
+    counted: model FLOPs, as attention's are without its masked half)."""
+    full = cfg.num_layers - cfg.num_linear_layers
+    linear = cfg.num_linear_layers * cfg.linear_num_value_heads
+    linear *= 6 * cfg.linear_key_head_dim * cfg.linear_value_head_dim
+    return 4 * full * cfg.num_heads * cfg.head_dim * keys + linear
+
+
 def _forward_flops(cfg, rows: int, length: int, logit_tokens: int) -> float:
-    """2·(weights)·tokens + causal attention (q·k and p·v over half the keys on average)
-    + the unembedding on `logit_tokens` tokens per row."""
+    """2·(weights)·tokens + token mixing (causal attention: q·k and p·v over half the keys
+    on average; `_mixing_flops`) + the unembedding on `logit_tokens` tokens per row."""
     dense = 2 * _matmul_params(cfg) * rows * length
-    attention = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * rows * length * length / 2
+    attention = _mixing_flops(cfg, length / 2) * rows * length
     logits = 2 * cfg.hidden_size * cfg.vocab_size * rows * logit_tokens
     return dense + attention + logits
 
@@ -472,7 +484,7 @@ def compile_run(
 def _decode_flops_per_token(cfg, P: int, T: int) -> float:
     """One decoded token: the weights once, attention over P + T/2 keys on average."""
     per_token = 2 * _matmul_params(cfg) + 2 * cfg.hidden_size * cfg.vocab_size
-    return per_token + 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * (P + T / 2)
+    return per_token + _mixing_flops(cfg, P + T / 2)
 
 
 def rollout_layout(config, cfg, mesh_sizes) -> str:
@@ -677,8 +689,9 @@ def _compile_engine(a: _Abstract, functions, params, layout: str) -> list[Report
         # whole over fsdp in the trainer's layout), not as they were handed in.
         out = jax.eval_shape(lambda p: models.rollout_params(cfg, p), a.abstract)
         held = _sds(out, sampling.rollout_shardings(cfg, out, a.mesh, layout))
-        report.hlo_bytes = _engine_hbm_bytes(cfg, held, pages[0], local, P, T, waves)
-        report.ops = _engine_ops(cfg, report, held, pages[0], local, P, T, waves, a.B / a.chips)
+        pool = pages[0][0] if cfg.is_hybrid else pages[0]  # (pools, DeltaNet states)
+        report.hlo_bytes = _engine_hbm_bytes(cfg, held, pool, local, P, T, waves)
+        report.ops = _engine_ops(cfg, report, held, pool, local, P, T, waves, a.B / a.chips)
     reports.append(report)
     return reports
 
@@ -686,13 +699,18 @@ def _compile_engine(a: _Abstract, functions, params, layout: str) -> list[Report
 def _engine_hbm_bytes(cfg, params, pool, local, P: int, T: int, waves: int) -> float:
     """HBM bytes per chip of the engine's loop, analytic: per step the chip's weights
     (`params` as the loop holds them) once and its slots' real context (P + T/2
-    positions on average; bytes per position `roofline.paged_kv_bytes_per_position`: an
-    int8 pool's pages and scales, our kernel reading them), waves x T steps. The
+    positions on average; pages of the full-attention layers only, bytes per position
+    `roofline.paged_kv_bytes_per_position`: an int8 pool's pages and scales, our kernel
+    reading them), and a hybrid model's
+    per-slot DeltaNet states (f32, read and written), waves x T steps. The
     HLO's count would be wrong here: the Pallas kernel takes each layer's whole page pool
     as an operand (it reads only the pages of each row's table)."""
     weights = _per_chip(params)
-    per_position = cfg.num_layers * roofline.paged_kv_bytes_per_position(pool)
+    full = cfg.num_layers - cfg.num_linear_layers
+    per_position = full * roofline.paged_kv_bytes_per_position(pool)
     context = local.num_slots * (P + T / 2) * per_position
+    state = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim
+    context += local.num_slots * cfg.num_linear_layers * state * 4 * 2
     return float(waves * T * (weights + context))
 
 
@@ -705,7 +723,8 @@ def _engine_ops(cfg, report, params, pool, local, P, T, waves, rows_per_chip) ->
     weights = float(_per_chip(params))
     context = _engine_hbm_bytes(cfg, params, pool, local, P, T, waves) / steps - weights
     matmul = sum(op.flops * op.count for op in report.ops) / steps
-    attention = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * (P + T / 2)
+    full = cfg.num_layers - cfg.num_linear_layers
+    attention = 4 * full * cfg.num_heads * cfg.head_dim * (P + T / 2)
     attention *= rows_per_chip * T / steps
     return [
         hlo_stats.OpCost("weights", "decode weights (analytic)", "matmul", matmul,

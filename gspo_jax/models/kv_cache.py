@@ -220,7 +220,7 @@ class _CacheAttention:
         return attend_cached(q_BLHC, parts), (tuple(ks), tuple(vs))
 
 
-def _kind_index(cfg: ModelConfig) -> tuple[int, ...]:
+def kind_index(cfg: ModelConfig) -> tuple[int, ...]:
     """Layer i's index among the layers of its kind (full attention / Gated DeltaNet)."""
     out, counts = [], [0, 0]
     for i in range(cfg.num_layers):
@@ -320,7 +320,7 @@ def decode_step_shared(
         segment=segment,
         at=offset,
         allowed=(jnp.arange(width) <= offset)[None, None, :],
-        index=_kind_index(cfg),
+        index=kind_index(cfg),
         states=response.linear,
         first=jnp.asarray(slot, jnp.int32) == 0,
     )

@@ -60,6 +60,7 @@ from gspo_jax.models import partition
 from gspo_jax.models.attention import target_platform
 from gspo_jax.models.config import ModelConfig
 from gspo_jax.models.functional import logits_from_hidden
+from gspo_jax.models.kv_cache import kind_index
 from gspo_jax.models.paged_int8_kernel import int8_paged_attention
 from gspo_jax.models.params import merge
 
@@ -132,10 +133,12 @@ def paged_attention_impl(
     attention_impl: str, platform: str | None = None, head_dim: int | None = None
 ) -> str:
     """ "pallas" when compiling for a TPU and `attention_impl` is "auto" or "splash" (the
-    Pallas kernels), "xla" otherwise, and also for a `head_dim` the kernel cannot take (it
-    works in 128-lane tiles: a multiple of 128; the tiny test models' 16 is not)."""
+    Pallas kernels), "xla" otherwise, and also for a `head_dim` the kernel cannot take: it
+    loads keys and values in 128-lane rows, so 128 only (the tiny test models' 16 is not;
+    Qwen3.5's 256 fails in Mosaic, "The last dim size is not 128", compiled for v5e with
+    the pinned jax)."""
     platform = platform or target_platform()
-    if head_dim is not None and head_dim % 128:
+    if head_dim is not None and head_dim != 128:
         return "xla"
     if platform == "tpu" and attention_impl in ("auto", "splash"):
         return "pallas"
@@ -449,12 +452,17 @@ class _PagedAttention:
     page_table: jax.Array
     impl: str
     split: jax.Array | None = None  # per row: the prompt's length (see ragged_paged_attention)
+    index: tuple = ()  # layer -> its index among its kind's layers (hybrid models)
+    states: tuple = ()  # per DeltaNet layer, the rows' (conv window, state) before the step
     layer_data = None  # per-layer pools are indexed by layer (unrolled decoder)
 
+    def linear(self, layer: int):
+        """A DeltaNet layer's context: no mask, its rows' state, kept, the recurrent form."""
+        return None, self.states[self.index[layer]], True, True
+
     def __call__(self, layer: int, q_BLHC, k_BLKC, v_BLKC):
-        pool = write_entry(
-            self.kv[layer], self.write_page, self.write_offset, k_BLKC[:, 0], v_BLKC[:, 0]
-        )
+        pool = self.kv[self.index[layer] if self.index else layer]
+        pool = write_entry(pool, self.write_page, self.write_offset, k_BLKC[:, 0], v_BLKC[:, 0])
         C = q_BLHC.shape[-1]
         out = paged_attention(
             self.impl,
@@ -490,16 +498,26 @@ def decode_step_paged(
     Returns (next-token logits [S, V] f32, the pools updated). Carry `kv` through a loop (or
     donate it) so the writes happen in place; pass `layer_params=split_layers(cfg, params)`
     computed once before the loop. `prompt_lens_S`: the rows' prompt lengths, for the
-    trainer's prompt / response split of the value product (XLA path)."""
+    trainer's prompt / response split of the value product (XLA path).
+
+    A hybrid model (Qwen3.5): `kv` is (the full-attention layers' pools, per Gated DeltaNet
+    layer the rows' (conv window [S, K−1, channels], recurrent state [S, heads, d_k, d_v]
+    f32)), and so is what comes back: pages only for the full-attention layers, the
+    DeltaNet layers' recurrent form advancing each row's state by its token."""
     cfg = model_config
+    pools, states, index = kv, (), ()
+    if cfg.is_hybrid:
+        (pools, states), index = kv, kind_index(cfg)
     context = _PagedAttention(
-        kv=tuple(kv),
+        kv=tuple(pools),
         write_page=write_page_S,
         write_offset=write_offset_S,
         kv_lens=kv_lens_S,
         page_table=page_table_SM,
         impl=impl,
         split=prompt_lens_S,
+        index=index,
+        states=tuple(states),
     )
     model = merge(cfg, params)
     hidden_S1D, entries, _ = model(
@@ -510,7 +528,12 @@ def decode_step_paged(
         unroll=True,
         layer_params=layer_params,
     )
-    return logits_from_hidden(cfg, params, hidden_S1D[:, 0]), tuple(entries)
+    logits = logits_from_hidden(cfg, params, hidden_S1D[:, 0])
+    if cfg.is_hybrid:
+        linear = [cfg.is_linear_layer(i) for i in range(cfg.num_layers)]
+        full = tuple(e for e, lin in zip(entries, linear) if not lin)
+        return logits, (full, tuple(e for e, lin in zip(entries, linear) if lin))
+    return logits, tuple(entries)
 
 
 __all__ = [

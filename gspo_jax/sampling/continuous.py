@@ -49,6 +49,10 @@ boundary and returned when the row ends. When the free list is empty:
 `plan` rejects, before anything compiles, a budget that cannot hold one full-length
 sequence (that row could never finish). Nothing is ever truncated silently.
 
+Hybrid models (Qwen3.5): pages for the full-attention layers only; each Gated DeltaNet
+layer's conv window and recurrent state live per slot, reset from the prompt's prefill
+state when the slot takes a sequence (slot_states.py).
+
 Results are written to [B, T] by sequence index, so the output is the static sampler's:
 the same tokens for the same rng (its draws use the same keys), log-probs equal to float
 rounding (tests/sampling/test_sampling_continuous.py). With int8 KV pages (`kv_dtype="int8"`, the
@@ -71,6 +75,7 @@ from flax import struct
 from gspo_jax import models, sharding
 from gspo_jax.models import partition
 from gspo_jax.sampling import replicas as replicas_lib
+from gspo_jax.sampling import slot_states
 from gspo_jax.sampling.draw import next_token, row_keys
 from gspo_jax.sampling.layout import traced_under_layout
 from gspo_jax.sampling.pages import (  # noqa: F401 (continuous.* names)
@@ -90,7 +95,8 @@ TRASH = 0  # page 0: where rows that write nothing write; never read as context
 
 @struct.dataclass
 class EngineState:
-    """The while_loop's carry. Per slot [S]: seq (−1 idle), t (tokens drawn), last (token
+    """The while_loop's carry. kv: the page pools (a hybrid model: the pair (pools, per-slot
+    Gated DeltaNet states), slot_states.py). Per slot [S]: seq (−1 idle), t (tokens drawn), last (token
     to feed next), plen (its prompt's length), stamp (admission order), table [S, M] (its
     pages), npages (table entries in use), first_own (first entry it owns), copy_src /
     copy_dst (a page copy owed by the slot's admission, made at the top of the next step:
@@ -162,6 +168,8 @@ def prefill_pages(
     prompt, logits_QV, _ = models.prefill_shared(model_config, params, tokens_QP, mask_QP)
     pages = models.prompt_pages(prompt, page_size)
     pages = tuple(_constrain_pool(models.to_kv_dtype(x, kv_dtype)) for x in pages)
+    if model_config.is_hybrid:  # the DeltaNet layers' states after each prompt (slot_states)
+        pages = (pages, prompt.linear)
     return pages, prompt.length, logits_QV, tokens_BP, mask_BP.astype(jnp.int32)
 
 
@@ -185,9 +193,10 @@ def _constrain_pool(pool):
     )
 
 
-def _init_state(prompt_pages, B: int, T: int, p: PagePlan) -> EngineState:
+def _init_state(cfg, prompt_pages, B: int, T: int, p: PagePlan) -> EngineState:
     """Every slot idle, every response page free, the queue full."""
     S, M, R = p.num_slots, p.table_width, p.num_pages
+    prompt_pages, prompt_states = slot_states.split(cfg, prompt_pages)
     first_free = 1 + prompt_pages[0].shape[0]
 
     def with_free_pages(x):  # the trash page, the prompts' pages, R response pages
@@ -195,6 +204,7 @@ def _init_state(prompt_pages, B: int, T: int, p: PagePlan) -> EngineState:
         return jnp.concatenate([zeros((1, *x.shape[1:])), x, zeros((R, *x.shape[1:]))])
 
     kv = tuple(_constrain_pool(jax.tree.map(with_free_pages, x)) for x in prompt_pages)
+    kv = slot_states.initial(cfg, kv, prompt_states, S)
     i32 = functools.partial(jnp.zeros, dtype=jnp.int32)
     return EngineState(
         kv=kv,
@@ -274,10 +284,10 @@ def _decode(cfg, params, layers, state: EngineState, progress, p: PagePlan, impl
         layer_params=layers,
         prompt_lens_S=state.plen,
     )
-    return logits, state.replace(kv=kv)
+    return logits, state.replace(kv=slot_states.after_decode(cfg, progress, kv, state.kv))
 
 
-def _copy_pages(state: EngineState) -> EngineState:
+def _copy_pages(cfg, state: EngineState) -> EngineState:
     """Makes the page copies the last step's admissions owe (a prompt's partly filled last
     page into the slot's own page), before this step's decode writes and reads the pools.
 
@@ -286,7 +296,11 @@ def _copy_pages(state: EngineState) -> EngineState:
     twice per layer per step to keep the loop's operand intact; every write before the
     reads lets the pool stay in place (tests/sampling/test_sampling_continuous.py reads the compiled
     program for it)."""
-    kv = tuple(models.copy_pages(pool, state.copy_src, state.copy_dst) for pool in state.kv)
+
+    def copy(pools):
+        return tuple(models.copy_pages(pool, state.copy_src, state.copy_dst) for pool in pools)
+
+    kv = slot_states.map_pools(cfg, state.kv, copy)
     none = jnp.full_like(state.copy_src, TRASH)
     return state.replace(kv=kv, copy_src=none, copy_dst=none)
 
@@ -453,17 +467,20 @@ def _engine_body(
 ):
     cfg, B, T, p = model_config, num_sequences, max_new_tokens, page_plan
     group = B // plen_Q.shape[0]
+    prompt_states = slot_states.split(cfg, prompt_pages)[1]
     params = models.for_decoding(cfg, params)  # weights gathered once, not once per token
     layers = models.split_layers(cfg, params)
 
     def body(state):
-        state = _copy_pages(state)
+        state = _copy_pages(cfg, state)
         state, progress, stalled = _grant(state, p)
         victim = _victim(state, progress)
         decoded, state = _decode(cfg, params, layers, state, progress, p, impl)
         allowed = ~jnp.any(stalled) & ~jnp.any(victim)
         state, admitted = _admit(state, allowed, plen_Q, group, B, p)
-        first = logits_QV[jnp.clip(state.seq, 0, B - 1) // group]
+        q_S = jnp.clip(state.seq, 0, B - 1) // group
+        first = logits_QV[q_S]
+        state = state.replace(kv=slot_states.admit(cfg, state.kv, admitted, q_S, prompt_states))
         logits = jnp.where(admitted[:, None], first, decoded)
         emit = progress | admitted
         state, finished = _emit(state, logits, emit, rng, eos_ids_E, draw, T, seq_offset)
@@ -481,10 +498,10 @@ def _engine_body(
     # One while_loop per width: once the queue is empty and at most half the slots run,
     # the running rows move to a loop of half the width (the pages stay where they are).
     widths = drain_widths(p.num_slots, drain_levels)
-    state = _init_state(prompt_pages, B, T, p)
+    state = _init_state(cfg, prompt_pages, B, T, p)
     for k, width in enumerate(widths):
         if k:
-            state = _compact(state, width)
+            state = _compact(cfg, state, width)
         narrower = widths[k + 1] if k + 1 < len(widths) else 0
         state = jax.lax.while_loop(cond(narrower), body, state)
     mask = jnp.arange(T)[None, :] < state.length[:, None]
@@ -500,7 +517,7 @@ def _engine_body(
     )
 
 
-def _compact(state: EngineState, width: int) -> EngineState:
+def _compact(cfg, state: EngineState, width: int) -> EngineState:
     """The running slots (at most `width`) moved to the first `width` slots; the per-slot
     arrays shrink to them."""
     order = jnp.argsort(state.seq < 0, stable=True)[:width]  # running slots first
@@ -516,7 +533,8 @@ def _compact(state: EngineState, width: int) -> EngineState:
         "copy_src",
         "copy_dst",
     )
-    return state.replace(**{name: getattr(state, name)[order] for name in per_slot})
+    kv = slot_states.compact(cfg, state.kv, order)
+    return state.replace(kv=kv, **{name: getattr(state, name)[order] for name in per_slot})
 
 
 @struct.dataclass

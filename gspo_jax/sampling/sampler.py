@@ -387,7 +387,6 @@ def sample_with(
         kv_dtype=_kv_dtype(o.kv_dtype, o.engine),
     )
     B = np.shape(prompt_tokens)[0] * int(o.num_samples)
-    check_engine(cfg, o.engine)
     page_plan = _page_plan(
         o.engine, B, bucket, engine, o.num_slots, o.page_size, o.kv_budget_tokens
     )
@@ -402,18 +401,6 @@ def sample_with(
     return _sample_continuous(
         cfg, params, tokens_NP, mask_NP, rng, eos_E, o.pad_id, engine, page_plan
     )
-
-
-def check_engine(model_config, engine: str) -> None:
-    """ValueError naming `sampling.engine` when the engine cannot decode this model: the
-    continuous engine keeps no per-slot Gated DeltaNet state yet, so hybrid Qwen3.5 models
-    need the static one (the RL loop calls this at start-up, `sample` on every call)."""
-    if engine == "continuous" and model_config.is_hybrid:
-        raise ValueError(
-            f'sampling.engine="continuous" cannot decode {model_config.arch} (hybrid Gated '
-            "DeltaNet layers: the continuous engine keeps no per-slot recurrent state yet); "
-            'set sampling.engine="static"'
-        )
 
 
 def _sample_continuous(cfg, params, tokens_NP, mask_NP, rng, eos_E, pad_id, options, page_plan):

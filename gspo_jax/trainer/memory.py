@@ -32,9 +32,12 @@ GIB = 2**30
 def kv_cache_bytes(model_config, rows: int, length: int) -> int:
     """A lower bound on the bytes of the key/value cache of `rows` sequences of `length`
     positions: one byte per element (an int8 cache; bfloat16 is twice that, float32 four
-    times), so the start-up check never refuses a run that could fit."""
+    times), so the start-up check never refuses a run that could fit. A hybrid model's
+    Gated DeltaNet layers keep no keys or values (a fixed-size state per row instead): its
+    full-attention layers only."""
     c = model_config
-    return rows * length * c.num_layers * 2 * c.num_kv_heads * c.head_dim
+    layers = c.num_layers - c.num_linear_layers
+    return rows * length * layers * 2 * c.num_kv_heads * c.head_dim
 
 
 def device_memory_bytes(device) -> int | None:

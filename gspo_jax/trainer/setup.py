@@ -237,7 +237,6 @@ def _state_shardings(model_config, tx, mesh, with_ref: bool) -> state_lib.RunSta
 
 def _bind_sampler(model_config, sampler: specs.SamplerSpec, tokenizer):
     """sample(params, prompt_tokens, prompt_mask, key) with the spec's options bound."""
-    sampling.check_engine(model_config, sampler.engine)
     eos_ids, pad_id = data.stop_token_ids(tokenizer), tokenizer.pad_token_id
     options = sampler.options(eos_ids=eos_ids, pad_id=pad_id)
     return functools.partial(sampling.sample_with, model_config, options=options)

@@ -208,3 +208,44 @@ def test_two_slices_split_the_data_axis_and_compile(env, tmp_path):
     assert "DCN bandwidth is not modelled" in proc.stdout
     proc, _ = _aot(env, tmp_path, *args)  # two slices, but the config's mesh has one
     assert proc.returncode != 0 and "needs --config.mesh.dcn_data=2" in proc.stderr
+
+
+def _hybrid_params(D, V, n, H, K, C, J, Hv, dk, dv, F, tied, E=0, Fe=0):
+    """A Qwen3.5 model's parameter count from its config.json numbers, by hand: every
+    fourth layer gated attention (q doubled for the gate, q/k norms), the others Gated
+    DeltaNet (qkv, z, a, b, conv taps 4, dt_bias, A_log, gated norm, out); a SwiGLU MLP,
+    or E experts of width Fe with a router and a shared expert of width Fe with its gate."""
+    full, lin = n // 4, n - n // 4
+    attn = D * 2 * H * C + 2 * D * K * C + H * C * D + 2 * C
+    channels = 2 * J * dk + Hv * dv
+    dnet = D * channels + D * Hv * dv + 2 * D * Hv + 4 * channels + 2 * Hv + dv + Hv * dv * D
+    mlp = 3 * D * F if not E else E * 3 * D * Fe + D * E + 3 * D * Fe + D
+    return full * attn + lin * dnet + n * (mlp + 2 * D) + D + V * D * (1 if tied else 2)
+
+
+def test_the_qwen35_presets_build_their_published_shapes():
+    """--preset=Qwen3.5-0.8B / Qwen3.5-35B-A3B (tools/qwen35_presets.py, the released
+    vision-language config.json) read as the hybrid text models with the parameter counts
+    their config numbers give by hand (text part: 0.75B; 34.7B, 3B-class active)."""
+    import math
+
+    import jax
+
+    from configs import gspo_paper
+    from gspo_jax import models
+    from tools import aot
+
+    c = gspo_paper.get_config()
+    want = {
+        "Qwen3.5-0.8B": _hybrid_params(1024, 248320, 24, 8, 2, 256, 16, 16, 128, 128, 3584, True),
+        "Qwen3.5-35B-A3B": _hybrid_params(
+            2048, 248320, 40, 16, 2, 256, 16, 32, 128, 128, 0, False, E=256, Fe=512
+        ),
+    }
+    for preset, count in want.items():
+        cfg = aot.model_config_for(c, preset)
+        pattern = ("linear_attention",) * 3 + ("full_attention",)
+        assert cfg.layer_types == pattern * (cfg.num_layers // 4) and cfg.rotary_dim == 64
+        leaves = jax.tree.leaves(models.abstract_params(cfg))
+        assert sum(math.prod(x.shape) for x in leaves) == count, preset
+    assert aot.model_config_for(c, "Qwen3.5-35B-A3B").num_experts_per_tok == 8
