@@ -349,9 +349,10 @@ def test_greedy_continuous_sampling_reuses_slots_and_matches_transformers():
 
 def test_routing_replay_forces_the_moe_fixtures_experts():
     """Routing Replay's model half on Qwen3.5-MoE (routed experts + shared expert, DeltaNet
-    layers between): forcing the model's own routing reproduces its logits bit for bit,
-    forcing other experts moves every real token's (the shared expert alone does not
-    decide them)."""
+    layers between): forcing the model's own routing reproduces its routing exactly and its
+    logits within f32 rounding (two programs, fused differently: the bound is the fixture's
+    f32-vs-f64 spread, as for the parity test; measured 4.8e-5), forcing other experts moves
+    every real token's (the shared expert alone does not decide them)."""
     cfg, params = models.load_pretrained(FIXTURES / "qwen35_moe")
     ref = dict(np.load(FIXTURES / "reference_qwen35_moe.npz"))
     tokens, mask = jnp.asarray(ref["tokens"]), jnp.asarray(ref["mask_left"])
@@ -359,8 +360,10 @@ def test_routing_replay_forces_the_moe_fixtures_experts():
     logits, routing = fwd(cfg, params, tokens, mask)
     assert routing.shape == (cfg.num_moe_layers, *tokens.shape, cfg.num_experts_per_tok)
     replay, replay_routing = fwd(cfg, params, tokens, mask, routing=routing)
-    np.testing.assert_array_equal(replay, logits)
     np.testing.assert_array_equal(replay_routing, routing)
+    bound = max(1e-4, 2 * float(ref["f32_vs_f64_error"]))
+    np.testing.assert_allclose(replay, logits, atol=bound)
     other, _ = fwd(cfg, params, tokens, mask, routing=(routing + 1) % cfg.num_experts)
     valid = np.asarray(mask).astype(bool)
-    assert np.abs(np.asarray(other) - np.asarray(logits))[valid].min() > 0
+    moved = np.abs(np.asarray(other) - np.asarray(logits)).max(-1)  # per token, over vocab
+    assert moved[valid].min() > 10 * bound
