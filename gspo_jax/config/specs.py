@@ -569,17 +569,15 @@ def step_config(config, model_config: models.ModelConfig) -> StepConfig:
     )
 
 
-# packing=None (the default) packs when responses may run at least this long: measured on
-# the long tail (docs/benchmarks.md, "Packed sequences"), a packed-row bucket's compile is
-# paid back within ~15 steps from here on, ~50 at 32 tokens, ~300 at the default run's 16
+# packing=None (the default) packs from this response length: a packed-row bucket's compile
+# pays back in ~15 steps here, ~50 at 32 tokens, ~300 at 16 (docs/benchmarks.md, packing)
 PACKING_MIN_RESPONSE_LENGTH = 64
 
 
 def packing_on(config) -> bool:
     """`config.packing`, or when it is None: response_length ≥ PACKING_MIN_RESPONSE_LENGTH."""
-    if config.packing is None:
-        return config.response_length >= PACKING_MIN_RESPONSE_LENGTH
-    return bool(config.packing)
+    on = config.packing
+    return config.response_length >= PACKING_MIN_RESPONSE_LENGTH if on is None else bool(on)
 
 
 def pass_k_field(config) -> str:
