@@ -156,6 +156,7 @@ def run_config(hidden: int, layers: int, args):
     c.prompt_length, c.sampling.prompt_buckets = args.prompt_length, (args.prompt_length,)
     c.response_length, c.eval.batch_size = args.response_length, args.batch * args.group
     c.warm_start.steps = 0
+    c.packing = False  # the padded programs (every response full length: packing saves nothing)
     cfg = specs.scratch_model_config(c, vocab_size=args.vocab, eos_token_ids=(1,), pad_token_id=0)
     return c, cfg
 

@@ -81,6 +81,7 @@ def compile_train_step(num_layers: int, args, devices) -> tuple[float, float]:
     config.micro_batch_size = args.micro
     config.prompt_length = args.prompt
     config.response_length = args.response
+    config.packing = False  # the padded step (packing compiles one step per bucket)
     step_config = specs.step_config(config, cfg)
     tx = optim.make_optimizer(specs.optim_spec(config))
     n = len(devices)

@@ -125,6 +125,7 @@ def bench_train(preset, cfg, rate):
     config.micro_batch_size = preset["micro"]
     config.response_length = t
     config.logprob_chunk_size = 512
+    config.packing = False  # padded, as TRL's step (packing: benchmarks/train_packing.py)
     sc = step_config(config, cfg)
     tx = optax.adamw(1e-6)
     params = jax.jit(models.init_params, static_argnums=0)(cfg, jax.random.PRNGKey(0))
@@ -173,6 +174,7 @@ def anchor_config(preset):
     config.ppo_epochs, config.num_mini_batches, config.micro_batch_size = 1, 1, None
     config.use_kl_loss, config.entropy_coef = False, 0.0
     config.old_logprobs_source = "sampler"  # one update per rollout: pi_old = the sampler's
+    config.packing = False  # padded, as TRL's step (packing: benchmarks/train_packing.py)
     config.sampling.temperature = anchor_spec.TEMPERATURE
     config.optim.learning_rate = anchor_spec.LEARNING_RATE
     config.optim.max_grad_norm = anchor_spec.MAX_GRAD_NORM
