@@ -321,17 +321,9 @@ def _micro_loss(
     metrics = dict(metrics)
     metrics["pg_loss"] = pg_loss
     if step_config.use_kl_loss:
-        # masked: a packed π_ref pass (make_logprobs_fn) leaves 0 at padding, where k3 of
-        # the padded step's log π could overflow
-        kl_BT = objectives.kl_penalty(
-            logp_BT, mb["ref_logprobs"], step_config.kl_estimator, mask=mask_BT
-        )
-        kl_loss = objectives.aggregate_loss(
-            kl_BT, mask_BT, step_config.loss_agg_mode, **denominators
-        )
+        kl_loss, metrics["kl_ref"] = _kl_loss(step_config, logp_BT, mb, denominators)
         loss = loss + step_config.kl_loss_coef * kl_loss
         metrics["kl_loss"] = kl_loss
-        metrics["kl_ref"] = masked_mean(logp_BT - mb["ref_logprobs"], mask_BT)
     # Entropy is always reported; it only carries gradient when it is part of the loss.
     entropy_for_loss = entropy_BT if step_config.entropy_coef else jax.lax.stop_gradient(entropy_BT)
     entropy_loss = objectives.entropy_loss(
@@ -352,6 +344,18 @@ def _micro_loss(
         changed, total = routing_changes(old_MBLX, routing_MBLX, mb["attention_mask"])
         metrics["experts_changed"], metrics["experts_total"] = changed, total
     return loss, metrics
+
+
+def _kl_loss(step_config: StepConfig, logp_BT, mb, denominators):
+    """(the KL-to-π_ref loss term, the mean log-ratio to π_ref), over the response mask:
+    a packed π_ref pass (make_logprobs_fn) leaves 0 at padding, where k3 of the padded
+    step's log π could overflow."""
+    mask_BT = mb["response_mask"]
+    kl_BT = objectives.kl_penalty(
+        logp_BT, mb["ref_logprobs"], step_config.kl_estimator, mask=mask_BT
+    )
+    kl_loss = objectives.aggregate_loss(kl_BT, mask_BT, step_config.loss_agg_mode, **denominators)
+    return kl_loss, masked_mean(logp_BT - mb["ref_logprobs"], mask_BT)
 
 
 def _router_aux_loss(stats, attention_mask_BL, num_real_tokens):
