@@ -274,25 +274,46 @@ def test_bad_checkpoints_fail_naming_the_key_and_file(tmp_path):
         models.load_pretrained(path)
 
 
+def _greedy(cfg, params, ref, **engine):
+    """Greedy `sampling.sample` of the fixture's generation prompts, 2 samples each, for as
+    many tokens as transformers' reference generated, with the given engine options."""
+    prompt = ref["gen_prompt_tokens"]
+    return sampling.sample(
+        cfg,
+        params,
+        prompt,
+        ref["gen_prompt_mask"],
+        jax.random.key(0),
+        num_samples=2,
+        max_new_tokens=ref["gen_tokens"].shape[1],
+        temperature=0.0,
+        eos_ids=(),
+        buckets=(prompt.shape[1],),
+        **engine,
+    )
+
+
+def _trainer_gap(cfg, params, out) -> float:
+    """Largest |sampler log-prob − the trainer's recomputation| (one full-sequence pass over
+    prompt + response) over the sampled tokens."""
+    tokens = jnp.concatenate([out.prompt_tokens, out.tokens], axis=1)
+    mask = jnp.concatenate([out.prompt_mask, out.mask], axis=1)
+    P = out.prompt_tokens.shape[1]
+    logits = models.forward(cfg, params, tokens, mask)[:, P - 1 : -1]
+    trainer = jnp.take_along_axis(jax.nn.log_softmax(logits), out.tokens[..., None], -1)[..., 0]
+    return float(jnp.abs(trainer - out.logprobs).max())
+
+
 def test_greedy_static_sampling_matches_transformers_generate(family):
     """`sampling.sample` (static engine: chunked prefill, recurrent decode) greedy ==
     transformers' greedy generate token for token, and the sampler's log-probs equal the
     trainer's recomputation (one chunked full-sequence pass over prompt + response)."""
     name, cfg, params, ref = family
-    prompt, prompt_mask = ref["gen_prompt_tokens"], ref["gen_prompt_mask"]
-    T = ref["gen_tokens"].shape[1]
-    out = sampling.sample(
+    out = _greedy(
         cfg,
         params,
-        prompt,
-        prompt_mask,
-        jax.random.key(0),
-        num_samples=2,
-        max_new_tokens=T,
-        temperature=0.0,
-        eos_ids=(),
+        ref,
         engine="static",
-        buckets=(prompt.shape[1],),
         decode_segments=2,
     )
     np.testing.assert_array_equal(np.asarray(out.tokens)[::2], ref["gen_tokens"])
@@ -300,11 +321,7 @@ def test_greedy_static_sampling_matches_transformers_generate(family):
     bound = max(1e-4, 2 * float(ref["f32_vs_f64_error"]))
     np.testing.assert_allclose(np.asarray(out.logprobs)[::2], ref["gen_logprobs"], atol=bound)
 
-    tokens = jnp.concatenate([out.prompt_tokens, out.tokens], axis=1)
-    mask = jnp.concatenate([out.prompt_mask, out.mask], axis=1)
-    logits = models.forward(cfg, params, tokens, mask)[:, prompt.shape[1] - 1 : -1]
-    trainer = jnp.take_along_axis(jax.nn.log_softmax(logits), out.tokens[..., None], -1)[..., 0]
-    gap = float(jnp.abs(trainer - out.logprobs).max())
+    gap = _trainer_gap(cfg, params, out)
     assert gap < (5e-5 if name == "qwen35" else bound), gap  # measured 1.7e-5 / 1.8e-5
 
 
@@ -317,20 +334,11 @@ def test_greedy_continuous_sampling_reuses_slots_and_matches_transformers():
     the same per-slot states, and each fixture costs a compile of the engine."""
     cfg, params = models.load_pretrained(FIXTURES / "qwen35")
     ref = dict(np.load(FIXTURES / "reference_qwen35.npz"))
-    prompt, prompt_mask = ref["gen_prompt_tokens"], ref["gen_prompt_mask"]
-    T = ref["gen_tokens"].shape[1]
-    out = sampling.sample(
+    out = _greedy(
         cfg,
         params,
-        prompt,
-        prompt_mask,
-        jax.random.key(0),
-        num_samples=2,
-        max_new_tokens=T,
-        temperature=0.0,
-        eos_ids=(),
+        ref,
         engine="continuous",
-        buckets=(prompt.shape[1],),
         num_slots=3,
         page_size=4,
         kv_budget_tokens=16,
@@ -339,11 +347,7 @@ def test_greedy_continuous_sampling_reuses_slots_and_matches_transformers():
     assert int(out.preemptions) > 0  # rows waited for pages and were decoded again
     np.testing.assert_array_equal(np.asarray(out.tokens)[::2], ref["gen_tokens"])
     np.testing.assert_array_equal(np.asarray(out.tokens)[1::2], ref["gen_tokens"])
-    tokens = jnp.concatenate([out.prompt_tokens, out.tokens], axis=1)
-    mask = jnp.concatenate([out.prompt_mask, out.mask], axis=1)
-    logits = models.forward(cfg, params, tokens, mask)[:, prompt.shape[1] - 1 : -1]
-    trainer = jnp.take_along_axis(jax.nn.log_softmax(logits), out.tokens[..., None], -1)[..., 0]
-    gap = float(jnp.abs(trainer - out.logprobs).max())
+    gap = _trainer_gap(cfg, params, out)
     assert gap < 5e-5, gap  # measured 1.9e-5 (the static engine's: 1.7e-5)
 
 
