@@ -469,6 +469,7 @@ class _PagedAttention:
     page_table: jax.Array
     impl: str
     split: jax.Array | None = None  # per row: the prompt's length (see ragged_paged_attention)
+    prefix: object = None  # a `paged_prefix.SharedPrefix`: its `attend` reads shared pages once
     index: tuple = ()  # layer -> its index among its kind's layers (hybrid models)
     states: tuple = ()  # per DeltaNet layer, the rows' (conv window, state) before the step
     layer_data = None  # per-layer pools are indexed by layer (unrolled decoder)
@@ -481,7 +482,8 @@ class _PagedAttention:
         pool = self.kv[self.index[layer] if self.index else layer]
         pool = write_entry(pool, self.write_page, self.write_offset, k_BLKC[:, 0], v_BLKC[:, 0])
         C = q_BLHC.shape[-1]
-        out = paged_attention(
+        attend = paged_attention if self.prefix is None else self.prefix.attend
+        out = attend(
             self.impl,
             q_BLHC[:, 0],
             pool,
@@ -508,6 +510,7 @@ def decode_step_paged(
     impl: str = "xla",
     layer_params=None,
     prompt_lens_S=None,
+    prefix=None,
 ):
     """One token per row: row s feeds tokens_S[s] at position positions_S[s], writes its
     k/v at (write_page_S[s], write_offset_S[s]) of every layer's pool and attends over its
@@ -515,7 +518,9 @@ def decode_step_paged(
     Returns (next-token logits [S, V] f32, the pools updated). Carry `kv` through a loop (or
     donate it) so the writes happen in place; pass `layer_params=split_layers(cfg, params)`
     computed once before the loop. `prompt_lens_S`: the rows' prompt lengths, for the
-    trainer's prompt / response split of the value product (XLA path).
+    trainer's prompt / response split of the value product (XLA path). `prefix`: a
+    `paged_prefix.SharedPrefix` (the rows' shared prompt pages, read once per prompt), or
+    None (every row reads its whole context).
 
     A hybrid model (Qwen3.5): `kv` is (the full-attention layers' pools, per Gated DeltaNet
     layer the rows' (conv window [S, K−1, channels], recurrent state [S, heads, d_k, d_v]
@@ -533,6 +538,7 @@ def decode_step_paged(
         page_table=page_table_SM,
         impl=impl,
         split=prompt_lens_S,
+        prefix=prefix,
         index=index,
         states=tuple(states),
     )

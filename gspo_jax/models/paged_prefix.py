@@ -73,6 +73,19 @@ class SharedPrefix:
         members = members.at[n_S, member_S].set(jnp.arange(S, dtype=jnp.int32), mode="drop")
         return cls(table=table_NM.astype(jnp.int32), lens=lens_N.astype(jnp.int32), members=members)
 
+    @classmethod
+    def of_sequences(cls, seq_S, plen_Q, first_Q, group: int, page_size: int, width: int):
+        """The continuous engine's layout: row s decodes sequence seq_S[s] (−1: none),
+        member seq % G of prompt seq // G; prompt q's pages are first_Q[q] + j (j <
+        `width`), of which its plen_Q[q] // page_size whole pages are shared (its partly
+        filled last page is each row's own copy)."""
+        full_Q = plen_Q.astype(jnp.int32) // page_size
+        j = jnp.arange(width, dtype=jnp.int32)[None, :]
+        table = jnp.where(j < full_Q[:, None], first_Q[:, None] + j, 0)
+        prompt = jnp.where(seq_S >= 0, seq_S // group, -1)
+        member = jnp.maximum(seq_S, 0) % group
+        return cls.of_slots(prompt, member, table, full_Q * page_size, group)
+
     def rows(self, S: int):
         """(flat [S]: row s's entry n·G + g of the member table, N·G where none; start [S]:
         its first own position, lens[n], 0 where none)."""
