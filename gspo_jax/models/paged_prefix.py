@@ -16,7 +16,7 @@ responses of 8,192) a decode step reads 8 x 1,024 + 64 x (4,096 on average) posi
 layer where the unsplit attention reads 64 x 5,120: 0.82x the KV bytes.
 
 `SharedPrefix` says which rows share what (built per step inside the jitted loop by
-`SharedPrefix.of_slots`); `SharedPrefix.attend` is what the decode step calls in place of
+`SharedPrefix.of_prompts` once and `SharedPrefix.decoding` per step); `SharedPrefix.attend` is what the decode step calls in place of
 `paged.paged_attention`:
 
   - "xla" (`shared_prefix_attention`, CPU / GPU and the tests): the unsplit twin's two
@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from gspo_jax.models import paged
+from gspo_jax.models import paged, partition
 from gspo_jax.models.paged_int8_kernel import int8_partial_attention
 
 F32 = jnp.float32
@@ -60,31 +60,32 @@ class SharedPrefix:
 
     table: jax.Array
     lens: jax.Array
-    members: jax.Array
+    members: jax.Array | None = None  # None until `decoding` says which rows decode what
 
     @classmethod
-    def of_slots(cls, prompt_S, member_S, table_NM, lens_N, group: int):
-        """Row s decodes member member_S[s] (< `group`) of prompt prompt_S[s] (−1: no
-        prompt, the row shares nothing); at most one row per (prompt, member), as the
-        engine's sequences are. The member table is scattered from it."""
-        S, N = prompt_S.shape[0], table_NM.shape[0]
-        n_S = jnp.where(prompt_S >= 0, prompt_S, N)  # N: out of range, dropped
-        members = jnp.full((N, group), S, jnp.int32)
-        members = members.at[n_S, member_S].set(jnp.arange(S, dtype=jnp.int32), mode="drop")
-        return cls(table=table_NM.astype(jnp.int32), lens=lens_N.astype(jnp.int32), members=members)
-
-    @classmethod
-    def of_sequences(cls, seq_S, plen_Q, first_Q, group: int, page_size: int, width: int):
-        """The continuous engine's layout: row s decodes sequence seq_S[s] (−1: none),
-        member seq % G of prompt seq // G; prompt q's pages are first_Q[q] + j (j <
-        `width`), of which its plen_Q[q] // page_size whole pages are shared (its partly
-        filled last page is each row's own copy)."""
+    def of_prompts(cls, plen_Q, first_Q, page_size: int, width: int):
+        """The continuous engine's prompts (no rows yet: `decoding`): prompt q's pages are
+        first_Q[q] + j (j < `width`), of which its plen_Q[q] // page_size whole pages are
+        shared (its partly filled last page is each row's own copy). Fixed for a whole
+        engine loop: made once before it, whole on every chip (the kernel's shard_map takes
+        it so), so that no step gathers it."""
         full_Q = plen_Q.astype(jnp.int32) // page_size
         j = jnp.arange(width, dtype=jnp.int32)[None, :]
         table = jnp.where(j < full_Q[:, None], first_Q[:, None] + j, 0)
-        prompt = jnp.where(seq_S >= 0, seq_S // group, -1)
-        member = jnp.maximum(seq_S, 0) % group
-        return cls.of_slots(prompt, member, table, full_Q * page_size, group)
+        table = partition.constrain(table, (None, None))
+        lens = partition.constrain(full_Q * page_size, (None,))
+        return cls(table=table, lens=lens, members=None)
+
+    def decoding(self, seq_S, group: int) -> SharedPrefix:
+        """This step's rows: row s decodes sequence seq_S[s] (−1: none, the row shares
+        nothing), member seq % G of prompt seq // G (the engine's numbering; at most one
+        row per sequence): the member table scattered from it."""
+        S, N = seq_S.shape[0], self.table.shape[0]
+        n_S = jnp.where(seq_S >= 0, seq_S // group, N)  # N: out of range, dropped
+        g_S = jnp.maximum(seq_S, 0) % group
+        members = jnp.full((N, group), S, jnp.int32)
+        members = members.at[n_S, g_S].set(jnp.arange(S, dtype=jnp.int32), mode="drop")
+        return self.replace(members=members)
 
     def rows(self, S: int):
         """(flat [S]: row s's entry n·G + g of the member table, N·G where none; start [S]:

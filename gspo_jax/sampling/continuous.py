@@ -266,19 +266,13 @@ def _victim(state: EngineState, progress):
     return stuck & holds & (state.stamp == youngest)
 
 
-def _decode(cfg, params, layers, state: EngineState, progress, p: PagePlan, impl: str, shared):
+def _decode(cfg, params, layers, state, progress, p: PagePlan, impl: str, shared, group: int):
     """Logits [S, V] of the running rows (rows not progressing write to the trash page).
-    `shared`: (prompt lengths [Q], G) where a prompt's pages are read once for its rows."""
+    `shared`: the prompts' `models.SharedPrefix` where a prompt's pages are read once for
+    its rows (G of them: `group`), else None."""
     pos = state.plen + state.t - 1
     S = state.seq.shape[0]
-    prefix = None
-    if shared is not None:  # prompt q's pages from 1 + q · prompt_pages (`_admit`)
-        plen_Q, group = shared
-        first_Q = 1 + jnp.arange(plen_Q.shape[0], dtype=jnp.int32) * p.prompt_pages
-        seq = jnp.where(progress, state.seq, -1)
-        prefix = models.SharedPrefix.of_sequences(
-            seq, plen_Q, first_Q, group, p.page_size, p.prompt_pages
-        )
+    prefix = None if shared is None else shared.decoding(jnp.where(progress, state.seq, -1), group)
     page = state.table[jnp.arange(S), jnp.clip(pos // p.page_size, 0, p.table_width - 1)]
     logits, kv = models.decode_step_paged(
         cfg,
@@ -487,7 +481,10 @@ def _engine_body(
     group = B // plen_Q.shape[0]
     pools, prompt_states = slot_states.split(cfg, prompt_pages)
     int8 = isinstance(pools[0], models.Int8Pages)
-    shared = (plen_Q, group) if shared_prefix and int8 and group > 1 else None
+    shared = None
+    if shared_prefix and int8 and group > 1:  # prompt q's pages: 1 + q · prompt_pages, ...
+        first_Q = 1 + jnp.arange(plen_Q.shape[0], dtype=jnp.int32) * p.prompt_pages
+        shared = models.SharedPrefix.of_prompts(plen_Q, first_Q, p.page_size, p.prompt_pages)
     params = models.for_decoding(cfg, params)  # weights gathered once, not once per token
     layers = models.split_layers(cfg, params)
 
@@ -495,7 +492,7 @@ def _engine_body(
         state = _copy_pages(cfg, state)
         state, progress, stalled = _grant(state, p)
         victim = _victim(state, progress)
-        decoded, state = _decode(cfg, params, layers, state, progress, p, impl, shared)
+        decoded, state = _decode(cfg, params, layers, state, progress, p, impl, shared, group)
         allowed = ~jnp.any(stalled) & ~jnp.any(victim)
         state, admitted = _admit(state, allowed, plen_Q, group, B, p)
         q_S = jnp.clip(state.seq, 0, B - 1) // group

@@ -32,14 +32,8 @@ def _inputs(dtype=jnp.float32):
     q = jnp.asarray(rng.standard_normal((S, H, C)), dtype)
     kv = rng.standard_normal((PAGES, PS, 2 * K, C)) * rng.uniform(0.1, 3.0, (PAGES, PS, 2 * K, 1))
     pool = models.to_kv_dtype(jnp.asarray(kv, jnp.float32), "int8")
-    seq = jnp.asarray(SEQ, jnp.int32)
-    prefix = paged_prefix.SharedPrefix.of_slots(
-        jnp.where(seq >= 0, seq // G, -1),
-        jnp.maximum(seq, 0) % G,
-        jnp.asarray(PROMPT_TABLE),
-        jnp.asarray(PROMPT_LENS),
-        G,
-    )
+    table, lens = jnp.asarray(PROMPT_TABLE), jnp.asarray(PROMPT_LENS)
+    prefix = paged_prefix.SharedPrefix(table, lens).decoding(jnp.asarray(SEQ, jnp.int32), G)
     return q, pool, jnp.asarray(LENS, jnp.int32), jnp.asarray(TABLE, jnp.int32), prefix
 
 
