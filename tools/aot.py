@@ -691,14 +691,21 @@ def _compile_engine(a: _Abstract, functions, params, layout: str) -> list[Report
         out = jax.eval_shape(lambda p: models.rollout_params(cfg, p), a.abstract)
         held = _sds(out, sampling.rollout_shardings(cfg, out, a.mesh, layout))
         pool = pages[0][0] if cfg.is_hybrid else pages[0]  # (pools, DeltaNet states)
-        shared = s.shared_prefix_attention and isinstance(pool, models.Int8Pages) and G > 1
-        per_replica = N * G // math.prod(a.mesh.shape[x] for x in replicas)
-        shared = resident_prompts(per_replica, local.num_slots, G) if shared else 0.0
-        kv = (pool, local, P, T, waves, shared)
+        kv = (pool, local, P, T, waves, _shared_prompts(a, pool, local, replicas))
         report.hlo_bytes = _engine_hbm_bytes(cfg, held, *kv)
         report.ops = _engine_ops(cfg, report, held, *kv, a.B / a.chips)
     reports.append(report)
     return reports
+
+
+def _shared_prompts(a: _Abstract, pool, local, replicas) -> float:
+    """The resident prompts per replica whose whole pages a decode step reads once (int8
+    pages, `sampling.shared_prefix_attention`, G > 1: `resident_prompts`), else 0."""
+    shared = a.c.sampling.shared_prefix_attention and a.G > 1
+    if not (shared and isinstance(pool, models.Int8Pages)):
+        return 0.0
+    per_replica = a.N * a.G // math.prod(a.mesh.shape[x] for x in replicas)
+    return resident_prompts(per_replica, local.num_slots, a.G)
 
 
 def resident_prompts(num_sequences: int, num_slots: int, group: int) -> float:
