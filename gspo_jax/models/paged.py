@@ -33,7 +33,8 @@ XLA relay them out (a padded copy, seen with 16 combined heads per chip) on the 
 A row's context is its prompt's real tokens (left padding dropped, position 0 first) then
 its own response tokens; a group's G rows share the pages of their prompt (the table
 entries point at the same pages), and only a prompt's partly filled last page is copied
-into a page of the row's own (the row writes after it).
+into a page of the row's own (the row writes after it). `paged_prefix.SharedPrefix` reads
+those shared pages once per prompt for all its rows (the decode step's `prefix`).
 
 `ragged_paged_attention` (the XLA implementation; CPU / GPU and the tests) gives one query
 per row the kernel's result: softmax(q·kᵀ·scale over positions < kv_len) · v with kv head

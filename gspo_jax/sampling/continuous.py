@@ -11,7 +11,8 @@ next sequence from the queue in the same step, so no slot waits for the longest 
   jit 2  `engine_loop`: the while_loop; a sequence needs no prefill of its own — its slot draws
          its first token from its prompt's logits, and points its page table at the
          prompt's pages (a prompt's partly filled last page is copied into a page of the
-         slot's own, since the slot writes after it)
+         slot's own, since the slot writes after it); with int8 pages each step reads a
+         prompt's pages once for all its slots (`shared_prefix`, `models.SharedPrefix`)
 
 On a mesh (the RL loop traces under `jax.set_mesh`) the engine runs one replica per
 data-parallel chip group (`replica_axes`: the rollout layout's row axes), each in a
