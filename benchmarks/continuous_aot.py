@@ -55,6 +55,10 @@ def main():
     ap.add_argument("--chips", type=int, default=1, help="chips of the topology to compile for")
     ap.add_argument("--layout", choices=("tensor", "trainer"), default="tensor")
     ap.add_argument("--kv-dtype", choices=("bfloat16", "int8"), default="bfloat16")
+    ap.add_argument(
+        "--shared-prefix", choices=("on", "off"), default="on",
+        help="int8: a prompt's pages read once for its rows (sampling.shared_prefix_attention)",
+    )  # fmt: skip
     args = ap.parse_args()
     from jax.experimental import topologies
 
@@ -128,6 +132,7 @@ def main():
         "impl": "pallas",
         "layout": layout,
         "drain_levels": 0,  # one loop: its collectives are those of one decoded token
+        "shared_prefix": args.shared_prefix == "on",
     }
     start = time.perf_counter()
     # The mesh in context tells Pallas's lowering which chips it compiles for.

@@ -188,6 +188,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # with an f32 scale per token and kv head, ~0.52x a bf16 pool at head_dim 128; the sampler's
     # log-probs then carry the quantisation, docs/benchmarks.md). Sampler log-probs feed only
     # old_logprobs_source="sampler" and rollout_correction; the default pi_old is recomputed
+    c.sampling.shared_prefix_attention = True  # int8 KV pages with a shared prefill: a decode
+    # step reads a prompt's pages once for all its responses (cascade attention,
+    # gspo_jax.models.paged_prefix); no effect elsewhere. Same math, summed in another order
     c.sampling.rollout_layout = "auto"  # how the rollout lays the policy out on the mesh,
     # remade from the trainer's params once per RL step: "tensor" (weights in the compute
     # dtype, heads / MLP / KV heads / vocabulary split over mesh.fsdp x mesh.tensor, rows

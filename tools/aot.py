@@ -683,6 +683,7 @@ def _compile_engine(a: _Abstract, functions, params, layout: str) -> list[Report
         drain_levels=0,  # the worst case drains nothing: one loop, its trips counted
         layout=layout,
         replicas=replicas,
+        shared_prefix=bool(s.shared_prefix_attention),
     )
     if report.error is None:
         # What a chip reads per step: the weights as the loop holds them (compute dtype,
@@ -690,46 +691,79 @@ def _compile_engine(a: _Abstract, functions, params, layout: str) -> list[Report
         out = jax.eval_shape(lambda p: models.rollout_params(cfg, p), a.abstract)
         held = _sds(out, sampling.rollout_shardings(cfg, out, a.mesh, layout))
         pool = pages[0][0] if cfg.is_hybrid else pages[0]  # (pools, DeltaNet states)
-        report.hlo_bytes = _engine_hbm_bytes(cfg, held, pool, local, P, T, waves)
-        report.ops = _engine_ops(cfg, report, held, pool, local, P, T, waves, a.B / a.chips)
+        kv = (pool, local, P, T, waves, _shared_prompts(a, pool, local, replicas))
+        report.hlo_bytes = _engine_hbm_bytes(cfg, held, *kv)
+        report.ops = _engine_ops(cfg, report, held, *kv, a.B / a.chips)
     reports.append(report)
     return reports
 
 
-def _engine_hbm_bytes(cfg, params, pool, local, P: int, T: int, waves: int) -> float:
+def _shared_prompts(a: _Abstract, pool, local, replicas) -> float:
+    """The resident prompts per replica whose whole pages a decode step reads once (int8
+    pages, `sampling.shared_prefix_attention`, G > 1: `resident_prompts`), else 0."""
+    shared = a.c.sampling.shared_prefix_attention and a.G > 1
+    if not (shared and isinstance(pool, models.Int8Pages)):
+        return 0.0
+    per_replica = a.N * a.G // math.prod(a.mesh.shape[x] for x in replicas)
+    return resident_prompts(per_replica, local.num_slots, a.G)
+
+
+def resident_prompts(num_sequences: int, num_slots: int, group: int) -> float:
+    """Distinct prompts among the slots at a step of the engine's worst case (every
+    response as long as the longest, so slots refill in waves of `num_slots` consecutive
+    sequences; sequence b continues prompt b // G), averaged over the waves: 8 at the
+    paper's geometry (64 sequences on 64 slots, G = 8); with fewer slots than sequences a
+    wave of S sequences spans ⌈S / G⌉ prompts, or one more where it starts mid-group."""
+    waves = -(-num_sequences // num_slots)
+    spans = []
+    for w in range(waves):
+        first, last = w * num_slots, min((w + 1) * num_slots, num_sequences) - 1
+        spans.append(last // group - first // group + 1)
+    return sum(spans) / waves
+
+
+def _engine_hbm_bytes(cfg, params, pool, local, P: int, T: int, waves: int, shared=0.0):
     """HBM bytes per chip of the engine's loop, analytic: per step the chip's weights
     (`params` as the loop holds them) once and its slots' real context (P + T/2
     positions on average; pages of the full-attention layers only, bytes per position
     `roofline.paged_kv_bytes_per_position`: an int8 pool's pages and scales, our kernel
-    reading them), and a hybrid model's
-    per-slot DeltaNet states (f32, read and written), waves x T steps. The
-    HLO's count would be wrong here: the Pallas kernel takes each layer's whole page pool
-    as an operand (it reads only the pages of each row's table)."""
+    reading them), and a hybrid model's per-slot DeltaNet states (f32, read and written),
+    waves x T steps. `shared` > 0 (int8 pages, `sampling.shared_prefix_attention`):
+    the shared-prefix attention (`models.paged_prefix`) reads a prompt's whole pages,
+    ⌊P / page_size⌋ x page_size positions, once per step for all its resident rows, so the
+    context is `shared` (the resident prompts per replica, `resident_prompts`) x those plus
+    every slot's own part (the rest of its prompt and T/2); the prompts are assumed full
+    length (P), as the slots' responses are (T). The HLO's count would be wrong here: the
+    Pallas kernel takes each layer's whole page pool as an operand (it reads only the pages
+    of each row's table)."""
     weights = _per_chip(params)
     full = cfg.num_layers - cfg.num_linear_layers
     per_position = full * roofline.paged_kv_bytes_per_position(pool)
-    context = local.num_slots * (P + T / 2) * per_position
+    whole = P // local.page_size * local.page_size if shared else 0
+    context = (shared * whole + local.num_slots * (P - whole + T / 2)) * per_position
     state = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim
     context += local.num_slots * cfg.num_linear_layers * state * 4 * 2
     return float(waves * T * (weights + context))
 
 
-def _engine_ops(cfg, report, params, pool, local, P, T, waves, rows_per_chip) -> list:
+def _engine_ops(cfg, report, params, pool, local, P, T, waves, shared, rows_per_chip) -> list:
     """The engine loop's ops for the roofline, analytic (as `_engine_hbm_bytes`): per
     step, the weights' matmuls (the HLO's matmul FLOPs; bytes: the chip's weights once)
     and the ragged paged attention kernel (FLOPs: q·k and p·v over each row's P + T/2
-    positions; bytes: its slots' real context), waves x T steps."""
+    positions, shared prompt pages or not; bytes: its slots' real context, a resident
+    prompt's whole pages once with `shared`), waves x T steps."""
     steps = waves * T
     weights = float(_per_chip(params))
-    context = _engine_hbm_bytes(cfg, params, pool, local, P, T, waves) / steps - weights
+    context = _engine_hbm_bytes(cfg, params, pool, local, P, T, waves, shared) / steps - weights
     matmul = sum(op.flops * op.count for op in report.ops) / steps
     full = cfg.num_layers - cfg.num_linear_layers
     attention = 4 * full * cfg.num_heads * cfg.head_dim * (P + T / 2)
     attention *= rows_per_chip * T / steps
+    kernel = "kernel:int8 shared-prefix attention" if shared else "kernel:ragged_paged_attention"
     return [
         hlo_stats.OpCost("weights", "decode weights (analytic)", "matmul", matmul,
                          int(weights), steps, "engine", "-"),
-        hlo_stats.OpCost("attention", "kernel:ragged_paged_attention (analytic)", "kernel",
+        hlo_stats.OpCost("attention", f"{kernel} (analytic)", "kernel",
                          attention, int(context), steps, "engine", "-"),
     ]  # fmt: skip
 
@@ -981,11 +1015,19 @@ def _engine_note(config, cfg, mesh_sizes) -> str:
             f"on a rollout mesh of its own (sampling.rollout_mesh.tensor={tensor}: "
             f"{chips // tensor} replicas x tensor {tensor}, layout 'tensor')"
         )
+    s = config.sampling
+    shared = s.kv_dtype == "int8" and s.shared_prefix_attention
+    shared = shared and config.num_return_sequences_in_group > 1
+    context = (
+        "a resident prompt's whole pages once (shared-prefix attention) and its rows' own context"
+        if shared
+        else "its rows' real context"
+    )
     return (
         f"\nsampler rows: the continuous engine, {where}, at its "
         "worst case: every response response_length long (no slot refilled early); its "
-        "decode HBM bytes are analytic (each step: the chip's weights and its rows' real "
-        "context), the HLO handing the kernel whole page pools"
+        f"decode HBM bytes are analytic (each step: the chip's weights and {context}), the "
+        "HLO handing the kernel whole page pools"
     )
 
 

@@ -117,6 +117,7 @@ def _sampling_engine(config) -> None:
             f'config.sampling.kv_dtype="int8" needs sampling.engine="continuous" (int8 KV '
             f"pages), not {s.engine!r}"
         )
+    _bool(config, "sampling.shared_prefix_attention")
     _int(config, "sampling.num_slots", minimum=1, allow_none=True)
     page = _int(config, "sampling.page_size", minimum=1)
     budget = _int(config, "sampling.kv_budget_tokens", minimum=1, allow_none=True)

@@ -139,6 +139,7 @@ class SamplerSpec:
     kv_budget_tokens: int | None = None
     layout: str = "auto"
     kv_dtype: str = "auto"
+    shared_prefix_attention: bool = True
     rollout_tensor: int = 0  # > 0: the rollout's own mesh (sampling.rollout_mesh.tensor)
 
     def greedy(self) -> SamplerSpec:
@@ -150,14 +151,7 @@ class SamplerSpec:
     def sampled_eval(self, num_samples: int, temperature: float) -> SamplerSpec:
         """`num_samples` responses per prompt at `temperature`, unfiltered (pass@k, maj@k):
         one call per prompt batch, the prompt's prefill shared by its samples."""
-        return dataclasses.replace(
-            self,
-            num_samples=num_samples,
-            temperature=temperature,
-            top_k=None,
-            top_p=None,
-            rollout_tensor=0,
-        )
+        return dataclasses.replace(self.greedy(), num_samples=num_samples, temperature=temperature)
 
     def kwargs(self) -> dict:
         """`sampling.sample`'s keyword arguments (the mesh is the caller's)."""
@@ -422,6 +416,7 @@ def sampler_spec(c) -> SamplerSpec:
         kv_budget_tokens=s.kv_budget_tokens,
         layout=s.rollout_layout,
         kv_dtype=s.kv_dtype,
+        shared_prefix_attention=bool(s.shared_prefix_attention),
         rollout_tensor=int(s.rollout_mesh.tensor),
     )
 

@@ -88,6 +88,7 @@ from gspo_jax.models.paged import (
     ragged_paged_attention,
     to_kv_dtype,
 )
+from gspo_jax.models.paged_prefix import SharedPrefix
 from gspo_jax.models.params import (
     abstract_params,
     for_decoding,
@@ -103,6 +104,7 @@ __all__ = [
     "ModelConfig",
     "PromptCache",
     "ResponseCache",
+    "SharedPrefix",
     "abstract_params",
     "copy_pages",
     "decode_step_paged",

@@ -33,7 +33,8 @@ XLA relay them out (a padded copy, seen with 16 combined heads per chip) on the 
 A row's context is its prompt's real tokens (left padding dropped, position 0 first) then
 its own response tokens; a group's G rows share the pages of their prompt (the table
 entries point at the same pages), and only a prompt's partly filled last page is copied
-into a page of the row's own (the row writes after it).
+into a page of the row's own (the row writes after it). `paged_prefix.SharedPrefix` reads
+those shared pages once per prompt for all its rows (the decode step's `prefix`).
 
 `ragged_paged_attention` (the XLA implementation; CPU / GPU and the tests) gives one query
 per row the kernel's result: softmax(q·kᵀ·scale over positions < kv_len) · v with kv head
@@ -179,94 +180,111 @@ def ragged_paged_attention(
     q's dtype.
 
     Two while_loops over blocks of `block_pages` pages, up to the longest row only (rows
-    shorter than a block mask the rest): the first reads each block's keys, keeps its
-    scores and finds each row's score maximum and softmax denominator (f32); the second
-    reads the values and multiplies them by the normalised probabilities cast to the compute
-    (q's) dtype — the arithmetic of `attention.attend` (what the trainer recomputes log-probs
-    with) and of the static engine's `attend_cached`, also when the pool is stored in
-    another float dtype; an `Int8Pages` pool: its scales multiply the scores and the
-    probabilities, the int8 keys and values converted exactly — so that in bf16 the sampler's log-probs stay as close to the trainer's as the
-    dense cache's; a context within one block gives `attend`'s numbers exactly up to the
-    order of the additions. Each page's keys and values are read once (the scores of the
-    context, [S, H, M · page_size] f32, are kept between the loops). `split_S` (int32 [S],
+    shorter than a block mask the rest): the first (`score_pass`) reads each block's keys,
+    keeps its scores and finds each row's score maximum and softmax denominator (f32); the
+    second (`value_pass`) reads the values and multiplies them by the normalised
+    probabilities cast to the compute (q's) dtype — the arithmetic of `attention.attend`
+    (what the trainer recomputes log-probs with) and of the static engine's `attend_cached`,
+    also when the pool is stored in another float dtype; an `Int8Pages` pool: its scales
+    multiply the scores and the probabilities, the int8 keys and values converted exactly —
+    so that in bf16 the sampler's log-probs stay as close to the trainer's as the dense
+    cache's; a context within one block gives `attend`'s numbers exactly up to the order of
+    the additions. Each page's keys and values are read once (the scores of the context,
+    [S, H, M · page_size] f32, are kept between the loops). `split_S` (int32 [S],
     optional): positions before it (the prompt) and from it (the response) are multiplied
     by the values separately and the two outputs added in the value dtype, as the trainer's
     shared-prompt attention (`attention.attend_shared_prompt`) does."""
     S, H, C = q_SHC.shape
-    _, page_size, K2, _ = kv_pages.shape
-    K = K2 // 2
-    M = page_table_SM.shape[1]
+    K = kv_pages.shape[2] // 2
+    q_SKRC = q_SHC.reshape(S, K, H // K, C)
+    lim_SR = jnp.broadcast_to(kv_lens_S.astype(jnp.int32)[:, None], (S, H // K))
+    split_SR = None if split_S is None else jnp.broadcast_to(split_S[:, None], lim_SR.shape)
+    passes = (kv_pages, page_table_SM, lim_SR, block_pages)
+    m_SKR, l_SKR, s_all = score_pass(q_SKRC, *passes, sm_scale=sm_scale)
+    l_SKR = jnp.where(l_SKR > 0, l_SKR, 1.0)  # no block read (every kv_len 0): output 0
+    acc_SKRC = value_pass(s_all, m_SKR, l_SKR, *passes, split_SR, q_SHC.dtype)
+    return acc_SKRC.reshape(S, H, C).astype(q_SHC.dtype)
+
+
+def _blocks_of(kv_pages, table_XM, lim_XQ, block_pages: int):
+    """(pool halves (`_split_kv`), the table padded to whole blocks, pages per block, keys
+    per block W, blocks to read: up to the longest query row's limit)."""
+    page_size = kv_pages.shape[1]
+    M = table_XM.shape[1]
     bp = max(1, min(int(block_pages), M))
     nb = -(-M // bp)
-    table = jnp.pad(page_table_SM, ((0, 0), (0, nb * bp - M)))
+    table = jnp.pad(table_XM, ((0, 0), (0, nb * bp - M)))
     W = bp * page_size
-    R = H // K
-    q_SKRC = q_SHC.reshape(S, K, R, C)
-    kv_lens_S = kv_lens_S.astype(jnp.int32)
-    blocks = (jnp.max(kv_lens_S) + W - 1) // W
+    blocks = (jnp.max(lim_XQ) + W - 1) // W
+    return _split_kv(kv_pages), table, bp, W, blocks
 
-    # [pages, page_size, K, 2, C]: keys and values of kv head k at [..., k, 0 / 1, :]. Taking
-    # one of the two by index (not a stride-2 slice of the 2K axis) keeps a pool split over
-    # kv heads (the rollout's tensor layout) where it is: a strided slice across the shards
-    # made GSPMD all-reduce every gathered block.
-    # An int8 pool the same way, head major ([pages, K, 2, page_size, C], scales [pages, K, 2,
-    # page_size]): `_block_half` takes either.
-    pool_5, scale_4 = _split_kv(kv_pages)
 
-    def half(j, which):
-        return _block_half(table, pool_5, scale_4, j * bp, bp, which, (S, W, K, C))
+def score_pass(q_XKQC, kv_pages, table_XM, lim_XQ, block_pages: int, *, sm_scale):
+    """The first of `ragged_paged_attention`'s loops, for X page lists of Q query rows per
+    kv head (one row: Q = R; a prompt's rows together: Q = G·R): query row (x, q) attends
+    to positions i < lim[x, q] of list x (position i in page table[x, i // page_size]).
+    Returns (score maximum m [X, K, Q], softmax denominator l [X, K, Q], the scores
+    [X, K, Q, nb · W] f32, MASK_VALUE where masked)."""
+    X, K, Q, C = q_XKQC.shape
+    (pool_5, scale_4), table, bp, W, blocks = _blocks_of(kv_pages, table_XM, lim_XQ, block_pages)
+    lim_XQ = lim_XQ.astype(jnp.int32)
 
     def stats(carry):
-        j, m_SKR, l_SKR, s_all = carry
-        k_SWKC, k_scale = half(j, 0)
-        s_SKRW = jnp.einsum(
-            "skrc,swkc->skrw", q_SKRC, k_SWKC.astype(q_SHC.dtype), preferred_element_type=F32
+        j, m_XKQ, l_XKQ, s_all = carry
+        k_XWKC, k_scale = _block_half(table, pool_5, scale_4, j * bp, bp, 0, (X, W, K, C))
+        s_XKQW = jnp.einsum(
+            "xkqc,xwkc->xkqw", q_XKQC, k_XWKC.astype(q_XKQC.dtype), preferred_element_type=F32
         )
         if k_scale is not None:  # q·(k_q·scale) = (q·k_q)·scale: the scale after the product
-            s_SKRW = s_SKRW * k_scale
-        s_SKRW = s_SKRW * sm_scale
-        live_SW = (j * W + jnp.arange(W, dtype=jnp.int32))[None, :] < kv_lens_S[:, None]
-        s_SKRW = jnp.where(live_SW[:, None, None, :], s_SKRW, MASK_VALUE)
-        m_new = jnp.maximum(m_SKR, jnp.max(s_SKRW, axis=-1))
-        l_SKR = l_SKR * jnp.exp(m_SKR - m_new) + jnp.sum(jnp.exp(s_SKRW - m_new[..., None]), -1)
-        s_all = jax.lax.dynamic_update_slice_in_dim(s_all, s_SKRW, j * W, axis=3)
-        return j + 1, m_new, l_SKR, s_all
+            s_XKQW = s_XKQW * k_scale
+        s_XKQW = s_XKQW * sm_scale
+        live_XQW = (j * W + jnp.arange(W, dtype=jnp.int32))[None, None, :] < lim_XQ[..., None]
+        s_XKQW = jnp.where(live_XQW[:, None], s_XKQW, MASK_VALUE)
+        m_new = jnp.maximum(m_XKQ, jnp.max(s_XKQW, axis=-1))
+        l_XKQ = l_XKQ * jnp.exp(m_XKQ - m_new) + jnp.sum(jnp.exp(s_XKQW - m_new[..., None]), -1)
+        s_all = jax.lax.dynamic_update_slice_in_dim(s_all, s_XKQW, j * W, axis=3)
+        return j + 1, m_new, l_XKQ, s_all
+
+    shape = (X, K, Q)
+    init = (
+        jnp.zeros((), jnp.int32),
+        jnp.full(shape, -jnp.inf, F32),
+        jnp.zeros(shape, F32),
+        jnp.zeros((*shape, table.shape[1] * kv_pages.shape[1]), F32),
+    )
+    _, m_XKQ, l_XKQ, s_all = jax.lax.while_loop(lambda c: c[0] < blocks, stats, init)
+    return m_XKQ, l_XKQ, s_all
+
+
+def value_pass(s_all, m_XKQ, l_XKQ, kv_pages, table_XM, lim_XQ, block_pages, split_XQ, dtype):
+    """The second loop: Σ_i p_i v_i [X, K, Q, C] f32 over `score_pass`'s blocks, p =
+    exp(s − m) / l cast to `dtype` (an int8 pool's value scales folded in first), each
+    block's product in `dtype` then added in f32; `split_XQ` (optional): positions before
+    it and from it multiplied apart and added in `dtype` (see `ragged_paged_attention`)."""
+    X, K, Q, _ = s_all.shape
+    C = kv_pages.shape[-1]
+    (pool_5, scale_4), table, bp, W, blocks = _blocks_of(kv_pages, table_XM, lim_XQ, block_pages)
 
     def output(carry):
-        j, acc_SKRC = carry
-        s_SKRW = jax.lax.dynamic_slice_in_dim(s_all, j * W, W, axis=3)
-        v_SWKC, v_scale = half(j, 1)
-        p_SKRW = jnp.exp(s_SKRW - m_SKR[..., None]) / l_SKR[..., None]
+        j, acc_XKQC = carry
+        s_XKQW = jax.lax.dynamic_slice_in_dim(s_all, j * W, W, axis=3)
+        v_XWKC, v_scale = _block_half(table, pool_5, scale_4, j * bp, bp, 1, (X, W, K, C))
+        p_XKQW = jnp.exp(s_XKQW - m_XKQ[..., None]) / l_XKQ[..., None]
         if v_scale is not None:  # Σ p·(v_q·scale) = Σ (p·scale)·v_q
-            p_SKRW = p_SKRW * v_scale
-        p_SKRW = p_SKRW.astype(q_SHC.dtype)
-        v_SWKC = v_SWKC.astype(q_SHC.dtype)
-        if split_S is None:
-            o_SKRC = jnp.einsum("skrw,swkc->skrc", p_SKRW, v_SWKC)
+            p_XKQW = p_XKQW * v_scale
+        p_XKQW = p_XKQW.astype(dtype)
+        v_XWKC = v_XWKC.astype(dtype)
+        if split_XQ is None:
+            o_XKQC = jnp.einsum("xkqw,xwkc->xkqc", p_XKQW, v_XWKC)
         else:
-            before_SW = (j * W + jnp.arange(W, dtype=jnp.int32))[None, :] < split_S[:, None]
-            before = before_SW[:, None, None, :]
-            o_SKRC = jnp.einsum("skrw,swkc->skrc", jnp.where(before, p_SKRW, 0), v_SWKC)
-            o_SKRC = o_SKRC + jnp.einsum("skrw,swkc->skrc", jnp.where(before, 0, p_SKRW), v_SWKC)
-        return j + 1, acc_SKRC + o_SKRC.astype(F32)
+            pos_W = j * W + jnp.arange(W, dtype=jnp.int32)
+            before = (pos_W[None, None, :] < split_XQ[..., None])[:, None]
+            o_XKQC = jnp.einsum("xkqw,xwkc->xkqc", jnp.where(before, p_XKQW, 0), v_XWKC)
+            o_XKQC = o_XKQC + jnp.einsum("xkqw,xwkc->xkqc", jnp.where(before, 0, p_XKQW), v_XWKC)
+        return j + 1, acc_XKQC + o_XKQC.astype(F32)
 
-    zero = jnp.zeros((), jnp.int32)
-    shape = (S, K, R)
-    _, m_SKR, l_SKR, s_all = jax.lax.while_loop(
-        lambda c: c[0] < blocks,
-        stats,
-        (
-            zero,
-            jnp.full(shape, -jnp.inf, F32),
-            jnp.zeros(shape, F32),
-            jnp.zeros((*shape, nb * W), F32),
-        ),
-    )
-    l_SKR = jnp.where(l_SKR > 0, l_SKR, 1.0)  # no block read (every kv_len 0): output 0
-    _, acc_SKRC = jax.lax.while_loop(
-        lambda c: c[0] < blocks, output, (zero, jnp.zeros((*shape, C), F32))
-    )
-    return acc_SKRC.reshape(S, H, C).astype(q_SHC.dtype)
+    init = (jnp.zeros((), jnp.int32), jnp.zeros((X, K, Q, C), F32))
+    return jax.lax.while_loop(lambda c: c[0] < blocks, output, init)[1]
 
 
 def _pallas_paged_attention(q_SHC, kv_pages, kv_lens_S, page_table_SM, *, sm_scale):
@@ -452,6 +470,7 @@ class _PagedAttention:
     page_table: jax.Array
     impl: str
     split: jax.Array | None = None  # per row: the prompt's length (see ragged_paged_attention)
+    prefix: object = None  # a `paged_prefix.SharedPrefix`: its `attend` reads shared pages once
     index: tuple = ()  # layer -> its index among its kind's layers (hybrid models)
     states: tuple = ()  # per DeltaNet layer, the rows' (conv window, state) before the step
     layer_data = None  # per-layer pools are indexed by layer (unrolled decoder)
@@ -464,7 +483,8 @@ class _PagedAttention:
         pool = self.kv[self.index[layer] if self.index else layer]
         pool = write_entry(pool, self.write_page, self.write_offset, k_BLKC[:, 0], v_BLKC[:, 0])
         C = q_BLHC.shape[-1]
-        out = paged_attention(
+        attend = paged_attention if self.prefix is None else self.prefix.attend
+        out = attend(
             self.impl,
             q_BLHC[:, 0],
             pool,
@@ -491,6 +511,7 @@ def decode_step_paged(
     impl: str = "xla",
     layer_params=None,
     prompt_lens_S=None,
+    prefix=None,
 ):
     """One token per row: row s feeds tokens_S[s] at position positions_S[s], writes its
     k/v at (write_page_S[s], write_offset_S[s]) of every layer's pool and attends over its
@@ -498,7 +519,9 @@ def decode_step_paged(
     Returns (next-token logits [S, V] f32, the pools updated). Carry `kv` through a loop (or
     donate it) so the writes happen in place; pass `layer_params=split_layers(cfg, params)`
     computed once before the loop. `prompt_lens_S`: the rows' prompt lengths, for the
-    trainer's prompt / response split of the value product (XLA path).
+    trainer's prompt / response split of the value product (XLA path). `prefix`: a
+    `paged_prefix.SharedPrefix` (the rows' shared prompt pages, read once per prompt), or
+    None (every row reads its whole context).
 
     A hybrid model (Qwen3.5): `kv` is (the full-attention layers' pools, per Gated DeltaNet
     layer the rows' (conv window [S, K−1, channels], recurrent state [S, heads, d_k, d_v]
@@ -516,6 +539,7 @@ def decode_step_paged(
         page_table=page_table_SM,
         impl=impl,
         split=prompt_lens_S,
+        prefix=prefix,
         index=index,
         states=tuple(states),
     )

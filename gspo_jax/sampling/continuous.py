@@ -11,7 +11,8 @@ next sequence from the queue in the same step, so no slot waits for the longest 
   jit 2  `engine_loop`: the while_loop; a sequence needs no prefill of its own — its slot draws
          its first token from its prompt's logits, and points its page table at the
          prompt's pages (a prompt's partly filled last page is copied into a page of the
-         slot's own, since the slot writes after it)
+         slot's own, since the slot writes after it); with int8 pages each step reads a
+         prompt's pages once for all its slots (`shared_prefix`, `models.SharedPrefix`)
 
 On a mesh (the RL loop traces under `jax.set_mesh`) the engine runs one replica per
 data-parallel chip group (`replica_axes`: the rollout layout's row axes), each in a
@@ -78,6 +79,7 @@ from gspo_jax.sampling import replicas as replicas_lib
 from gspo_jax.sampling import slot_states
 from gspo_jax.sampling.draw import next_token, row_keys
 from gspo_jax.sampling.layout import traced_under_layout
+from gspo_jax.sampling.output import EngineStats
 from gspo_jax.sampling.pages import (  # noqa: F401 (continuous.* names)
     DEFAULT_DRAIN_LEVELS,
     DRAIN_MIN_WIDTH,
@@ -265,10 +267,13 @@ def _victim(state: EngineState, progress):
     return stuck & holds & (state.stamp == youngest)
 
 
-def _decode(cfg, params, layers, state: EngineState, progress, p: PagePlan, impl: str):
-    """Logits [S, V] of the running rows (rows not progressing write to the trash page)."""
+def _decode(cfg, params, layers, state, progress, p: PagePlan, impl: str, shared, group: int):
+    """Logits [S, V] of the running rows (rows not progressing write to the trash page).
+    `shared`: the prompts' `models.SharedPrefix` where a prompt's pages are read once for
+    its rows (G of them: `group`), else None."""
     pos = state.plen + state.t - 1
     S = state.seq.shape[0]
+    prefix = None if shared is None else shared.decoding(jnp.where(progress, state.seq, -1), group)
     page = state.table[jnp.arange(S), jnp.clip(pos // p.page_size, 0, p.table_width - 1)]
     logits, kv = models.decode_step_paged(
         cfg,
@@ -283,6 +288,7 @@ def _decode(cfg, params, layers, state: EngineState, progress, p: PagePlan, impl
         impl=impl,
         layer_params=layers,
         prompt_lens_S=state.plen,
+        prefix=prefix,
     )
     return logits, state.replace(kv=slot_states.after_decode(cfg, progress, kv, state.kv))
 
@@ -404,6 +410,7 @@ def _release(state: EngineState, finished, victim, p: PagePlan):
         "drain_levels",
         "layout",
         "replicas",
+        "shared_prefix",
     ),
 )
 def engine_loop(
@@ -426,6 +433,7 @@ def engine_loop(
     drain_levels=None,
     layout="trainer",
     replicas=(),
+    shared_prefix=True,
 ):
     """The continuous loop. Returns (tokens [B, T] pad after the end, mask [B, T],
     logprobs [B, T] 0 where masked, lengths [B], truncated [B], loop steps, row steps,
@@ -436,10 +444,14 @@ def engine_loop(
     with `page_plan` as each replica's (its slots and pages): a replica's pool, page table
     and queue stay on its chips, and the other mesh axes split the model inside it. Rows
     come out split over the replicas in sequence order; row steps and preemptions are
-    summed over them, loop steps are the longest replica's."""
+    summed over them, loop steps are the longest replica's.
+
+    `shared_prefix`: with int8 pages and G > 1 sequences per prompt, each decode step
+    reads a prompt's pages once for all its rows (`models.SharedPrefix`, cascade
+    attention); elsewhere (float pages, one sequence per prompt) it changes nothing."""
     draw = (temperature, top_k, top_p)
     args = (model_config, params, prompt_pages, plen_Q, logits_QV, rng, eos_ids_E, pad_id)
-    static = (max_new_tokens, page_plan, draw, impl, drain_levels)
+    static = (max_new_tokens, page_plan, draw, impl, drain_levels, shared_prefix)
     rules = sharding.layout_rules(layout)
     if replicas:
         rules = sharding.LOGICAL_RULES if rules is None else rules
@@ -463,11 +475,17 @@ def _engine_body(
     draw,
     impl,
     drain_levels,
+    shared_prefix=False,
     seq_offset=0,
 ):
     cfg, B, T, p = model_config, num_sequences, max_new_tokens, page_plan
     group = B // plen_Q.shape[0]
-    prompt_states = slot_states.split(cfg, prompt_pages)[1]
+    pools, prompt_states = slot_states.split(cfg, prompt_pages)
+    int8 = isinstance(pools[0], models.Int8Pages)
+    shared = None
+    if shared_prefix and int8 and group > 1:  # prompt q's pages: 1 + q · prompt_pages, ...
+        first_Q = 1 + jnp.arange(plen_Q.shape[0], dtype=jnp.int32) * p.prompt_pages
+        shared = models.SharedPrefix.of_prompts(plen_Q, first_Q, p.page_size, p.prompt_pages)
     params = models.for_decoding(cfg, params)  # weights gathered once, not once per token
     layers = models.split_layers(cfg, params)
 
@@ -475,7 +493,7 @@ def _engine_body(
         state = _copy_pages(cfg, state)
         state, progress, stalled = _grant(state, p)
         victim = _victim(state, progress)
-        decoded, state = _decode(cfg, params, layers, state, progress, p, impl)
+        decoded, state = _decode(cfg, params, layers, state, progress, p, impl, shared, group)
         allowed = ~jnp.any(stalled) & ~jnp.any(victim)
         state, admitted = _admit(state, allowed, plen_Q, group, B, p)
         q_S = jnp.clip(state.seq, 0, B - 1) // group
@@ -521,31 +539,10 @@ def _compact(cfg, state: EngineState, width: int) -> EngineState:
     """The running slots (at most `width`) moved to the first `width` slots; the per-slot
     arrays shrink to them."""
     order = jnp.argsort(state.seq < 0, stable=True)[:width]  # running slots first
-    per_slot = (
-        "seq",
-        "t",
-        "last",
-        "plen",
-        "stamp",
-        "table",
-        "npages",
-        "first_own",
-        "copy_src",
-        "copy_dst",
-    )
+    per_slot = ("seq", "t", "last", "plen", "stamp", "table", "npages", "first_own")
+    per_slot += ("copy_src", "copy_dst")
     kv = slot_states.compact(cfg, state.kv, order)
     return state.replace(kv=kv, **{name: getattr(state, name)[order] for name in per_slot})
-
-
-@struct.dataclass
-class EngineStats:
-    """What one continuous call did: loop steps, row steps (Σ over steps of the loop's
-    width: the decode rows computed), sequences preempted (and decoded again).
-    Useful-row efficiency = Σ lengths / row_steps."""
-
-    steps: jax.Array
-    row_steps: jax.Array
-    preemptions: jax.Array
 
 
 def run(cfg, params, tokens_NP, mask_NP, rng, eos_ids, pad_id, *, options, page_plan):
@@ -587,6 +584,7 @@ def run(cfg, params, tokens_NP, mask_NP, rng, eos_ids, pad_id, *, options, page_
         drain_levels=options.drain_levels,
         layout=layout,
         replicas=replicas,
+        shared_prefix=options.shared_prefix_attention,
     )
     rows = replicas_lib.row_sharding(tokens_NP)
     if rows is not None:

@@ -38,6 +38,7 @@ class SampleOptions:
     drain_levels: int | None = None
     layout: str = "trainer"
     kv_dtype: str = "auto"
+    shared_prefix_attention: bool = True
 
     def replace(self, **changes) -> SampleOptions:
         return dataclasses.replace(self, **changes)
@@ -56,3 +57,4 @@ class EngineOptions:
     drain_levels: int | None
     layout: str
     kv_dtype: str
+    shared_prefix_attention: bool = True

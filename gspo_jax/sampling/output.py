@@ -46,3 +46,14 @@ class SampleOutput:
         tokens = jnp.concatenate([self.prompt_tokens, self.tokens], axis=1)
         mask = jnp.concatenate([self.prompt_mask, self.mask.astype(self.prompt_mask.dtype)], 1)
         return tokens, mask
+
+
+@struct.dataclass
+class EngineStats:
+    """What one continuous call did: loop steps, row steps (Σ over steps of the loop's
+    width: the decode rows computed), sequences preempted (and decoded again).
+    Useful-row efficiency = Σ lengths / row_steps."""
+
+    steps: jax.Array
+    row_steps: jax.Array
+    preemptions: jax.Array

@@ -240,6 +240,7 @@ def sample(
     drain_levels: int | None = None,
     layout: str = "trainer",
     kv_dtype: str = "auto",
+    shared_prefix_attention: bool = True,
 ) -> SampleOutput:
     """Samples `num_samples` (G) responses for each of N left-padded prompts.
 
@@ -300,6 +301,8 @@ def sample(
         (the compute dtype), "bfloat16", "float32", or "int8" (continuous engine only: int8
         pages with a scale per token and kv head, `models.Int8Pages`, about half a bf16
         pool's bytes; the log-probs then carry the quantisation error, docs/benchmarks.md).
+      shared_prefix_attention: with int8 pages and share_prefix, a decode step reads a
+        prompt's pages once for all its rows (`models.paged_prefix`): the same math.
 
     Returns `SampleOutput`. `logprobs[b, t]` = log softmax(logits_t / τ)[token_t] in f32, the
     UNFILTERED tempered distribution — what the trainer recomputes with the same τ
@@ -346,6 +349,7 @@ def sample(
             drain_levels=drain_levels,
             layout=layout,
             kv_dtype=kv_dtype,
+            shared_prefix_attention=shared_prefix_attention,
         ),
     )
 
@@ -385,6 +389,7 @@ def sample_with(
         drain_levels=_drain_levels(o.drain_levels),
         layout=_layout(o.layout, cfg.num_kv_heads),
         kv_dtype=_kv_dtype(o.kv_dtype, o.engine),
+        shared_prefix_attention=bool(o.shared_prefix_attention),
     )
     B = np.shape(prompt_tokens)[0] * int(o.num_samples)
     page_plan = _page_plan(

@@ -455,3 +455,31 @@ def test_sampler_with_int8_kv_gives_the_bf16_kv_greedy_tokens(model_and_prompts)
         sampling.sample(cfg, params, tokens, mask, key, kv_dtype="int8", engine="static", **kw)
     with pytest.raises(ValueError, match=r"kv_dtype='fp8': expected one of"):
         sampling.sample(cfg, params, tokens, mask, key, kv_dtype="fp8", **kw)
+
+
+def test_shared_prefix_attention_keeps_the_greedy_tokens(model_and_prompts, monkeypatch):
+    """int8 pages, 4 prompts x G = 4 on 5 slots (a prompt's rows partly resident: the
+    others queued or finished), pages of 4 tokens (prompts of 6-11 tokens: whole shared
+    pages and a partly filled last page in each row's own copy): with
+    `shared_prefix_attention` (the default) the decode reads the prompts' pages once per
+    prompt (`models.paged_prefix`) and draws the greedy tokens of the unsplit attention,
+    log-probs to f32 rounding."""
+    from gspo_jax.models import paged_prefix
+
+    cfg, params, tokens, mask = model_and_prompts
+    calls = []
+    original = paged_prefix.shared_prefix_attention
+    monkeypatch.setattr(
+        paged_prefix,
+        "shared_prefix_attention",
+        lambda *a, **k: calls.append(1) or original(*a, **k),
+    )
+    kw = {"num_samples": G, "max_new_tokens": T, "eos_ids": EOS, "buckets": (BUCKET,)}
+    kw.update(temperature=0.0, kv_dtype="int8", num_slots=5, page_size=4)
+    key = jax.random.key(0)
+    on = sampling.sample(cfg, params, tokens, mask, key, **kw)
+    assert calls  # the decode step took the shared-prefix path
+    off = sampling.sample(cfg, params, tokens, mask, key, shared_prefix_attention=False, **kw)
+    np.testing.assert_array_equal(on.tokens, off.tokens)
+    np.testing.assert_array_equal(on.lengths, off.lengths)
+    np.testing.assert_allclose(on.logprobs, off.logprobs, atol=1e-5)

@@ -229,3 +229,36 @@ def test_int8_pages_price_half_the_bf16_bytes_plus_their_scales():
     for ps, scales in [(128, 64), (256, 64), (16, 512)]:
         pool = models.Int8Pages(sds((64, 16, ps, 128), jnp.int8), sds((64, 16, ps), jnp.float32))
         assert roofline.paged_kv_bytes_per_position(pool) == bf16 / 2 + scales
+
+
+def test_shared_prefix_decode_reads_a_resident_prompt_once():
+    """tools/aot.py's decode bytes with `sampling.shared_prefix_attention` (int8 pages):
+    the slots hold consecutive sequences in waves (G = 8): 64 slots of 64 sequences hold
+    all 8 prompts; 16 slots, 2 per wave; 12 slots, waves of sequences 0-11, 12-23, ...,
+    60-63 span 2, 2, 2, 2, 2, 1 prompts (11/6). The paper's geometry (64 slots, prompts of
+    1,024, responses of 8,192: T/2 on average) reads 8 x 1,024 + 64 x 4,096 positions per
+    step where every row reading its own context reads 64 x 5,120: 0.825x; a prompt of
+    1,000 tokens shares its 7 whole pages of 128, the other 104 positions are each row's."""
+    import types
+
+    import jax
+    import jax.numpy as jnp
+
+    from gspo_jax import models
+    from gspo_jax.sampling.pages import PagePlan
+    from tools import aot
+
+    assert aot.resident_prompts(64, 64, 8) == 8
+    assert aot.resident_prompts(64, 16, 8) == 2
+    assert aot.resident_prompts(64, 12, 8) == pytest.approx(11 / 6)
+    cfg = types.SimpleNamespace(num_layers=28, num_linear_layers=0, linear_num_value_heads=0)
+    cfg.linear_key_head_dim = cfg.linear_value_head_dim = 0
+    sds = jax.ShapeDtypeStruct
+    pool = models.Int8Pages(sds((9, 2, 128, 128), jnp.int8), sds((9, 2, 128), jnp.float32))
+    local = PagePlan(num_slots=64, page_size=128, num_pages=64 * 65, prompt_pages=8, seq_pages=65)
+
+    def read(P, shared):
+        return aot._engine_hbm_bytes(cfg, {}, pool, local, P, 8192, 1, shared)
+
+    assert read(1024, 8.0) / read(1024, 0.0) == (8 * 1024 + 64 * 4096) / (64 * 5120)
+    assert read(1000, 8.0) / read(1000, 0.0) == (8 * 896 + 64 * (104 + 4096)) / (64 * 5096)
