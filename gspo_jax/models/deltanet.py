@@ -186,9 +186,9 @@ def _unit_lower_solve(a_CC, b_CX):
     (XLA:CPU's partitioned triangular_solve deadlocked on a mesh).
 
     It replaces a forward substitution (a `lax.scan` over the C rows) whose every row read
-    and wrote the whole [..., C, X] carry: for TPU (Qwen3.5-0.8B on v5e-8) 46.7 TB of HBM
-    traffic per chip in one train step. The gradient is written by hand (`_solve_bwd`),
-    two matmuls with the saved inverse."""
+    and wrote the whole [..., C, X] carry: ~6 TB of HBM traffic per chip in one train step
+    of Qwen3.5-0.8B on v5e-8 (docs/tpu.md, section 10). The gradient is written by hand
+    (`_solve_bwd`), two matmuls with the saved inverse."""
     return jnp.matmul(_unit_lower_inverse(a_CC), b_CX)
 
 
