@@ -3,7 +3,8 @@ against itself (fixtures from tests/fixtures/make_qwen35_fixtures.py).
 
 Specification: the gated delta rule's recurrent form equals a float64 NumPy loop of its
 definition, and the chunked form equals the recurrent one for any chunk size and carried
-state; the causal conv carried by its window equals one pass; with segment resets (packed
+state (its blocked unit-triangular solve equals a float64 solve, its gradient autodiff of a
+triangular solve); the causal conv carried by its window equals one pass; with segment resets (packed
 rows) the chunked rule and the conv equal each segment alone; f32 logits within 1e-4 of
 transformers at every real token (dense; MoE within twice transformers' own f32-vs-f64
 error on the same inputs), with and without left padding; the vision-language
