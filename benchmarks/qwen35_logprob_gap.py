@@ -21,6 +21,7 @@ ratio is exactly 1 on-policy whatever this gap is.
 
     python benchmarks/qwen35_logprob_gap.py                 # T = 64, 256, 1024
     python benchmarks/qwen35_logprob_gap.py --lengths 64,128
+    python benchmarks/qwen35_logprob_gap.py --lengths 256,1024 --dtypes bfloat16
 """
 
 from __future__ import annotations
@@ -71,10 +72,11 @@ def gap(family: str, dtype: str, T: int) -> tuple[float, float, float]:
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--lengths", default="64,256,1024")
+    parser.add_argument("--dtypes", default="float32,bfloat16")
     args = parser.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
     print(f"{'model':8} {'dtype':9} {'T':>5} {'gap mean':>10} {'gap max':>10} {'last 1/4':>10}")
-    for dtype in ("float32", "bfloat16"):
+    for dtype in args.dtypes.split(","):
         for T in lengths:
             for family in ("qwen3", "qwen35"):
                 mean, worst, tail = gap(family, dtype, T)

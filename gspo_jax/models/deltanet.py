@@ -25,6 +25,8 @@ v value dim, W conv window (K − 1), Q conv channels (2·J·k + H·v), N chunks
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -147,49 +149,63 @@ def chunk_gated_delta_rule(
     return out[:, :L], state
 
 
+def _unit_lower_inverse(a_CC):
+    """a⁻¹ for unit-lower-triangular a ([..., C, C], batched; only a's strictly lower part
+    is read), by recursive blocks: if T₁₁ and T₂₂ invert two adjacent diagonal blocks of
+    size s, then [[T₁₁, 0], [−T₂₂ a₂₁ T₁₁, T₂₂]] inverts the 2s block they make. From s = 1
+    (T = 1) to C (padded to a power of 2 with the identity): log₂ C rounds of batched
+    matmuls, no loop over rows — the FLA kernels' blocked inverse, all the way down.
+
+    The matmuls run at HIGHEST precision (on TPU, f32 in several bf16 passes rather than
+    one): each round's T₂₁ feeds the next, and they are ~C²·log C flops against the C²·X of
+    the product a⁻¹b that follows."""
+    C, lead = a_CC.shape[-1], a_CC.shape[:-2]
+    P = 1 << (C - 1).bit_length()  # the power of 2 >= C
+    strict = jnp.where(jnp.tril(jnp.ones((C, C), bool), -1), a_CC, 0.0)
+    strict = jnp.pad(strict, [(0, 0)] * len(lead) + [(0, P - C)] * 2)
+    mm = functools.partial(jnp.matmul, precision=jax.lax.Precision.HIGHEST)
+    t = jnp.ones((*lead, P, 1, 1), a_CC.dtype)  # the inverses of the P diagonal 1-blocks
+    s = 1
+    while s < P:  # t: [..., P/s, s, s], the inverses of the diagonal s-blocks
+        nb = P // (2 * s)  # the diagonal 2s-blocks of a, by a strided slice of the pairs
+        pairs = jnp.swapaxes(strict.reshape(*lead, nb, 2 * s, nb, 2 * s), -3, -2)
+        a21 = pairs.reshape(*lead, nb * nb, 2 * s, 2 * s)[..., :: nb + 1, s:, :s]
+        t11, t22 = t[..., 0::2, :, :], t[..., 1::2, :, :]
+        t21 = -mm(mm(t22, a21), t11)
+        top = jnp.concatenate([t11, jnp.zeros_like(t11)], axis=-1)
+        t = jnp.concatenate([top, jnp.concatenate([t21, t22], axis=-1)], axis=-2)
+        s *= 2
+    return t[..., 0, :C, :C]
+
+
 @jax.custom_vjp
 def _unit_lower_solve(a_CC, b_CX):
     """X with a X = b for unit-lower-triangular a (batched over leading dims; only a's
-    strictly lower part is read), by forward substitution over the C rows: plain
-    elementwise ops and a scan, which GSPMD partitions without collectives (XLA:CPU's
-    partitioned triangular_solve deadlocked on a mesh).
+    strictly lower part is read): X = a⁻¹ b, the inverse by blocks (`_unit_lower_inverse`),
+    then one matmul. Plain matmuls and slices, which GSPMD partitions without collectives
+    (XLA:CPU's partitioned triangular_solve deadlocked on a mesh).
 
-    Its gradient is written by hand (`_solve_bwd`): differentiated as a scan, the
-    substitution kept its whole [..., C, X] carry for each of its C rows, C times the
-    solution's memory in every DeltaNet layer's backward (Qwen3.5-0.8B on v5e-8 at
-    1k + 8k tokens: a train step of >= 34 GiB per chip)."""
-    return _forward_substitution(a_CC, b_CX)
-
-
-def _forward_substitution(a_CC, b_CX):
-    def row(x, i):
-        # x_i = b_i − Σ_{j<i} a_ij x_j (rows ≥ i of x are still 0)
-        xi = b_CX[..., i, :] - jnp.einsum("...j,...jx->...x", a_CC[..., i, :], x)
-        return x.at[..., i, :].set(xi), None
-
-    x, _ = jax.lax.scan(row, jnp.zeros_like(b_CX), jnp.arange(a_CC.shape[-1]))
-    return x
+    It replaces a forward substitution (a `lax.scan` over the C rows) whose every row read
+    and wrote the whole [..., C, X] carry: ~6 TB of HBM traffic per chip in one train step
+    of Qwen3.5-0.8B on v5e-8 (docs/tpu.md, section 10). The gradient is written by hand
+    (`_solve_bwd`), two matmuls with the saved inverse."""
+    return jnp.matmul(_unit_lower_inverse(a_CC), b_CX)
 
 
 def _solve_fwd(a_CC, b_CX):
-    x = _forward_substitution(a_CC, b_CX)
-    return x, (a_CC, x)
+    t_CC = _unit_lower_inverse(a_CC)
+    x_CX = jnp.matmul(t_CC, b_CX)
+    return x_CX, (t_CC, x_CX)
 
 
 def _solve_bwd(residuals, dx_CX):
-    """X = a⁻¹b: db = a⁻ᵀ dX (back substitution, rows C−1 … 0), da = −db Xᵀ on the
-    strictly lower part (the only part the solve reads)."""
-    a_CC, x_CX = residuals
-    C = a_CC.shape[-1]
-
-    def row(db, i):
-        # db_i = dX_i − Σ_{j>i} a_ji db_j (rows ≤ i of db are still 0)
-        di = dx_CX[..., i, :] - jnp.einsum("...j,...jx->...x", a_CC[..., :, i], db)
-        return db.at[..., i, :].set(di), None
-
-    db, _ = jax.lax.scan(row, jnp.zeros_like(dx_CX), jnp.arange(C)[::-1])
+    """X = a⁻¹b: db = a⁻ᵀ dX, da = −db Xᵀ on the strictly lower part (the only part the
+    solve reads)."""
+    t_CC, x_CX = residuals
+    C = t_CC.shape[-1]
+    db = jnp.einsum("...ji,...jx->...ix", t_CC, dx_CX)
     da = -jnp.einsum("...ix,...jx->...ij", db, x_CX)
-    da = jnp.where(jnp.tril(jnp.ones((C, C), bool), -1), da, 0.0).astype(a_CC.dtype)
+    da = jnp.where(jnp.tril(jnp.ones((C, C), bool), -1), da, 0.0).astype(t_CC.dtype)
     return da, db.astype(dx_CX.dtype)
 
 

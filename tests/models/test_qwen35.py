@@ -3,7 +3,8 @@ against itself (fixtures from tests/fixtures/make_qwen35_fixtures.py).
 
 Specification: the gated delta rule's recurrent form equals a float64 NumPy loop of its
 definition, and the chunked form equals the recurrent one for any chunk size and carried
-state; the causal conv carried by its window equals one pass; with segment resets (packed
+state (its blocked unit-triangular solve equals a float64 solve, its gradient autodiff of a
+triangular solve); the causal conv carried by its window equals one pass; with segment resets (packed
 rows) the chunked rule and the conv equal each segment alone; f32 logits within 1e-4 of
 transformers at every real token (dense; MoE within twice transformers' own f32-vs-f64
 error on the same inputs), with and without left padding; the vision-language
@@ -101,6 +102,31 @@ def test_chunked_rule_gradients_equal_the_recurrent_ones():
     want = jax.jit(jax.grad(functools.partial(loss, rule), argnums=range(6)))(*inputs)
     for name, a, b in zip(("q", "k", "v", "g", "beta", "state"), got, want):
         np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4, err_msg=name)
+
+
+@pytest.mark.parametrize("C", [3, 64])
+def test_blocked_unit_lower_solve_and_its_gradient_equal_a_triangular_solve(C):
+    """deltanet._unit_lower_solve (inverse by recursive blocks, C padded to a power of 2)
+    equals a float64 solve, and its hand-written gradient equals autodiff through
+    jax.scipy's triangular solve; only a's strictly lower part is read."""
+    rng = np.random.default_rng(C)
+    a = rng.normal(size=(2, C, C)).astype(np.float32)  # diagonal and upper part: ignored
+    b, w = (rng.normal(size=(2, C, 5)).astype(np.float32) for _ in range(2))
+    unit = np.tril(a.astype(np.float64), -1) + np.eye(C)
+    got = deltanet._unit_lower_solve(a, b)
+    np.testing.assert_allclose(got, np.linalg.solve(unit, b), atol=2e-5 * np.abs(got).max())
+
+    def reference(a, b):
+        strict = jnp.where(np.tril(np.ones((C, C), bool), -1), a, 0.0)
+        return jax.scipy.linalg.solve_triangular(strict, b, lower=True, unit_diagonal=True)
+
+    def loss(solve, a, b):
+        return jnp.sum(solve(a, b) * w)
+
+    got = jax.grad(functools.partial(loss, deltanet._unit_lower_solve), (0, 1))(a, b)
+    want = jax.grad(functools.partial(loss, reference), (0, 1))(a, b)
+    for name, x, y in zip(("a", "b"), got, want):
+        np.testing.assert_allclose(x, y, atol=2e-5 * np.abs(y).max(), err_msg=name)
 
 
 def test_a_sequence_split_in_two_carries_its_state_and_conv_window():

@@ -381,8 +381,10 @@ def test_hybrid_deltanet_packed_equals_each_alone_and_the_padded_step():
     packed = fn(row, params, tokens_BL[pick], mask_BL[pick])
     alone = fn(sc, params, tokens_BL[pick], mask_BL[pick])
     real = mask_BL[pick, P:].astype(bool)
+    # f32 rounding: the segments start at other chunk offsets than alone (log-probs up to
+    # ~9 here, 1 ulp ~1e-6; measured 6.7e-6 at the tests' -O0, the blocked chunk solve)
     for a, want in zip(packed[:2], alone[:2]):
-        np.testing.assert_allclose(np.asarray(a)[real], np.asarray(want)[real], atol=5e-6)
+        np.testing.assert_allclose(np.asarray(a)[real], np.asarray(want)[real], atol=1e-5)
     batch = _mini_batch(cfg, params, seed=13)
     packed_sc = _packed(sc, batch["attention_mask"])
     assert packed_sc.pack_rows < B
