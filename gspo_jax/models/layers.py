@@ -30,6 +30,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from gspo_jax.models import moe_aux, partition
 from gspo_jax.models.config import ModelConfig
+from gspo_jax.models.grouped import grouped_matmul
 
 F32 = jnp.float32
 _INIT_STD = 0.02  # transformers' initializer_range default for Qwen
@@ -371,16 +372,17 @@ def _experts_ragged_per_device(B, x_JD, gates_JX, idx_JX, wg_EDF, wu_EDF, wd_EFD
 
 def _experts_ragged(x_JD, gates_JX, idx_JX, wg_EDF, wu_EDF, wd_EFD):
     """Sort the J·X assignments by expert, run each expert on its contiguous group with
-    `jax.lax.ragged_dot`, unsort, and combine with the gates: compute ∝ top-k, not E."""
+    `jax.lax.ragged_dot` (`grouped.grouped_matmul`: its weight gradient without a dense
+    matmul over every expert on TPU), unsort, and combine with the gates: compute ∝ top-k, not E."""
     J, X = idx_JX.shape
     E = wg_EDF.shape[0]
     expert_A = idx_JX.reshape(J * X)
     order_A = jnp.argsort(expert_A, stable=True)
     group_sizes_E = jnp.bincount(expert_A, length=E).astype(jnp.int32)
     xs_AD = x_JD[order_A // X]
-    h_AF = jax.nn.silu(jax.lax.ragged_dot(xs_AD, wg_EDF, group_sizes_E)) * jax.lax.ragged_dot(
+    h_AF = jax.nn.silu(grouped_matmul(xs_AD, wg_EDF, group_sizes_E)) * grouped_matmul(
         xs_AD, wu_EDF, group_sizes_E
     )
-    ys_AD = jax.lax.ragged_dot(h_AF, wd_EFD, group_sizes_E, preferred_element_type=F32)
+    ys_AD = grouped_matmul(h_AF, wd_EFD, group_sizes_E, F32)
     y_AD = jnp.zeros_like(ys_AD).at[order_A].set(ys_AD, unique_indices=True)
     return jnp.einsum("jxd,jx->jd", y_AD.reshape(J, X, -1), gates_JX)
