@@ -467,7 +467,7 @@ def _engine_body(
 ):
     cfg, B, T, p = model_config, num_sequences, max_new_tokens, page_plan
     group = B // plen_Q.shape[0]
-    prompt_states = slot_states.split(cfg, prompt_pages)[1]
+    logits_QV, prompt_states = slot_states.prompt_rows(cfg, prompt_pages, logits_QV)
     params = models.for_decoding(cfg, params)  # weights gathered once, not once per token
     layers = models.split_layers(cfg, params)
 
