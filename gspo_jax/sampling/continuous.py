@@ -583,7 +583,7 @@ def run(cfg, params, tokens_NP, mask_NP, rng, eos_ids, pad_id, *, options, page_
         temperature=options.temperature,
         top_k=options.top_k,
         top_p=options.top_p,
-        impl=models.paged_attention_impl(cfg.attention_impl, head_dim=cfg.head_dim),
+        impl=models.paged_attention_impl(cfg.attention_impl, None, cfg.head_dim, options.kv_dtype),
         drain_levels=options.drain_levels,
         layout=layout,
         replicas=replicas,
