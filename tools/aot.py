@@ -679,7 +679,7 @@ def _compile_engine(a: _Abstract, functions, params, layout: str) -> list[Report
         temperature=float(s.temperature),
         top_k=s.top_k,
         top_p=s.top_p,
-        impl=models.paged_attention_impl(cfg.attention_impl, "tpu", cfg.head_dim),
+        impl=models.paged_attention_impl(cfg.attention_impl, "tpu", cfg.head_dim, s.kv_dtype),
         drain_levels=0,  # the worst case drains nothing: one loop, its trips counted
         layout=layout,
         replicas=replicas,
@@ -749,13 +749,17 @@ def _engine_hbm_bytes(cfg, params, pool, local, P: int, T: int, waves: int, shar
 def _engine_ops(cfg, report, params, pool, local, P, T, waves, shared, rows_per_chip) -> list:
     """The engine loop's ops for the roofline, analytic (as `_engine_hbm_bytes`): per
     step, the weights' matmuls (the HLO's matmul FLOPs; bytes: the chip's weights once)
-    and the ragged paged attention kernel (FLOPs: q·k and p·v over each row's P + T/2
+    and the ragged paged attention (FLOPs: q·k and p·v over each row's P + T/2
     positions, shared prompt pages or not; bytes: its slots' real context, a resident
-    prompt's whole pages once with `shared`), waves x T steps."""
+    prompt's whole pages once with `shared`), waves x T steps. The attention is priced
+    so whether it is a Pallas kernel or XLA's ragged paged attention (head dims the
+    kernels refuse, `models.paged_attention_impl`): the latter's matmuls sit in block
+    loops whose trip counts are data-dependent, counted `steps` times per step here (an
+    upper bound, Qwen3.5-0.8B's 44x its model FLOPs): left out of the weights' matmuls."""
     steps = waves * T
     weights = float(_per_chip(params))
     context = _engine_hbm_bytes(cfg, params, pool, local, P, T, waves, shared) / steps - weights
-    matmul = sum(op.flops * op.count for op in report.ops) / steps
+    matmul = sum(op.flops * op.count for op in report.ops if op.count <= steps) / steps
     full = cfg.num_layers - cfg.num_linear_layers
     attention = 4 * full * cfg.num_heads * cfg.head_dim * (P + T / 2)
     attention *= rows_per_chip * T / steps

@@ -702,6 +702,11 @@ def _matmuls(comps, comp: str, depth: int = 0):
 
 
 _KERNEL = re.compile(r'custom_call_target="tpu_custom_call"')
+_KERNEL_FLOPS = re.compile(r'"cost_estimate"\s*:\s*\{\s*"flops"\s*:\s*"(\d+)"')
+# Mosaic kernels that are grouped matmuls: XLA:TPU's own `ragged-dot-*` (jax.lax.ragged_dot)
+# and megablox's gmm / tgmm. Their FLOPs are the cost estimate they carry (2 m k n: each
+# row times its group's matrix), their class "matmul".
+_GROUPED_MATMUL = re.compile(r"^(ragged-dot|gmm|tgmm)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -712,7 +717,9 @@ class OpCost:
     name: str
     op: str  # as HbmUse.op; a Pallas kernel as "kernel:<its name>", e.g. "kernel:splash_mha_dq"
     cls: str  # "matmul", "vocab matmul", "kernel" (Pallas: FLOPs 0 here) or "elementwise"
-    flops: float  # dot and convolution FLOPs (XLA reports none for Pallas kernels)
+    # dot and convolution FLOPs; a grouped-matmul kernel's (ragged-dot, gmm, tgmm: class
+    # "matmul") from its cost estimate; other Pallas kernels' are unknown to XLA: 0
+    flops: float
     bytes: int  # HBM read + written
     count: int  # executions per call of the program
     computation: str
@@ -761,7 +768,12 @@ def op_costs(
             kernel = ins.opcode == "custom-call" and _KERNEL.search(ins.rest)
             if not flops and not nbytes and not kernel:
                 continue
-            if kernel:
+            grouped = kernel and _GROUPED_MATMUL.match(_kernel_name(ins))
+            estimate = _KERNEL_FLOPS.search(ins.rest) if grouped else None
+            if estimate:
+                flops = float(estimate.group(1))
+                cls, op = "matmul", f"kernel:{_kernel_name(ins)}"
+            elif kernel:
                 cls, op = "kernel", f"kernel:{_kernel_name(ins)}"
             elif flops:
                 is_vocab = vocab and any(vocab in dims for _, dims in found)
@@ -780,6 +792,7 @@ def op_costs(
 
 def executed_flops(hlo_text: str, *, unknown_trip_count: int = 1) -> float:
     """Matmul FLOPs one call of the program executes, per device: every dot and
-    convolution x its execution count (loop bodies x their trip counts; Pallas kernels,
-    whose FLOPs XLA does not know, left out: tools/roofline.py adds them)."""
+    convolution x its execution count (loop bodies x their trip counts), grouped-matmul
+    kernels (`ragged_dot` on TPU, megablox) at the cost estimate they carry; other Pallas
+    kernels, whose FLOPs XLA does not know, left out: tools/roofline.py adds them)."""
     return sum(c.flops * c.count for c in op_costs(hlo_text, unknown_trip_count=unknown_trip_count))

@@ -8,8 +8,9 @@ Inputs, per compiled function and per chip (tools/aot.py collects them):
 - every instruction of the optimised HLO that computes or moves HBM bytes
   (`hlo_stats.op_costs`): its executed matmul FLOPs (dots and convolutions, the ones in its
   fusion body included, x the trip counts of the loops around it) and its HBM bytes
-  (`hlo_stats.hbm_bytes`' rule). Pallas kernels carry no FLOPs in the HLO: splash
-  attention's are added analytically from its operand shapes and block size
+  (`hlo_stats.hbm_bytes`' rule). Grouped-matmul kernels (XLA:TPU's ragged-dot,
+  megablox's gmm / tgmm) carry their FLOPs as a cost estimate, read as matmuls; other
+  Pallas kernels carry none in the HLO: splash attention's are added analytically from its operand shapes and block size
   (`kernel_cost`); the continuous engine's decode, whose paged attention kernel takes
   whole page pools as operands, is costed analytically by tools/aot.py, its bytes per
   context position from the pool's storage (`paged_kv_bytes_per_position`: bf16 pages, or

@@ -30,6 +30,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from gspo_jax.models import moe_aux, partition
 from gspo_jax.models.config import ModelConfig
+from gspo_jax.models.grouped import grouped_matmul
 
 F32 = jnp.float32
 _INIT_STD = 0.02  # transformers' initializer_range default for Qwen
@@ -318,7 +319,7 @@ class MoE(nnx.Module):
             # The decode step: B tokens in all, and the per-device path's weight gathers,
             # loop-invariant, were hoisted out of the sampler's loop for every layer at
             # once, many times the temporaries of this way (docs/tpu.md, "MoE on TPU").
-            y_JD = _experts_ragged(x_JD, gates_JX, idx_JX, wg, wu, wd)
+            y_JD = _experts_on_their_chips(x_JD, gates_JX, idx_JX, wg, wu, wd)
         y_BLD = y_JD.astype(self.dtype).reshape(B, L, D)
         if self.shared_expert is not None:
             gate_BL1 = jax.nn.sigmoid(self.shared_expert_gate(x_BLD).astype(F32))
@@ -369,18 +370,72 @@ def _experts_ragged_per_device(B, x_JD, gates_JX, idx_JX, wg_EDF, wu_EDF, wd_EFD
     )(x_JD, gates_JX, idx_JX, wg_EDF, wu_EDF, wd_EFD)
 
 
-def _experts_ragged(x_JD, gates_JX, idx_JX, wg_EDF, wu_EDF, wd_EFD):
+def _experts_on_their_chips(x_JD, gates_JX, idx_JX, wg_EDF, wu_EDF, wd_EFD):
+    """The decode step's experts where the weights split experts over mesh axes (the
+    rollout's `expert` axis): each chip runs its own experts on the step's tokens, and the
+    partial outputs are summed over those axes (and the MLP width's): an all-reduce of
+    [J, D] activations per layer. Left to GSPMD, a ragged_dot whose groups are split
+    gathered every expert's weights on every chip, every step (Qwen3.5-35B-A3B's decode
+    loop: 397 TB of all-gathers per chip, docs/tpu.md section 10). Tokens split over
+    those axes too are gathered first, and each chip keeps its rows of the sum. Without
+    a mesh or split experts: `_experts_ragged`."""
+    mesh = partition.context_mesh()
+    w_spec = None if mesh is None else partition.spec(mesh, ("expert", None, "mlp"), wg_EDF.shape)
+    if w_spec is None or w_spec[0] is None:
+        return _experts_ragged(x_JD, gates_JX, idx_JX, wg_EDF, wu_EDF, wd_EFD)
+
+    def axes(entry):
+        return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+    experts, width = axes(w_spec[0]), axes(w_spec[2])
+    P = jax.sharding.PartitionSpec
+    row_spec = partition.spec(mesh, ("batch", None), x_JD.shape)
+    gathered = tuple(a for a in axes(row_spec[0]) if a in experts + width)
+    kept = tuple(a for a in experts + width if a not in gathered)
+
+    def local(x_JD, gates_JX, idx_JX, wg_EDF, wu_EDF, wd_EFD):
+        if gathered:
+            x_JD, gates_JX, idx_JX = (
+                jax.lax.all_gather(t, gathered, axis=0, tiled=True)
+                for t in (x_JD, gates_JX, idx_JX)
+            )
+        E = wg_EDF.shape[0]
+        idx_JX = idx_JX - jax.lax.axis_index(experts) * E  # this chip's experts: 0 .. E-1
+        mine_JX = (idx_JX >= 0) & (idx_JX < E)
+        y_JD = _experts_ragged(x_JD, gates_JX, idx_JX, wg_EDF, wu_EDF, wd_EFD, mine_JX)
+        if gathered:
+            y_JD = jax.lax.psum_scatter(y_JD, gathered, scatter_dimension=0, tiled=True)
+        return jax.lax.psum(y_JD, kept) if kept else y_JD
+
+    w_down = P(w_spec[0], w_spec[2], None)
+    return jax.shard_map(
+        local,
+        mesh=mesh,
+        in_specs=(row_spec, row_spec, row_spec, w_spec, w_spec, w_down),
+        out_specs=row_spec,
+        check_vma=False,
+    )(x_JD, gates_JX, idx_JX, wg_EDF, wu_EDF, wd_EFD)
+
+
+def _experts_ragged(x_JD, gates_JX, idx_JX, wg_EDF, wu_EDF, wd_EFD, mine_JX=None):
     """Sort the J·X assignments by expert, run each expert on its contiguous group with
-    `jax.lax.ragged_dot`, unsort, and combine with the gates: compute ∝ top-k, not E."""
+    `jax.lax.ragged_dot` (`grouped.grouped_matmul`: its weight gradient without a dense
+    matmul over every expert on TPU), unsort, and combine with the gates: compute ∝ top-k,
+    not E. `mine_JX` (False: an assignment to another chip's expert) puts those last, in
+    no group, their output 0."""
     J, X = idx_JX.shape
     E = wg_EDF.shape[0]
     expert_A = idx_JX.reshape(J * X)
+    if mine_JX is not None:  # bincount drops E: the groups end before these rows
+        expert_A = jnp.where(mine_JX.reshape(J * X), expert_A, E)
     order_A = jnp.argsort(expert_A, stable=True)
     group_sizes_E = jnp.bincount(expert_A, length=E).astype(jnp.int32)
     xs_AD = x_JD[order_A // X]
-    h_AF = jax.nn.silu(jax.lax.ragged_dot(xs_AD, wg_EDF, group_sizes_E)) * jax.lax.ragged_dot(
+    h_AF = jax.nn.silu(grouped_matmul(xs_AD, wg_EDF, group_sizes_E)) * grouped_matmul(
         xs_AD, wu_EDF, group_sizes_E
     )
-    ys_AD = jax.lax.ragged_dot(h_AF, wd_EFD, group_sizes_E, preferred_element_type=F32)
+    ys_AD = grouped_matmul(h_AF, wd_EFD, group_sizes_E, F32)
     y_AD = jnp.zeros_like(ys_AD).at[order_A].set(ys_AD, unique_indices=True)
+    if mine_JX is not None:  # rows past the groups: whatever the kernel left there
+        y_AD = jnp.where(mine_JX.reshape(J * X, 1), y_AD, 0.0)
     return jnp.einsum("jxd,jx->jd", y_AD.reshape(J, X, -1), gates_JX)

@@ -131,15 +131,21 @@ def to_kv_dtype(pages, kv_dtype: str):
 
 
 def paged_attention_impl(
-    attention_impl: str, platform: str | None = None, head_dim: int | None = None
+    attention_impl: str,
+    platform: str | None = None,
+    head_dim: int | None = None,
+    kv_dtype: str | None = None,
 ) -> str:
     """ "pallas" when compiling for a TPU and `attention_impl` is "auto" or "splash" (the
-    Pallas kernels), "xla" otherwise, and also for a `head_dim` the kernel cannot take: it
-    loads keys and values in 128-lane rows, so 128 only (the tiny test models' 16 is not;
-    Qwen3.5's 256 fails in Mosaic, "The last dim size is not 128", compiled for v5e with
-    the pinned jax)."""
+    Pallas kernels), "xla" otherwise, and also for a `head_dim` the kernel cannot take:
+    jax's (a float pool) loads keys and values in 128-lane rows, so 128 only (the tiny
+    test models' 16 is not; Qwen3.5's 256 fails in Mosaic, "The last dim size is not
+    128", compiled for v5e with the pinned jax); ours (`kv_dtype` "int8",
+    `int8_paged_attention`) takes whole 128-lane rows, so 128 and 256 (both compiled for
+    v5e)."""
     platform = platform or target_platform()
-    if head_dim is not None and head_dim != 128:
+    kernel_dims = (128, 256) if kv_dtype == "int8" else (128,)
+    if head_dim is not None and head_dim not in kernel_dims:
         return "xla"
     if platform == "tpu" and attention_impl in ("auto", "splash"):
         return "pallas"

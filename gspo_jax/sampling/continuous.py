@@ -480,7 +480,8 @@ def _engine_body(
 ):
     cfg, B, T, p = model_config, num_sequences, max_new_tokens, page_plan
     group = B // plen_Q.shape[0]
-    pools, prompt_states = slot_states.split(cfg, prompt_pages)
+    pools = slot_states.split(cfg, prompt_pages)[0]
+    logits_QV, prompt_states = slot_states.prompt_rows(cfg, prompt_pages, logits_QV)
     int8 = isinstance(pools[0], models.Int8Pages)
     shared = None
     if shared_prefix and int8 and group > 1:  # prompt q's pages: 1 + q · prompt_pages, ...
@@ -580,7 +581,7 @@ def run(cfg, params, tokens_NP, mask_NP, rng, eos_ids, pad_id, *, options, page_
         temperature=options.temperature,
         top_k=options.top_k,
         top_p=options.top_p,
-        impl=models.paged_attention_impl(cfg.attention_impl, head_dim=cfg.head_dim),
+        impl=models.paged_attention_impl(cfg.attention_impl, None, cfg.head_dim, options.kv_dtype),
         drain_levels=options.drain_levels,
         layout=layout,
         replicas=replicas,

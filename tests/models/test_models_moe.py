@@ -179,3 +179,37 @@ def test_ragged_experts_per_device_under_a_mesh(moe):
     np.testing.assert_array_equal(got_routing, want_routing)
     for a, b in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
         np.testing.assert_allclose(a, b, atol=1e-5 * max(1.0, float(np.abs(b).max())))
+
+
+@pytest.mark.parametrize("layout", ["trainer", "tensor"])
+def test_decode_experts_run_on_their_chips(moe, layout):
+    """A decode step (one token per row) under a mesh whose expert axis splits the experts
+    (8 = 2 per chip): each chip runs its own experts, outputs summed over the expert axis
+    (and the MLP width's, split over fsdp in the rollout's tensor layout): the logits of
+    one device, and no expert weight gathered in the program."""
+    from gspo_jax import sharding as sharding_lib
+    from gspo_jax.models import partition
+    from tools import hlo_stats
+
+    cfg, params, tokens, mask = moe
+    tokens, mask = jnp.tile(tokens[:, -1:], (4, 1)), jnp.tile(mask[:, -1:], (4, 1))
+    want = models.forward(cfg, params, tokens, mask)
+    mesh = sharding_lib.make_mesh({"data": 1, "fsdp": 2, "tensor": 1, "expert": 4})
+    rules = sharding_lib.layout_rules(layout)
+    with jax.set_mesh(mesh), partition.layout(rules):
+        abstract = jax.eval_shape(lambda p: p, params)
+        shardings = sharding_lib.tree_shardings(
+            abstract, models.logical_axes(cfg), mesh, rules or sharding_lib.LOGICAL_RULES
+        )
+        fn = jax.jit(lambda p, t, m: models.forward(cfg, models.for_decoding(cfg, p), t, m))
+        sharded = jax.device_put(params, shardings)
+        text = fn.lower(sharded, tokens, mask).compile().as_text()
+        got = fn(sharded, tokens, mask)
+    np.testing.assert_allclose(got, want, atol=2e-5)
+    if layout == "tensor":  # its attention and MLP sum partial activations of their own
+        return
+    # Past the weights' gathers (for_decoding), the only collectives are the sums of the
+    # experts' [rows, hidden] outputs: no routing metadata nor [rows, width] activations
+    # moved, as GSPMD's own partitioning of a ragged_dot over split experts does.
+    moved = {c.shape for c in hlo_stats.collectives(text) if c.kind != "all-gather"}
+    assert moved and all(s.startswith("f32[") and s.endswith(f",{cfg.hidden_size}]") for s in moved)

@@ -509,3 +509,34 @@ def test_inner_loops_of_unknown_trip_count_take_their_own_count():
     assert dot.count == 30 and dot.flops == 2 * 8 * 8 * 8
     (dot,) = hlo_stats.op_costs(UNKNOWN_IN_UNKNOWN, unknown_trip_count=10)
     assert dot.count == 100  # as before: every unknown loop runs unknown_trip_count times
+
+
+# XLA:TPU's lowering of `jax.lax.ragged_dot(x [4096, 1024], w [64, 1024, 512], sizes)`
+# (libtpu, v5p; trimmed: the Mosaic body elided, the cost estimate it carries kept): a
+# `tpu_custom_call` named ragged-dot-*, no dot or convolution in the HLO.
+RAGGED_DOT_TPU = """HloModule jit_f
+
+ENTRY %main.2 (x.1: bf16[4096,1024], w.1: bf16[64,1024,512], g.1: s32[64]) -> bf16[4096,512] {
+  %g.1 = s32[64]{0:T(128)} parameter(2)
+  %w.1 = bf16[64,1024,512]{2,1,0:T(8,128)(2,1)} parameter(1)
+  %x.1 = bf16[4096,1024]{1,0:T(8,128)(2,1)} parameter(0)
+  %ragged-dot-metadata = (s32[65]{0:T(128)}, s32[95]{0:T(128)}, s32[95]{0:T(128)}, s32[1]{0:T(128)}) custom-call(%g.1), custom_call_target="tpu_custom_call", backend_config={"custom_call_config":{"body":"..."}}
+  %get-tuple-element = s32[1]{0:T(128)} get-tuple-element(%ragged-dot-metadata), index=3
+  %get-tuple-element.1 = s32[65]{0:T(128)} get-tuple-element(%ragged-dot-metadata), index=0
+  ROOT %ragged-dot-none = bf16[4096,512]{1,0:T(8,128)(2,1)} custom-call(%get-tuple-element, %get-tuple-element.1, %x.1, %w.1), custom_call_target="tpu_custom_call", backend_config={"custom_call_config":{"body":"...","cost_estimate":{"flops":"4294967296","transcendentals":"0","bytes_accessed":"79692032"}}}
+}
+"""
+
+
+def test_a_tpu_ragged_dot_counts_each_row_once_as_a_matmul():
+    """2 x 4096 rows x 1024 x 512 (each row times its own group's matrix), not 0 (a Pallas
+    kernel's unknown FLOPs) nor x 64 groups (a dense matmul over every expert)."""
+    ops = {o.name: o for o in hlo_stats.op_costs(RAGGED_DOT_TPU)}
+    dot = ops["ragged-dot-none"]
+    assert (dot.cls, dot.flops, dot.op) == (
+        "matmul",
+        2 * 4096 * 1024 * 512,
+        "kernel:ragged-dot-none",
+    )
+    assert ops["ragged-dot-metadata"].cls == "kernel"  # no estimate: bytes only
+    assert hlo_stats.executed_flops(RAGGED_DOT_TPU) == 2 * 4096 * 1024 * 512
