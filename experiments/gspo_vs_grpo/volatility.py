@@ -6,7 +6,7 @@
 
 The model: a dense Qwen3 warm start (configs/default.py's task and supervised warm start, the
 scale's depth and widths) upcycled to `num_experts` noisy copies of its MLP, top-k routed
-(`moe_impl="ragged"`), then specialised by supervised steps of the MoE itself with the router
+(the scale's `moe_impl`), then specialised by supervised steps of the MoE itself with the router
 load-balancing loss on (`model.router_aux_loss_coef`, also on in RL): many experts, near-tied
 by construction, kept in use by the balancing loss.
 
@@ -69,18 +69,24 @@ class Scale:
     rl_steps: int  # RL steps per learning rate (learns?)
     measure_rollouts: int  # one-update measurements per learning rate (n)
     prompts: int  # per rollout (G = 8 responses each)
+    moe_impl: str  # "ragged" (only the chosen experts) | "dense" (all, masked): exact both
+    specialise_batch: int  # demonstrations per specialisation step
 
 
 SCALES = {
-    # Shrunk to finish in ~40 min on 2 shared CPU cores: hidden 64 (the default task's),
-    # 8 layers not 48, 64 experts not 128, 300 specialisation steps, 8 RL steps.
-    "cpu": Scale(8, 64, 128, 4, 16, 64, 8, 0.1, 0.01, 2000, 300,
-                 (0.0, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2), 8, 3, 16),
+    # What 2 shared CPU cores afford in ~30 min: on this CPU lax.ragged_dot ran a top-8 of 64
+    # experts' forward+backward at ~2x the time of computing all 64 (18.5 s against 9.4 s
+    # for 8 x 56 tokens, at load 7), so the MoE is shrunk to 16 full-width experts, top-4,
+    # dense dispatch (exact either way: tests/models/test_models_moe.py), over the 8-layer,
+    # hidden-64 dense warm start; 100 specialisation steps of 16 demonstrations, 8 prompts
+    # per rollout, 6 RL steps per learning rate, n = 2 one-update measurements.
+    "cpu": Scale(8, 64, 128, 4, 16, 16, 4, 0.1, 0.01, 2000, 100,
+                 (0.0, 3e-4, 1e-3, 3e-3, 1e-2), 6, 2, 8, "dense", 16),
     # A smoke test (--scale=smoke): it runs, no result.
-    "smoke": Scale(2, 32, 32, 2, 16, 8, 2, 0.1, 0.01, 50, 5, (0.0, 1e-3), 2, 1, 4),
-    # One GPU, ~10 min (not run: no GPU here): 24 layers, 128 experts top-8.
+    "smoke": Scale(2, 32, 32, 2, 16, 8, 2, 0.1, 0.01, 50, 5, (0.0, 1e-3), 2, 1, 4, "ragged", 8),
+    # One GPU, ~10 min (not run: no GPU here): 24 layers, 128 experts top-8, ragged dispatch.
     "gpu": Scale(24, 128, 256, 4, 32, 128, 8, 0.1, 0.01, 3000, 600,
-                 (0.0, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2), 20, 5, 32),
+                 (0.0, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2), 20, 5, 32, "ragged", 64),
 }  # fmt: skip
 
 
@@ -190,14 +196,14 @@ def dense_config(scale: Scale, root: str):
 
 
 def moe_config(scale: Scale, root: str, hf: str, algo: str):
-    """configs/moe_tiny.py's `algo` on the checkpoint `hf`: ragged dispatch, the
+    """configs/moe_tiny.py's `algo` on the checkpoint `hf`: the scale's dispatch, the
     load-balancing loss on, no warm start."""
     from configs import moe_tiny
 
     c = moe_tiny.get_config(f"algo={algo}")
     _common(c, scale, root)
     c.model.hf_path = hf
-    c.model.moe_impl = "ragged"
+    c.model.moe_impl = scale.moe_impl
     c.model.router_aux_loss_coef = scale.router_aux_loss_coef
     c.warm_start.steps = 0
     c.num_steps = scale.rl_steps
@@ -244,6 +250,7 @@ def specialised(scale: Scale, root: str, dense_hf: str) -> tuple[str, dict]:
     )  # fmt: skip
     c = moe_config(scale, root, up, "grpo")
     c.warm_start.steps = scale.specialise_steps
+    c.warm_start.batch_size = scale.specialise_batch
     c.warm_start.on_checkpoint = True
     c.warm_start.target_accuracy = None
     cfg, after, trainer = _export(c, os.path.join(out, "specialise"), hf)

@@ -93,10 +93,10 @@ def markdown(result: dict) -> str:
         "",
         (
             f"- Model: {sc['num_layers']} layers, hidden {sc['hidden_size']}, {sc['num_experts']} "
-            f"experts top-{sc['top_k']} (moe_impl=ragged), each expert the dense MLP (width "
+            f"experts top-{sc['top_k']} (moe_impl={sc['moe_impl']}), each expert the dense MLP (width "
             f"{sc['intermediate_size']}) times 1 + {sc['noise']:g}·N(0, 1), upcycled from a dense "
             f"warm start (configs/default.py's task, to 30 % train accuracy, at most "
-            f"{sc['warm_max_steps']} steps), then {sp['steps']} supervised steps of the MoE with "
+            f"{sc['warm_max_steps']} steps), then {sp['steps']} supervised steps of {sc['specialise_batch']} demonstrations of the MoE with "
             f"router_aux_loss_coef = {sc['router_aux_loss_coef']:g} (also on in RL); "
             f"{result['parameters'] / 1e6:.1f}M parameters."
         ),
