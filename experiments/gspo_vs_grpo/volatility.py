@@ -49,7 +49,9 @@ log = logging.getLogger("experiments")
 RESULTS = "docs/results_moe_volatility.md"
 PAPER = 0.10  # §5.3: ~10 % of activated experts change per update (48 layers, 128 experts)
 THRESHOLD = 0.05  # the issue's bar: >= 5 % while training still learns
-LEARN_MARGIN = 0.05  # learns: last-half reward >= the lr-0 control's − this
+# learns: last-half training reward >= max(control − LEARN_MARGIN, control / 2), control the
+# lr-0 run's on the same prompts and samples (the half: a low control's margin is no bar)
+LEARN_MARGIN = 0.05
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,10 +80,10 @@ SCALES = {
     # experts' forward+backward at ~2x the time of computing all 64 (18.5 s against 9.4 s
     # for 8 x 56 tokens, at load 7), so the MoE is shrunk to 16 full-width experts, top-4,
     # dense dispatch (exact either way: tests/models/test_models_moe.py), over the 8-layer,
-    # hidden-64 dense warm start; 100 specialisation steps of 16 demonstrations, 8 prompts
+    # hidden-64 dense warm start; 400 specialisation steps of 16 demonstrations, 8 prompts
     # per rollout, 6 RL steps per learning rate, n = 2 one-update measurements.
-    "cpu": Scale(8, 64, 128, 4, 16, 16, 4, 0.1, 0.01, 2000, 100,
-                 (0.0, 3e-4, 1e-3, 3e-3, 1e-2), 6, 2, 8, "dense", 16),
+    "cpu": Scale(8, 64, 128, 4, 16, 16, 4, 0.1, 0.01, 2000, 400,
+                 (0.0, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3), 6, 2, 8, "dense", 16),
     # A smoke test (--scale=smoke): it runs, no result.
     "smoke": Scale(2, 32, 32, 2, 16, 8, 2, 0.1, 0.01, 50, 5, (0.0, 1e-3), 2, 1, 4, "ragged", 8),
     # One GPU, ~10 min (not run: no GPU here): 24 layers, 128 experts top-8, ragged dispatch.
@@ -393,7 +395,7 @@ def _cached_rows(scale: Scale, root: str, hf: str, algo: str) -> list[dict]:
 def summarise(row: dict, control: dict | None = None) -> dict:
     """A row's numbers: means over the one-update measurements (n, min, max of the expert
     change), the RL curve's reward (first step, last half) and `learns` against the
-    lr-0 control's last half (None without a control)."""
+    lr-0 control's last half (LEARN_MARGIN's rule; absent without a control)."""
     ones = row["one_update"]
     ec = [o["expert_change"] for o in ones]
     out = {k: float(np.mean([o[k] for o in ones])) for k in (*PER_UPDATE, *OWN)}
@@ -407,8 +409,18 @@ def summarise(row: dict, control: dict | None = None) -> dict:
     if control is not None:
         c_half = control["curve"]["reward"][len(r) // 2 :]
         out["control_last_half"] = float(np.mean(c_half))
-        out["learns"] = bool(out["reward_last_half"] >= out["control_last_half"] - LEARN_MARGIN)
+        floor = max(out["control_last_half"] - LEARN_MARGIN, out["control_last_half"] / 2)
+        out["learns"] = bool(out["reward_last_half"] >= floor)
     return out
+
+
+def _tables(rows: dict) -> dict:
+    """Each algorithm's summarised rows, `learns` against its lr-0 row."""
+    tables = {}
+    for algo, rs in rows.items():
+        control = next(r for r in rs if r["lr"] == 0)
+        tables[algo] = [{"lr": r["lr"], **summarise(r, control)} for r in rs]
+    return tables
 
 
 def run(scale_name: str, root: str, algos: tuple[str, ...], command: str) -> dict:
@@ -425,10 +437,7 @@ def run(scale_name: str, root: str, algos: tuple[str, ...], command: str) -> dic
     hf, spec = specialised(scale, root, dense)
     log.info("specialised: %s", spec)
     rows = {algo: _cached_rows(scale, root, hf, algo) for algo in algos}
-    tables = {}
-    for algo, rs in rows.items():
-        control = next(r for r in rs if r["lr"] == 0)
-        tables[algo] = [{"lr": r["lr"], **summarise(r, control)} for r in rs]
+    tables = _tables(rows)
     _, params = models.load_pretrained(hf)
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
@@ -469,6 +478,7 @@ def main(argv=None) -> dict:
     if args.report_only:
         with open(os.path.join(root, "result.json")) as f:
             result = json.load(f)
+        result["tables"] = _tables(result["raw"])  # this code's summaries of the raw rows
     else:
         result = run(args.scale, root, algos, command.strip())
     from experiments.gspo_vs_grpo.volatility_report import markdown
