@@ -124,8 +124,9 @@ def markdown(result: dict) -> str:
             f"is at least the lr-0 control's minus {LEARN_MARGIN}, and at least half of it."
         ),
         (
-            f"- Wall time: {result['seconds'] / 60:.0f} min on {result['machine']}. Code at commit "
-            f"`{result['commit']}`."
+            f"- Wall time of this invocation: {result['seconds'] / 60:.0f} min on {result['machine']} "
+            "(what the workdir held already, e.g. a cached warm start, was reused, not re-timed). "
+            f"Code at commit `{result['commit']}`."
         ),
         "",
     ]
