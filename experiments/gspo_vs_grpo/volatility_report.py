@@ -65,7 +65,7 @@ def _table(table: list[dict]) -> list[str]:
         "| lr | expert change, 1 update (min-max, n) | ours, pooled | clip frac. (binding) "
         "| ratio out of range | approx KL (step) | KL k3 | mean abs log ratio "
         "| abs Δ log π free vs replayed: mean | p99 | max | reward step 1 "
-        "| reward, last half (lr-0 control) | expert change in RL (update 1) | learns |"
+        "| reward, last half (lr-0 control) | expert change in RL (update 1) | learns (no collapse) |"
     )
     lines = [head, "|" + "---|" * 15]
     for s in table:
@@ -136,12 +136,17 @@ def markdown(result: dict) -> str:
     lines += [
         (
             "Columns: expert change is the train step's `updates/expert_change` at updates 1-3 "
-            "(weights after one update, rows it did not train on); *ours* recomputes it from the "
-            "routing (a check: the same rows and weights); clip fraction and approx KL are the "
-            "same updates' `updates/clipfrac`, `updates/clipfrac_range`, `updates/approx_kl`; "
-            "abs Δ log π is per response token at the updated weights, the router's own choice "
-            "against π_old's experts replayed (what Routing Replay changes), averaged over the n "
-            "rollouts; the RL column is `updates/expert_change/1` averaged over the RL steps."
+            "(weights after one update, rows it did not train on), the mean of the three "
+            "updates' rates; *ours* recomputes it from the routing on the same rows and weights, "
+            "pooled over the rows (a check); clip fraction (binding) and ratio out of range are "
+            "the same updates' `updates/clipfrac` and `updates/clipfrac_range` (token ratios "
+            "outside the clip range), approx KL (step) their `updates/approx_kl` (a k1 estimate: "
+            "it can be negative); KL k3 (exp(d) − d − 1, d = log π_old − log π) and mean abs d "
+            "are over the same rows' response tokens; abs Δ log π is per response token at the "
+            "updated weights, the router's own choice against π_old's experts replayed (what "
+            "Routing Replay changes); all averaged over the n rollouts. The RL column is "
+            "`updates/expert_change/1` averaged over the RL steps; *learns* means the reward did "
+            "not collapse (the rule above), not that it rose."
         ),
         "",
     ]
