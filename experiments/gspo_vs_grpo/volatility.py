@@ -487,7 +487,7 @@ def main(argv=None) -> dict:
     with open(out, "w") as f:
         f.write(markdown(result))
     with open(out.replace(".md", ".json"), "w") as f:
-        json.dump({k: v for k, v in result.items() if k != "raw"}, f, indent=1)
+        json.dump(result, f, indent=1)  # raw: every measurement, to recompute from
     log.info("wrote %s", out)
     return result
 

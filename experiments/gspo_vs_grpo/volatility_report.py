@@ -26,8 +26,11 @@ def finding(table: list[dict]) -> str:
     if learning:
         top = max(learning, key=lambda s: s["expert_change"])
         text += (
-            f"; the most that still learns is {top['expert_change']:.2%} (lr {top['lr']:g}, "
-            f"approx KL {top['approx_kl']:.2e})"
+            f"; the most that still learns is {top['expert_change']:.2%} (range "
+            f"{top['expert_change_min']:.2%}-{top['expert_change_max']:.2%} over n = {top['n']} "
+            f"rollouts; lr {top['lr']:g}: "
+            f"{top['clipfrac_range']:.1%} of token ratios out of the clip range, KL k3 "
+            f"{top['kl_k3']:.1e}, mean abs Δ log π free vs replayed {top['gap_mean']:.1e})"
         )
     floor = table[0]["control_last_half"]
     if floor < LOW_REWARD:
@@ -54,7 +57,7 @@ def published_note(path: str | None = None) -> str:
         result = json.load(f)
     sc, table = result["scale"], result["tables"]["grpo"]
     return (
-        f"; a deeper MoE built to show it ({sc['num_layers']} layers, {sc['num_experts']} "
+        f"; a deeper MoE ({sc['num_layers']} layers, {sc['num_experts']} "
         f"experts top-{sc['top_k']}, load balancing; {RESULTS}), GRPO, one update from one "
         f"checkpoint, n = {table[0]['n']} rollouts per learning rate: {finding(table)}"
     )
