@@ -85,6 +85,28 @@ def _table(table: list[dict]) -> list[str]:
     return lines
 
 
+def _same_first_update(result: dict) -> list[str]:
+    """A paragraph when every algorithm's one-update expert change is the same (it should be:
+    the first update is on-policy), else none."""
+    tables = list(result["tables"].values())
+    if len(tables) > 1 and all(
+        [s["expert_change"] for s in t] == [s["expert_change"] for s in tables[0]] for t in tables
+    ):
+        return [
+            (
+                "The one-update columns (expert change, KL, abs Δ log π) are the same for every "
+                "algorithm: the first update of a step is on-policy (every ratio 1, nothing "
+                "clipped), where GRPO's token ratio and GSPO's sequence ratio give the same gradient "
+                "(seq-mean-token-mean), so the matched update is one update, and this is a check. "
+                "Their clip fractions differ (GSPO's range is 3e-4 / 4e-4, per sequence); the "
+                "objectives part from the second update on, in the RL columns (one seed, "
+                f"{result['scale']['rl_steps']} steps)."
+            ),
+            "",
+        ]
+    return []
+
+
 def markdown(result: dict) -> str:
     """docs/results_moe_volatility.md from the result (`run`'s JSON)."""
     sc, sp = result["scale"], result["specialisation"]
@@ -136,6 +158,7 @@ def markdown(result: dict) -> str:
     for algo, table in result["tables"].items():
         lines += [f"## {algo.upper()}", "", f"**Finding: {finding(table)}.**", ""]
         lines += _table(table) + [""]
+    lines += _same_first_update(result)
     lines += [
         (
             "Columns: expert change is the train step's `updates/expert_change` at updates 1-3 "
