@@ -258,6 +258,9 @@ def _expert_change_verdict(moe: dict) -> tuple[str, str, str]:
             "; this test bed's MoE (a few layers, 8-16 experts, no load-balancing loss) "
             "cannot show the paper's 48-layer, 128-expert volatility"
         )
+        from experiments.gspo_vs_grpo.volatility_report import published_note
+
+        said += published_note()
     return (
         "§5.3: ~10% of activated experts change after one update (GRPO)",
         said,
