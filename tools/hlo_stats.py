@@ -481,6 +481,7 @@ def _async_bytes(types: dict[str, str], ins: _Instr) -> int:
 
 
 _IN_PLACE = ("dynamic-update-slice", "scatter")
+_VIEWS = ("bitcast", "reshape", "pad", "convert", "copy", "transpose")  # a slice of it: no more
 
 
 def _through(by: dict, name: str) -> str:
@@ -495,9 +496,11 @@ def _through(by: dict, name: str) -> str:
 
 def _param_read(comps, body, name: str, full: int, in_place=False, depth=0) -> int:
     """Bytes a fusion body reads of its parameter `name` (`full` bytes): a dynamic-slice or
-    gather of it what it takes, a nested fusion what its own body reads, a bitcast or
-    reshape what its users read, an update in place of it (`in_place`) nothing; any other
-    use all of it."""
+    gather of it what it takes, a nested fusion what its own body reads, a bitcast,
+    reshape, pad, convert, copy or transpose what its users read, an update in place of it
+    (`in_place`) nothing; any other use, or being the body's result, all of it."""
+    if name == body[-1].name:
+        return full
     total = 0
     for u in (i for i in body if name in _operands(i)):
         ops = _operands(u)
@@ -506,8 +509,13 @@ def _param_read(comps, body, name: str, full: int, in_place=False, depth=0) -> i
             total += sum(n for n, _ in _spaced(u.type_str))
         elif u.opcode in _IN_PLACE and ops[0] == name and ops.count(name) == 1 and in_place:
             continue
-        elif u.opcode in ("bitcast", "reshape") and depth < 8:
-            total += _param_read(comps, body, u.name, full, in_place, depth + 1)
+        elif u.opcode in _VIEWS and ops[0] == name and depth < 8:  # scaled to its input's
+            size = sum(n for n, _ in _spaced(u.type_str)) or 1  # bytes (a pad's real share)
+            share = min(1.0, sum(n for n, _ in _spaced(_type_of(body, name))) / size)
+            r = _param_read(comps, body, u.name, full, in_place, depth + 1)
+            if r >= full:
+                return full
+            total += int(share * r)
         elif callee and depth < 8 and ops.count(name) == 1:
             inner = comps.get(callee.group(1), [])
             k = ops.index(name)
@@ -516,6 +524,10 @@ def _param_read(comps, body, name: str, full: int, in_place=False, depth=0) -> i
         else:
             return full
     return min(total, full)
+
+
+def _type_of(body, name: str) -> str:
+    return next((i.type_str for i in body if i.name == name), "")
 
 
 def _index(param: _Instr) -> int:
