@@ -603,3 +603,7 @@ def test_a_multi_output_fusion_updates_the_scan_output_in_place():
     other = SCAN.replace("%param_0.2 = f32[16,256,512]", "%param_0.2 = f32[16,512,256]")
     (use,) = [u for u in hlo_stats.hbm_uses(other) if u.op == "fusion:tuple"]
     assert use.bytes == 2 * 16 * chunk + chunk
+    # the nested fusion hands `s` on whole (its result): `s` read whole
+    whole = SCAN.replace("bitcast(%ds)", "bitcast(%p0)")
+    (use,) = [u for u in hlo_stats.hbm_uses(whole) if u.op == "fusion:tuple"]
+    assert use.bytes == chunk + 16 * chunk
