@@ -480,11 +480,99 @@ def _async_bytes(types: dict[str, str], ins: _Instr) -> int:
     return read + _hbm(dest)
 
 
+_IN_PLACE = ("dynamic-update-slice", "scatter")
+_VIEWS = ("bitcast", "reshape", "pad", "convert", "copy", "transpose")  # a slice of it: no more
+
+
+def _through(by: dict, name: str) -> str:
+    """`name` followed back through bitcasts and reshapes (they move no bytes)."""
+    for _ in range(64):
+        i = by.get(name)
+        if i is None or i.opcode not in ("bitcast", "reshape"):
+            break
+        name = _operands(i)[0]
+    return name
+
+
+def _param_read(comps, body, name: str, full: int, in_place=False, depth=0) -> int:
+    """Bytes a fusion body reads of its parameter `name` (`full` bytes): a dynamic-slice or
+    gather of it what it takes, a nested fusion what its own body reads, a bitcast,
+    reshape, pad, convert, copy or transpose what its users read, an update in place of it
+    (`in_place`) nothing; any other use, or being the body's result, all of it."""
+    if name == body[-1].name:
+        return full
+    total = 0
+    for u in (i for i in body if name in _operands(i)):
+        ops = _operands(u)
+        callee = re.search(r"calls=%?([\w.\-]+)", u.rest) if u.opcode == "fusion" else None
+        if u.opcode in ("dynamic-slice", "gather") and ops[0] == name:
+            total += sum(n for n, _ in _spaced(u.type_str))
+        elif u.opcode in _IN_PLACE and ops[0] == name and ops.count(name) == 1 and in_place:
+            continue
+        elif u.opcode in _VIEWS and ops[0] == name and depth < 8:  # scaled to its input's
+            size = sum(n for n, _ in _spaced(u.type_str)) or 1  # bytes (a pad's real share)
+            share = min(1.0, sum(n for n, _ in _spaced(_type_of(body, name))) / size)
+            r = _param_read(comps, body, u.name, full, in_place, depth + 1)
+            if r >= full:
+                return full
+            total += int(share * r)
+        elif callee and depth < 8 and ops.count(name) == 1:
+            inner = comps.get(callee.group(1), [])
+            k = ops.index(name)
+            p = next((i for i in inner if i.opcode == "parameter" and _index(i) == k), None)
+            total += _param_read(comps, inner, p.name, full, False, depth + 1) if p else full
+        else:
+            return full
+    return min(total, full)
+
+
+def _type_of(body, name: str) -> str:
+    return next((i.type_str for i in body if i.name == name), "")
+
+
+def _index(param: _Instr) -> int:
+    return int(param.rest.split(")", 1)[0])
+
+
+def _multi_output_bytes(comps, body, operands, result) -> int | None:
+    """A multi-output fusion (its root a tuple, e.g. a scan step writing one chunk into the
+    scan's stacked output and returning other values): each output that is a
+    dynamic-update-slice or scatter (through bitcasts) into a parameter of its shape is
+    updated in place, as XLA's dataflow analysis pairs them (GetInPlaceInputOutputPairs),
+    so it writes only its update and that parameter is not read; any other output is
+    written whole, and each parameter is read as far as `_param_read` says. None when
+    the root's elements and the result's arrays do not pair up."""
+    by = {i.name: i for i in body}
+    elements = _operands(body[-1])
+    if len(elements) != len(result):
+        return None
+    in_place, written = set(), 0
+    for e, (n, in_hbm) in zip(elements, result, strict=True):
+        d = by.get(_through(by, e))
+        buf = by.get(_through(by, _operands(d)[0])) if d and d.opcode in _IN_PLACE else None
+        if (
+            buf is not None
+            and buf.opcode == "parameter"
+            and _arrays(buf.type_str) == _arrays(d.type_str)
+        ):
+            update = by.get(_operands(d)[1 if d.opcode == "dynamic-update-slice" else -1])
+            in_place.add(buf.name)
+            n = sum(m for m, _ in _spaced(update.type_str)) if update else n
+        written += n if in_hbm else 0
+    read = 0
+    for p in (i for i in body if i.opcode == "parameter"):
+        op = operands[_index(p)] if _index(p) < len(operands) else []
+        full = sum(n for n, _ in op)
+        read += _param_read(comps, body, p.name, full, p.name in in_place) if _hbm(op) else 0
+    return written + read
+
+
 def _instr_bytes(comps, types: dict[str, str], ins: _Instr) -> int:
     """HBM bytes one execution of `ins` reads and writes: its operands and its result, each
     when XLA placed it in HBM (not VMEM: `_spaced`); an in-place dynamic-update-slice
-    or scatter (alone or as a fusion's root) moves only its update, a gather or dynamic-slice reads
-    only what it takes, an async copy or slice what it moves (`_async_bytes`)."""
+    or scatter (alone, as a fusion's root or as one output of a multi-output fusion:
+    `_multi_output_bytes`) moves only its update, a gather or dynamic-slice reads only
+    what it takes, an async copy or slice what it moves (`_async_bytes`)."""
     if ins.opcode.endswith("-start"):
         return _async_bytes(types, ins)
     operands = [_spaced(types.get(o, "")) for o in _operands(ins)]
@@ -494,6 +582,8 @@ def _instr_bytes(comps, types: dict[str, str], ins: _Instr) -> int:
     callee = re.search(r"calls=%?([\w.\-]+)", ins.rest) if ins.opcode == "fusion" else None
     body = comps.get(callee.group(1), []) if callee else []
     root = body[-1].opcode if body else ""
+    if root == "tuple" and (n := _multi_output_bytes(comps, body, operands, result)) is not None:
+        return n
     if root not in ("dynamic-update-slice", "gather", "dynamic-slice"):  # through reshapes
         root = next((i.opcode for i in body if i.opcode in ("gather", "dynamic-slice")), root)
     if "dynamic-update-slice" in (ins.opcode, root) and out_full in full:

@@ -528,6 +528,78 @@ ENTRY %main.2 (x.1: bf16[4096,1024], w.1: bf16[64,1024,512], g.1: s32[64]) -> bf
 """
 
 
+# XLA:TPU's (v5e, libtpu) compiled form of a 16-step scan `h = c @ w; ys[i] = h; c = h`,
+# trimmed: the step is ONE multi-output fusion whose root tuple holds the dynamic-update-
+# slice of the stacked f32[16,256,512] output (in HBM) and the new carry (in VMEM, S(1)).
+# Added by hand: a second stacked input `s` read one chunk per step through a nested
+# fusion's dynamic-slice, as XLA:TPU fuses a scan's reads of its stacked inputs.
+SCAN = """HloModule s
+
+%bitcast_fusion (bitcast_input.5: f32[256,512]) -> f32[256,512] {
+  %bitcast_input.5 = f32[256,512]{1,0:T(8,128)S(1)} parameter(0)
+  ROOT %bitcast.10 = f32[256,512]{1,0:T(8,128)} bitcast(%bitcast_input.5)
+}
+
+%slice_fusion (p0: f32[16,256,512], p1: s32[]) -> f32[256,512] {
+  %p0 = f32[16,256,512]{2,1,0:T(8,128)} parameter(0)
+  %p1 = s32[]{:T(128)} parameter(1)
+  %z = s32[]{:T(128)} constant(0)
+  %ds = f32[1,256,512]{2,1,0:T(8,128)} dynamic-slice(%p0, %p1, %z, %z), dynamic_slice_sizes={1,256,512}
+  ROOT %b = f32[256,512]{1,0:T(8,128)} bitcast(%ds)
+}
+
+%fused_computation.clone.1 (param_0.2: f32[16,256,512], param_1.3: s32[], param_2.5: f32[256,512], param_3.4: bf16[512,512], param_4: f32[16,256,512]) -> (f32[16,256,512], f32[256,512]) {
+  %param_0.2 = f32[16,256,512]{2,1,0:T(8,128)} parameter(0)
+  %param_2.5 = f32[256,512]{1,0:T(8,128)S(1)} parameter(2)
+  %fusion.4 = f32[256,512]{1,0:T(8,128)} fusion(%param_2.5), kind=kLoop, calls=%bitcast_fusion
+  %param_3.4 = bf16[512,512]{1,0:T(8,128)(2,1)S(1)} parameter(3)
+  %param_1.3 = s32[]{:T(128)S(6)} parameter(1)
+  %param_4 = f32[16,256,512]{2,1,0:T(8,128)} parameter(4)
+  %sliced = f32[256,512]{1,0:T(8,128)} fusion(%param_4, %param_1.3), kind=kLoop, calls=%slice_fusion
+  %convolution.3 = f32[256,512]{1,0:T(8,128)S(1)} convolution(%fusion.4, %param_3.4), dim_labels=bf_io->bf
+  %sum = f32[256,512]{1,0:T(8,128)S(1)} add(%convolution.3, %sliced)
+  %bitcast.11 = f32[1,256,512]{2,1,0:T(8,128)} bitcast(%sum)
+  %constant.19 = s32[]{:T(128)} constant(0)
+  %dynamic_update_slice.5 = f32[16,256,512]{2,1,0:T(8,128)} dynamic-update-slice(%param_0.2, %bitcast.11, %param_1.3, %constant.19, %constant.19)
+  ROOT %tuple.13 = (f32[16,256,512]{2,1,0:T(8,128)}, f32[256,512]{1,0:T(8,128)S(1)}) tuple(%dynamic_update_slice.5, %convolution.3)
+}
+
+%body (t: (s32[], f32[256,512], f32[16,256,512], bf16[512,512], f32[16,256,512])) -> (s32[], f32[256,512], f32[16,256,512], bf16[512,512], f32[16,256,512]) {
+  %t = (s32[]{:T(128)}, f32[256,512]{1,0:T(8,128)S(1)}, f32[16,256,512]{2,1,0:T(8,128)}, bf16[512,512]{1,0:T(8,128)(2,1)S(1)}, f32[16,256,512]{2,1,0:T(8,128)}) parameter(0)
+  %i = s32[]{:T(128)} get-tuple-element(%t), index=0
+  %one = s32[]{:T(128)} constant(1)
+  %next = s32[]{:T(128)} add(%i, %one)
+  %c = f32[256,512]{1,0:T(8,128)S(1)} get-tuple-element(%t), index=1
+  %ys = f32[16,256,512]{2,1,0:T(8,128)} get-tuple-element(%t), index=2
+  %w = bf16[512,512]{1,0:T(8,128)(2,1)S(1)} get-tuple-element(%t), index=3
+  %s = f32[16,256,512]{2,1,0:T(8,128)} get-tuple-element(%t), index=4
+  %k = s32[]{:T(128)S(6)} copy(%i)
+  %f = (f32[16,256,512]{2,1,0:T(8,128)}, f32[256,512]{1,0:T(8,128)S(1)}) fusion(%ys, %k, %c, %w, %s), kind=kOutput, calls=%fused_computation.clone.1
+  %ys2 = f32[16,256,512]{2,1,0:T(8,128)} get-tuple-element(%f), index=0
+  %c2 = f32[256,512]{1,0:T(8,128)S(1)} get-tuple-element(%f), index=1
+  ROOT %r = (s32[]{:T(128)}, f32[256,512]{1,0:T(8,128)S(1)}, f32[16,256,512]{2,1,0:T(8,128)}, bf16[512,512]{1,0:T(8,128)(2,1)S(1)}, f32[16,256,512]{2,1,0:T(8,128)}) tuple(%next, %c2, %ys2, %w, %s)
+}
+
+%cond (t: (s32[], f32[256,512], f32[16,256,512], bf16[512,512], f32[16,256,512])) -> pred[] {
+  %t = (s32[]{:T(128)}, f32[256,512]{1,0:T(8,128)S(1)}, f32[16,256,512]{2,1,0:T(8,128)}, bf16[512,512]{1,0:T(8,128)(2,1)S(1)}, f32[16,256,512]{2,1,0:T(8,128)}) parameter(0)
+  %i = s32[]{:T(128)} get-tuple-element(%t), index=0
+  %n = s32[]{:T(128)} constant(16)
+  ROOT %lt = pred[]{:T(512)} compare(%i, %n), direction=LT
+}
+
+ENTRY %main (c0: f32[256,512], ys0: f32[16,256,512], w0: bf16[512,512], s0: f32[16,256,512]) -> f32[16,256,512] {
+  %c0 = f32[256,512]{1,0:T(8,128)S(1)} parameter(0)
+  %ys0 = f32[16,256,512]{2,1,0:T(8,128)} parameter(1)
+  %w0 = bf16[512,512]{1,0:T(8,128)(2,1)S(1)} parameter(2)
+  %s0 = f32[16,256,512]{2,1,0:T(8,128)} parameter(3)
+  %zero = s32[]{:T(128)} constant(0)
+  %t0 = (s32[]{:T(128)}, f32[256,512]{1,0:T(8,128)S(1)}, f32[16,256,512]{2,1,0:T(8,128)}, bf16[512,512]{1,0:T(8,128)(2,1)S(1)}, f32[16,256,512]{2,1,0:T(8,128)}) tuple(%zero, %c0, %ys0, %w0, %s0)
+  %w = (s32[]{:T(128)}, f32[256,512]{1,0:T(8,128)S(1)}, f32[16,256,512]{2,1,0:T(8,128)}, bf16[512,512]{1,0:T(8,128)(2,1)S(1)}, f32[16,256,512]{2,1,0:T(8,128)}) while(%t0), condition=%cond, body=%body
+  ROOT %ys = f32[16,256,512]{2,1,0:T(8,128)} get-tuple-element(%w), index=2
+}
+"""
+
+
 def test_a_tpu_ragged_dot_counts_each_row_once_as_a_matmul():
     """2 x 4096 rows x 1024 x 512 (each row times its own group's matrix), not 0 (a Pallas
     kernel's unknown FLOPs) nor x 64 groups (a dense matmul over every expert)."""
@@ -540,3 +612,29 @@ def test_a_tpu_ragged_dot_counts_each_row_once_as_a_matmul():
     )
     assert ops["ragged-dot-metadata"].cls == "kernel"  # no estimate: bytes only
     assert hlo_stats.executed_flops(RAGGED_DOT_TPU) == 2 * 4096 * 1024 * 512
+
+
+def test_a_multi_output_fusion_updates_the_scan_output_in_place():
+    """Each of the 16 steps writes its [256, 512] f32 chunk into the stacked output (the
+    buffer itself neither read nor rewritten) and reads one chunk of `s`; the carry and
+    `w` stay in VMEM, the index in SMEM (S(6)). Before, each step was charged 24 MiB: the
+    whole stacked output read and written and the whole of `s` read. (A fusion whose
+    root is the dynamic-update-slice alone: test_hbm_uses_say_where_the_bytes_go.)"""
+    chunk = 256 * 512 * 4
+    (use,) = [u for u in hlo_stats.hbm_uses(SCAN) if u.op == "fusion:tuple"]
+    assert (use.bytes, use.count) == (2 * chunk, 16)
+    # the new carry written to HBM instead of VMEM: one more chunk written per step
+    in_hbm = SCAN.replace("S(1)}) fusion(", "}) fusion(").replace(
+        "S(1)}) tuple(%dynamic", "}) tuple(%dynamic"
+    )
+    (use,) = [u for u in hlo_stats.hbm_uses(in_hbm) if u.op == "fusion:tuple"]
+    assert use.bytes == 3 * chunk
+    # written into a buffer of another shape (not in place): that buffer is read whole and
+    # the output written whole
+    other = SCAN.replace("%param_0.2 = f32[16,256,512]", "%param_0.2 = f32[16,512,256]")
+    (use,) = [u for u in hlo_stats.hbm_uses(other) if u.op == "fusion:tuple"]
+    assert use.bytes == 2 * 16 * chunk + chunk
+    # the nested fusion hands `s` on whole (its result): `s` read whole
+    whole = SCAN.replace("bitcast(%ds)", "bitcast(%p0)")
+    (use,) = [u for u in hlo_stats.hbm_uses(whole) if u.op == "fusion:tuple"]
+    assert use.bytes == chunk + 16 * chunk
