@@ -86,8 +86,22 @@ def _probes():
             mm=jax.jit(lambda x, y: x @ y).lower(a, a).compile(),
             stream=jax.jit(lambda v: v * 0.5 + 1.0, donate_argnums=0),
             fresh=jax.jit(lambda v: v * 0.5 + 1.0).lower(x).compile(),
+            tiny=_tiny_op_loop(),
         )
     return _PROBES
+
+
+def _tiny_op_loop(trips: int = 20_000):
+    """(compiled, its op executions per call): a loop of `trips` steps on 16 floats,
+    whose time is nearly all per-op cost (each step's ops counted by the estimator's own
+    rule, `hlo_stats.op_costs`, so the cost per op is per op as the estimate counts them)."""
+
+    def loop(x):
+        return jax.lax.fori_loop(0, trips, lambda i, v: jnp.sin(v) * 0.5 + i, x)
+
+    compiled = jax.jit(loop).lower(jnp.ones((16,), jnp.float32)).compile()
+    executions = sum(op.count for op in hlo_stats.op_costs(compiled.as_text()))
+    return compiled, executions
 
 
 def _once(call) -> float:
@@ -100,7 +114,8 @@ def probe_cpu() -> dict:
     """This machine's f32 matmul FLOP/s, memory bandwidth (the in-place pass: read +
     write) and the rate at which fresh buffers are first touched (the fresh pass's extra
     time over the in-place one: page faults; XLA:CPU allocates a call's temporaries and
-    outputs anew), one call of each."""
+    outputs anew) and the fixed cost of one op execution (`_tiny_op_loop`), one call of
+    each."""
     p = _probes()
     a, box = p["a"], p["box"]
 
@@ -111,10 +126,13 @@ def probe_cpu() -> dict:
     matmul = 2 * a.shape[0] ** 3 / _once(lambda: p["mm"](a, a))
     donated = _once(step)
     fresh = _once(lambda: p["fresh"](box[0]))
+    tiny, executions = p["tiny"]
+    per_op = _once(lambda: tiny(jnp.ones((16,), jnp.float32))) / executions
     return {
         "matmul_flops": matmul,
         "bandwidth": 2 * box[0].nbytes / donated,
         "first_touch": box[0].nbytes / max(fresh - donated, 1e-9),
+        "op_s": per_op,
     }
 
 
@@ -138,6 +156,7 @@ def cpu_chip(cpu: dict) -> roofline.Chip:
         hop_s=0.0,
         efficiency=dict.fromkeys(roofline.EFFICIENCY, 1.0),
         first_touch_bw=cpu["first_touch"],
+        op_s=cpu.get("op_s", 0.0),
     )
 
 

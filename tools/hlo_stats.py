@@ -338,6 +338,9 @@ def _call_graph(
             for branches in _BRANCHES.findall(ins.rest):
                 for callee in set(re.findall(r"%?([\w.\-]+)", branches)):
                     callers.setdefault(callee, []).append((caller, 1))
+            if ins.opcode == "call":  # XLA:CPU wraps a small while loop in one
+                for callee in re.findall(r"\bto_apply=%?([\w.\-]+)", ins.rest):
+                    callers.setdefault(callee, []).append((caller, 1))
     return callers
 
 

@@ -23,7 +23,9 @@ The model, per chip:
                   class: "matmul", "vocab matmul" (a dimension of the vocabulary's size: the
                   unembedding and its gradients), "attention kernel" (Pallas) or
                   "elementwise" (no matmul FLOPs: HBM time only)
-    ops         = sum of op times (one op at a time, as a TPU core runs them)
+    ops         = sum of op times (one op at a time, as a TPU core runs them), plus
+                  count x op_s, a fixed cost per op execution: measured for a CPU
+                  (benchmarks/calibrate_roofline.py), 0 for a TPU (not modelled)
     wire bytes  = collective bytes x ring factor: all-gather, reduce-scatter, all-to-all
                   (n-1)/n, all-reduce 2(n-1)/n (a reduce-scatter then an all-gather),
                   collective-permute 1 (n devices in the group)
@@ -88,6 +90,10 @@ class Chip:
     # faults: XLA:CPU allocates a call's temporaries and outputs anew); 0: no such cost
     # (an accelerator's HBM is allocated once)
     first_touch_bw: float = 0.0
+    # seconds every op execution costs on top of its FLOPs and bytes (launch, dispatch):
+    # a CPU's is measured (XLA:CPU runs each op as a thunk); 0 for the accelerators: NOT
+    # MODELLED, an assumption that under-states programs of many small ops (a decode step)
+    op_s: float = 0.0
 
     @property
     def ici_bw(self) -> float:
@@ -305,7 +311,8 @@ def estimate(
     op's FLOPs and bytes come from `kernel_cost` unless its flops are already set (an
     analytic op); `collectives`: hlo_stats.Collective-like; `dims`: the torus's axes;
     `fresh_bytes`: the call's temporaries and outputs, first touched at
-    `chip.first_touch_bw` (class "first touch"; a CPU's page faults)."""
+    `chip.first_touch_bw` (class "first touch"; a CPU's page faults); every op execution
+    costs `chip.op_s` more (class "per-op cost": a CPU's measured dispatch; 0 on TPU)."""
     classes: dict[str, dict] = {}
     total_s = flops_sum = bytes_sum = 0.0
     for op in ops:
@@ -322,6 +329,10 @@ def estimate(
         total_s += seconds
         flops_sum += op.count * flops
         bytes_sum += op.count * nbytes
+    if chip.op_s:
+        executions = sum(op.count for op in ops)
+        classes["per-op cost"] = {"flops": 0.0, "bytes": 0.0, "s": executions * chip.op_s}
+        total_s += executions * chip.op_s
     if chip.first_touch_bw and fresh_bytes:
         seconds = fresh_bytes / chip.first_touch_bw
         classes["first touch"] = {"flops": 0.0, "bytes": float(fresh_bytes), "s": seconds}

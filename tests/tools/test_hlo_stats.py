@@ -638,3 +638,53 @@ def test_a_multi_output_fusion_updates_the_scan_output_in_place():
     whole = SCAN.replace("bitcast(%ds)", "bitcast(%p0)")
     (use,) = [u for u in hlo_stats.hbm_uses(whole) if u.op == "fusion:tuple"]
     assert use.bytes == chunk + 16 * chunk
+
+
+# XLA:CPU's form of `fori_loop(0, 7, lambda i, v: v + i, x)` (jax 0.10.2, trimmed): the
+# while loop is wrapped in a `call` (`xla_cpu_small_call`), its body reached through it.
+CALLED_LOOP = """HloModule c
+
+%fused_computation (p0: s32[], p1: f32[16]) -> f32[16] {
+  %p1 = f32[16]{0} parameter(1)
+  %p0 = s32[] parameter(0)
+  %cv = f32[] convert(%p0)
+  %b = f32[16]{0} broadcast(%cv), dimensions={}
+  ROOT %add = f32[16]{0} add(%p1, %b)
+}
+
+%body (t: (s32[], f32[16])) -> (s32[], f32[16]) {
+  %t = (s32[], f32[16]{0}) parameter(0)
+  %v = f32[16]{0} get-tuple-element(%t), index=1
+  %i = s32[] get-tuple-element(%t), index=0
+  %f = f32[16]{0} fusion(%i, %v), kind=kLoop, calls=%fused_computation
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  ROOT %r = (s32[], f32[16]{0}) tuple(%next, %f)
+}
+
+%cond (t: (s32[], f32[16])) -> pred[] {
+  %t = (s32[], f32[16]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %n = s32[] constant(7)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%while.1_computation (tuple.15: (s32[], f32[16])) -> (s32[], f32[16]) {
+  %tuple.15 = (s32[], f32[16]{0}) parameter(0)
+  ROOT %while.2 = (s32[], f32[16]{0}) while(%tuple.15), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"7"}}
+}
+
+ENTRY %main (x.1: f32[16]) -> f32[16] {
+  %x.1 = f32[16]{0} parameter(0)
+  %zero = s32[] constant(0)
+  %tuple.12 = (s32[], f32[16]{0}) tuple(%zero, %x.1)
+  %call = (s32[], f32[16]{0}) call(%tuple.12), to_apply=%while.1_computation, frontend_attributes={xla_cpu_small_call="true"}
+  ROOT %out = f32[16]{0} get-tuple-element(%call), index=1
+}
+"""
+
+
+def test_a_loop_wrapped_in_a_call_is_counted_through_it():
+    """The loop body's fusion runs 7 times (was 0: `call`'s to_apply was not followed)."""
+    (fusion,) = [o for o in hlo_stats.op_costs(CALLED_LOOP) if o.op.startswith("fusion")]
+    assert fusion.count == 7 and fusion.bytes == 16 * 4 * 2 + 4

@@ -94,6 +94,11 @@ def test_estimate_op_by_op_by_hand():
     assert e.bound == "matmul"
     # no estimate is below executed FLOPs / peak
     assert e.low_s >= e.executed_flops / peak
+    assert "per-op cost" not in e.classes  # a TPU's per-op cost: not modelled (0)
+    # a chip with a fixed cost per op execution (a CPU's, measured): 10 + 1 + 2 executions
+    with_op = roofline.estimate(dataclasses.replace(V5E, op_s=1e-3), ops)
+    assert with_op.classes["per-op cost"]["s"] == pytest.approx(13e-3)
+    assert with_op.ops_s == pytest.approx(matmul + vocab + elementwise + 13e-3)
 
 
 def test_splash_kernel_flops_from_its_shapes_and_blocks():
