@@ -354,7 +354,8 @@ def _experts_ragged_per_device(B, x_JD, gates_JX, idx_JX, wg_EDF, wu_EDF, wd_EFD
     (gathered like FSDP gathers a dense layer, bf16 after the cast) for its own sort and
     ragged matmuls: memory ∝ local tokens. Weight gradients are summed back by the
     shard_map's transpose. Without a mesh in context it is `_experts_ragged`. Used for
-    the full-sequence passes; the decode step's few tokens keep XLA's own partitioning.
+    the full-sequence passes; the decode step's few tokens go to each chip's own experts
+    instead (`_experts_on_their_chips`).
     """
     mesh = partition.context_mesh()
     if mesh is None:
