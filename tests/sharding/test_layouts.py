@@ -204,8 +204,10 @@ def analytic_bytes(cfg, sizes: dict[str, int], function: str) -> dict[str, int]:
       embedding's backward is a scatter; with tensor > 1 that backward gathers it whole
       over the vocabulary too, once before its loop). MoE experts come whole (per-device path: each
       device gets the layer's experts for its own tokens), twice in the train step, whose
-      MoE π_old pass runs a forward of its own. A decode step leaves the experts where
-      they are (XLA sends the step's few tokens to them).
+      MoE π_old pass runs a forward of its own. A decode step keeps the experts split
+      over `expert` (each chip runs its own on the step's tokens,
+      `layers._experts_on_their_chips`) and gathers their fsdp shards: each device ends
+      with its experts whole (in the sampler's loop, once before it: XLA hoists it).
     gradients reduced (train step): every parameter's gradient, as sharded by tensor.
     activations (tensor > 1): two all-reduces of the [rows, L, D] residual per layer per
       forward (attention and MLP outputs), two in the backward (the inputs' cotangents),
@@ -223,8 +225,9 @@ def analytic_bytes(cfg, sizes: dict[str, int], function: str) -> dict[str, int]:
         nbytes = math.prod(leaf.shape) * _itemsize(cfg)
         split = tensor if any(n in ("vocab", "heads", "kv_heads", "mlp") for n in names) else 1
         if "expert" in names:
-            if function == "decode step":
-                continue  # experts stay: XLA sends the step's few tokens to them
+            if function == "decode step":  # its own experts, whole over fsdp
+                gathered += nbytes // sizes.get("expert", 1) if fsdp > 1 else 0
+                continue
             split = 1  # gathered whole (per-device MoE)
         if train:
             reduced += nbytes // (tensor if split > 1 else 1)
