@@ -50,6 +50,15 @@ def _remove_orphans() -> None:
             pass
 
 
+# Only programs that took at least this long to compile are written to the cache. Writing
+# costs more than compiling for the thousands of one-op programs that eager jax.numpy calls in
+# the unit tests compile (each write takes the cache's file lock): tests/algorithm's files ran
+# faster without them (test_objectives.py alone: 37 s with every program cached, 26.5 s
+# with this threshold). The programs worth sharing between processes (a train step, a sampler,
+# a model's forward) take seconds. `GSPO_TESTS_MIN_COMPILE_S` overrides it.
+MIN_COMPILE_S = float(os.environ.get("GSPO_TESTS_MIN_COMPILE_S", "0.5"))
+
+
 def _share_compilation_cache() -> None:
     """Point this process and its children at the run's cache (made here if not yet)."""
     cache = os.environ.get("GSPO_TESTS_XLA_CACHE", "")
@@ -62,7 +71,7 @@ def _share_compilation_cache() -> None:
         os.environ["GSPO_TESTS_XLA_CACHE"] = cache
         atexit.register(shutil.rmtree, cache, ignore_errors=True)
     os.environ["JAX_COMPILATION_CACHE_DIR"] = cache
-    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = str(MIN_COMPILE_S)
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
     os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(16 * 2**30)  # > 0: locked reads/writes
 
@@ -71,41 +80,38 @@ _share_compilation_cache()
 
 
 # The files that take longest, longest first (seconds of one worker, measured with
-# `--durations=0` in a full `-n 2 --dist loadfile` run on a 2-core VM, 2026-11-29, beside
-# another job: their order is what counts, not the sizes). Run first
-# (launch/test.sh passes --no-loadscope-reorder, so xdist hands files out in this order
-# rather than by how many tests they hold): one of these coming last left one worker
-# alone with it for minutes. Every other file keeps its place after them.
+# `--durations=0` in a full `-n 2 --dist loadfile` run on the 2-core VM, idle, 2026-12-06:
+# their order is what counts, not the sizes). Run first (launch/test.sh passes
+# --no-loadscope-reorder, so xdist hands files out in this order rather than by how many
+# tests they hold): one of these coming last left one worker alone with it for minutes.
+# Every other file keeps its place after them.
 LONGEST_FIRST = (
-    # 339 s alone on the shared VM beside 3 other jobs (2026-12-06), not yet measured in a
-    # full run: 7 presets through `gspo_jax.main`, each compiling its own train step
-    "test_family_presets.py",
-    # new on 2026-12-06 (helpers' loaded timings / 2.5): packing's whole steps ~210 s, the
-    # router loss's steps ~40, Qwen3.5's models and its run, the warm-start cache's runs
-    "test_packing.py",
-    "test_mesh_equality.py",  # 313
-    "test_train_step.py",  # 206
-    "test_routing_replay.py",  # 206
-    "test_models_params.py",  # 187
-    "test_rollout_layout.py",  # 182
-    "test_multiprocess_preemption.py",  # 162
-    "test_multiprocess.py",  # 150
-    "test_train.py",  # 147
-    "test_loop.py",  # 134
-    "test_lora_learns.py",  # 120
-    "test_failures.py",  # 110
-    "test_checkpoint.py",  # 106
-    "test_lora_run.py",  # 102
-    "test_sampling.py",  # 96
-    "test_objectives.py",  # 94
-    "test_layouts.py",  # 94
-    "test_notebooks.py",  # 93
-    "test_qwen35.py",
-    "test_qwen35_run.py",
-    "test_router_aux_loss.py",
-    "test_user_code.py",
-    "test_warm_cache.py",
-    "test_aot.py",
+    "test_multiprocess.py",  # 101
+    "test_aot.py",  # 87
+    "test_family_presets.py",  # 84
+    "test_user_code.py",  # 71
+    "test_checkpoint.py",  # 71
+    "test_benchmarks.py",  # 69
+    "test_rollout_layout.py",  # 65
+    "test_packing.py",  # 63
+    "test_mesh_equality.py",  # 62
+    "test_failures.py",  # 58
+    "test_lora_learns.py",  # 57
+    "test_multiprocess_preemption.py",  # 52
+    "test_train.py",  # 52
+    "test_loop.py",  # 51
+    "test_experiment.py",  # 48
+    "test_notebooks.py",  # 47
+    "test_qwen35.py",  # 41
+    "test_train_step.py",  # 40
+    "test_objectives.py",  # 37
+    "test_routing_replay.py",  # 34
+    "test_models_params.py",  # 34
+    "test_loss_modes.py",  # 33
+    "test_noise_length.py",  # 28
+    "test_sampling_continuous.py",  # 27
+    "test_outcomes.py",  # 26
+    "test_your_task.py",  # 25
 )
 
 
