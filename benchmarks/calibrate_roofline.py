@@ -75,7 +75,8 @@ _PROBES: dict = {}
 
 def _probes():
     """The compiled probes (built once): a 2048^2 f32 matmul, an elementwise pass over 256
-    MB in place (its buffer donated), and the same pass into a fresh output buffer."""
+    MB in place (its buffer donated), the same pass into a fresh output buffer, a loop of
+    tiny ops, and 8-row matmuls of 16 matrices of 3 MB (a decode step's shapes)."""
     if not _PROBES:
         n = 2048
         a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
@@ -87,8 +88,21 @@ def _probes():
             stream=jax.jit(lambda v: v * 0.5 + 1.0, donate_argnums=0),
             fresh=jax.jit(lambda v: v * 0.5 + 1.0).lower(x).compile(),
             tiny=_tiny_op_loop(),
+            thin_w=[jnp.full((512, 1536), 1e-3 * i, jnp.float32) for i in range(16)],
+            thin_x=jnp.ones((8, 512), jnp.float32),
+            thin=jax.jit(_thin_matmuls),
         )
     return _PROBES
+
+
+def _thin_matmuls(x, ws):
+    """8 rows times each matrix of `ws` in turn (a decode step's weight matmuls: 16
+    layers' 3 MB matrices, 50 MB, more than this CPU's L2 cache; separate arguments, so
+    that no slice of a stacked array is copied first)."""
+    acc = jnp.zeros_like(x)
+    for w in ws:
+        acc = acc + (x @ w)[:, : x.shape[1]]
+    return acc
 
 
 def _tiny_op_loop(trips: int = 20_000):
@@ -114,8 +128,9 @@ def probe_cpu() -> dict:
     """This machine's f32 matmul FLOP/s, memory bandwidth (the in-place pass: read +
     write) and the rate at which fresh buffers are first touched (the fresh pass's extra
     time over the in-place one: page faults; XLA:CPU allocates a call's temporaries and
-    outputs anew) and the fixed cost of one op execution (`_tiny_op_loop`), one call of
-    each."""
+    outputs anew), the fixed cost of one op execution (`_tiny_op_loop`) and the rate at which
+    a matmul packs its larger input (an 8-row matmul's time beyond its FLOPs at the 2048^2
+    one's rate), one call of each."""
     p = _probes()
     a, box = p["a"], p["box"]
 
@@ -128,11 +143,16 @@ def probe_cpu() -> dict:
     fresh = _once(lambda: p["fresh"](box[0]))
     tiny, executions = p["tiny"]
     per_op = _once(lambda: tiny(jnp.ones((16,), jnp.float32))) / executions
+    x, w = p["thin_x"], p["thin_w"]
+    size = sum(m.size for m in w)
+    thin = _once(lambda: p["thin"](x, w)) - 2 * x.shape[0] * size / matmul
     return {
         "matmul_flops": matmul,
         "bandwidth": 2 * box[0].nbytes / donated,
         "first_touch": box[0].nbytes / max(fresh - donated, 1e-9),
         "op_s": per_op,
+        # the 8-row matmuls' time beyond their FLOPs' is packing their matrices
+        "matmul_pack": 4 * size / max(thin, 1e-9),
     }
 
 
@@ -157,6 +177,7 @@ def cpu_chip(cpu: dict) -> roofline.Chip:
         efficiency=dict.fromkeys(roofline.EFFICIENCY, 1.0),
         first_touch_bw=cpu["first_touch"],
         op_s=cpu.get("op_s", 0.0),
+        matmul_pack_bw=cpu.get("matmul_pack", 0.0),
     )
 
 
@@ -195,7 +216,8 @@ def _predict(chip, compiled, vocab: int, loop_trips=1, inner_trips=None) -> tupl
     e = roofline.estimate(chip, ops, fresh_bytes=fresh)
     if TOP:
         timed = [(o.count * roofline.op_time(chip, o.cls if o.cls != "kernel" else "matmul",
-                                             o.flops, o.bytes), o) for o in ops]  # fmt: skip
+                                             o.flops, o.bytes, o.packed_bytes), o)
+                 for o in ops]  # fmt: skip
         for s, o in sorted(timed, key=lambda x: -x[0])[:TOP]:
             print(
                 f"    {s:.4f} s  {o.count:g} x {o.op} {o.shape} {o.flops / 1e6:.1f} MFLOP "
@@ -353,7 +375,9 @@ def main():
     print(
         f"this CPU: matmul {cpu['matmul_flops'] / 1e9:.1f} GFLOP/s (f32), memory "
         f"{cpu['bandwidth'] / 1e9:.2f} GB/s, first touch of fresh buffers "
-        f"{cpu['first_touch'] / 1e9:.2f} GB/s; load average {cpu['load']}; jax "
+        f"{cpu['first_touch'] / 1e9:.2f} GB/s, a matmul's packing "
+        f"{cpu['matmul_pack'] / 1e9:.2f} GB/s, {cpu['op_s'] * 1e9:.0f} ns per op; load "
+        f"average {cpu['load']}; jax "
         f"{jax.__version__}, {os.cpu_count()} cores",
         flush=True,
     )

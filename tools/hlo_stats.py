@@ -778,16 +778,26 @@ def _dot_flops(ins: _Instr, types: dict[str, str]) -> float:
     return 2.0 * math.prod(out[0][1]) * contracted
 
 
+def _larger_input(ins: _Instr, types: dict[str, str]) -> int:
+    """Bytes of the larger of a dot's / convolution's two inputs (a decode's weights): what
+    a CPU matmul packs into panels before computing. 0 for a dot with batch dimensions (an
+    attention block's: XLA:CPU loops over its small per-batch matrices itself; charging
+    them the packing over-predicted this CPU's decode, benchmarks/calibrate_roofline.py)."""
+    if ins.opcode == "dot" and _dims(ins.rest, "lhs_batch_dims"):
+        return 0
+    return max((_nbytes(_arrays(types.get(o, ""))) for o in _operands(ins)[:2]), default=0)
+
+
 def _matmuls(comps, comp: str, depth: int = 0):
-    """(flops, the largest dimension any operand or result has) of each dot / convolution
-    of `comp` and the fusions it calls."""
+    """(flops, the dimensions of every operand and result, the larger input's bytes) of
+    each dot / convolution of `comp` and the fusions it calls."""
     types = {i.name: i.type_str for i in comps.get(comp, [])}
     for ins in comps.get(comp, []):
         if ins.opcode in ("dot", "convolution"):
             f = _dot_flops(ins, types) if ins.opcode == "dot" else _conv_flops(ins, types)
             shapes = [_arrays(ins.type_str)] + [_arrays(types.get(o, "")) for o in _operands(ins)]
             dims = [d for arrays in shapes for _, s in arrays for d in s]
-            yield f, dims
+            yield f, dims, _larger_input(ins, types)
         elif ins.opcode == "fusion" and depth < 8:
             callee = re.search(r"calls=%?([\w.\-]+)", ins.rest)
             if callee:
@@ -819,6 +829,9 @@ class OpCost:
     shape: str  # the result
     operands: tuple = ()  # the operands' types (a kernel's shapes, for its analytic FLOPs)
     source: str = ""
+    # the larger input of each of its dots / convolutions, bytes summed: what a CPU's matmul
+    # packs before computing (roofline.Chip.matmul_pack_bw); 0 for other ops
+    packed_bytes: int = 0
 
 
 def _kernel_name(ins: _Instr) -> str:
@@ -850,13 +863,14 @@ def op_costs(
                 f = _dot_flops(ins, types) if ins.opcode == "dot" else _conv_flops(ins, types)
                 dims = [d for a in [_arrays(ins.type_str)] for _, s in a for d in s]
                 dims += [d for o in _operands(ins) for _, s in _arrays(types.get(o, "")) for d in s]
-                found = [(f, dims)]
+                found = [(f, dims, _larger_input(ins, types))]
             elif ins.opcode == "fusion":
                 callee = re.search(r"calls=%?([\w.\-]+)", ins.rest)
                 found = list(_matmuls(comps, callee.group(1))) if callee else []
             else:
                 found = []
-            flops = sum(f for f, _ in found)
+            flops = sum(f for f, _, _ in found)
+            packed = sum(b for _, _, b in found)
             nbytes = _instr_bytes(comps, types, ins)
             kernel = ins.opcode == "custom-call" and _KERNEL.search(ins.rest)
             if not flops and not nbytes and not kernel:
@@ -869,7 +883,7 @@ def op_costs(
             elif kernel:
                 cls, op = "kernel", f"kernel:{_kernel_name(ins)}"
             elif flops:
-                is_vocab = vocab and any(vocab in dims for _, dims in found)
+                is_vocab = vocab and any(vocab in dims for _, dims, _ in found)
                 cls, op = ("vocab matmul" if is_vocab else "matmul"), _op(comps, ins, types)
             else:
                 cls, op = "elementwise", _op(comps, ins, types)
@@ -878,6 +892,7 @@ def op_costs(
                     ins.name, op, cls, flops, nbytes, counts[comp], comp,
                     _show(_arrays(ins.type_str)),
                     tuple(types.get(o, "") for o in _operands(ins)), _source(ins),
+                    packed if flops and not kernel else 0,
                 )
             )  # fmt: skip
     return out

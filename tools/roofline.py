@@ -23,6 +23,9 @@ The model, per chip:
                   class: "matmul", "vocab matmul" (a dimension of the vocabulary's size: the
                   unembedding and its gradients), "attention kernel" (Pallas) or
                   "elementwise" (no matmul FLOPs: HBM time only)
+                  (a CPU's matmul adds its larger input's bytes / matmul_pack_bw to its
+                  FLOP time: the panels it packs; measured for a CPU, 0 for a TPU: not
+                  modelled)
     ops         = sum of op times (one op at a time, as a TPU core runs them), plus
                   count x op_s, a fixed cost per op execution: measured for a CPU
                   (benchmarks/calibrate_roofline.py), 0 for a TPU (not modelled)
@@ -94,6 +97,12 @@ class Chip:
     # a CPU's is measured (XLA:CPU runs each op as a thunk); 0 for the accelerators: NOT
     # MODELLED, an assumption that under-states programs of many small ops (a decode step)
     op_s: float = 0.0
+    # bytes/s at which a matmul packs its larger input before computing, added to its
+    # compute time: a CPU's is measured (XLA:CPU's matmuls copy that operand into cache-sized
+    # panels; a matmul of 8 rows spends most of its time there); 0 for the accelerators: NOT
+    # MODELLED (the MXU / tensor cores stream their operands while they compute, the
+    # roofline's max of compute and HBM time stands)
+    matmul_pack_bw: float = 0.0
 
     @property
     def ici_bw(self) -> float:
@@ -297,10 +306,13 @@ class Estimate:
         }
 
 
-def op_time(chip: Chip, cls: str, flops: float, nbytes: float) -> float:
-    """Seconds of one execution of one op: its matmul time or its HBM time, the larger."""
+def op_time(chip: Chip, cls: str, flops: float, nbytes: float, packed: float = 0.0) -> float:
+    """Seconds of one execution of one op: its matmul time (with its packing, `packed`
+    bytes at `chip.matmul_pack_bw`, where the chip has one) or its HBM time, the larger."""
     eff = chip.efficiency
     compute = flops / (chip.peak_flops * eff[cls]) if flops else 0.0
+    if flops and packed and chip.matmul_pack_bw:
+        compute += packed / chip.matmul_pack_bw
     return max(compute, nbytes / (chip.hbm_bw * eff["HBM"]))
 
 
@@ -321,7 +333,7 @@ def estimate(
             cls = "attention kernel"
             if not flops:
                 flops, nbytes = kernel_cost(op)
-        seconds = op.count * op_time(chip, cls, flops, nbytes)
+        seconds = op.count * op_time(chip, cls, flops, nbytes, getattr(op, "packed_bytes", 0))
         row = classes.setdefault(cls, {"flops": 0.0, "bytes": 0.0, "s": 0.0})
         row["flops"] += op.count * flops
         row["bytes"] += op.count * nbytes

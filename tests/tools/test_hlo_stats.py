@@ -460,6 +460,8 @@ def test_convolution_and_dot_flops_by_hand():
     assert ops["f"].cls == "vocab matmul"  # a dimension of 56: the "vocabulary" here
     # a batched dot: 2 x output elements (8 x 56 x 64 x 1) x contracted 1
     assert ops["d"].flops == 2 * 8 * 56 * 64 * 1
+    # a CPU packs an unbatched matmul's larger input, not a batched dot's (its own loop)
+    assert ops["d"].packed_bytes == 0 and ops["f"].packed_bytes > 0
     total = 5 * (2 * 8 * 56 * 64 * 64 + 2 * 8 * 56 * 64)
     assert hlo_stats.executed_flops(CONV) == total
     assert hlo_stats._valid_taps(4, 3, 2, 1, 0, 1, 1) == 6  # no padding: every tap counts
@@ -476,6 +478,11 @@ def test_executed_flops_of_compiled_programs_match_the_matmuls():
 
     text = jax.jit(f).lower(x, w).compile().as_text()
     assert hlo_stats.executed_flops(text) == 7 * 2 * 64 * 128 * 128
+    # each dot's larger input (a [128, 128] f32 slice of w, not the [64, 128] carry) is what
+    # a CPU matmul packs: 64 KB per iteration
+    dots = [o for o in hlo_stats.op_costs(text) if o.flops]
+    assert sum(o.count * o.packed_bytes for o in dots) == 7 * 128 * 128 * 4
+    assert all(o.packed_bytes == 0 for o in hlo_stats.op_costs(text) if not o.flops)
 
 
 UNKNOWN_IN_UNKNOWN = """HloModule u

@@ -101,6 +101,24 @@ def test_estimate_op_by_op_by_hand():
     assert with_op.ops_s == pytest.approx(matmul + vocab + elementwise + 13e-3)
 
 
+def test_a_cpu_matmul_adds_the_packing_of_its_larger_input():
+    # an 8-row matmul: 2 x 8 x 1024 x 4096 FLOPs, its 16 MB matrix packed at 10 GB/s; HBM time
+    # 16.8 MB at 40 GB/s. On a chip without packing (a TPU): the plain max.
+    flops, packed, nbytes = 2 * 8 * 1024 * 4096, 16 * 2**20, 16.8e6
+    cpu = dataclasses.replace(V5E, peak_flops=250e9, hbm_bw=40e9, matmul_pack_bw=10e9)
+    cpu = dataclasses.replace(cpu, efficiency=dict.fromkeys(EFF, 1.0))
+    op = dataclasses.replace(_op("matmul", flops, nbytes), packed_bytes=packed)
+    want = flops / 250e9 + packed / 10e9  # 0.27 ms + 1.68 ms > 0.42 ms of HBM time
+    assert roofline.op_time(cpu, "matmul", flops, nbytes, packed) == pytest.approx(want)
+    assert roofline.estimate(cpu, [op]).classes["matmul"]["s"] == pytest.approx(want)
+    tpu = roofline.estimate(V5E, [op]).classes["matmul"]["s"]
+    assert tpu == pytest.approx(
+        max(flops / (V5E.peak_flops * EFF["matmul"]), nbytes / (V5E.hbm_bw * EFF["HBM"]))
+    )
+    # packing never applies to an op without FLOPs
+    assert roofline.op_time(cpu, "elementwise", 0.0, nbytes, packed) == pytest.approx(nbytes / 40e9)
+
+
 def test_splash_kernel_flops_from_its_shapes_and_blocks():
     # q [B=2, H=4, L=1024, C=128] bf16, k/v [2, 2, 1024, 128]: block 512, n = 2 blocks per
     # side, 3 of the 4 blocks run (causal), each in full
