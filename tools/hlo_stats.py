@@ -788,16 +788,21 @@ def _larger_input(ins: _Instr, types: dict[str, str]) -> int:
     return max((_nbytes(_arrays(types.get(o, ""))) for o in _operands(ins)[:2]), default=0)
 
 
+def _matmul(ins: _Instr, types: dict[str, str]):
+    """(flops, the dimensions of every operand and result, the larger input's bytes) of one
+    dot / convolution."""
+    f = _dot_flops(ins, types) if ins.opcode == "dot" else _conv_flops(ins, types)
+    shapes = [_arrays(ins.type_str)] + [_arrays(types.get(o, "")) for o in _operands(ins)]
+    dims = [d for arrays in shapes for _, s in arrays for d in s]
+    return f, dims, _larger_input(ins, types)
+
+
 def _matmuls(comps, comp: str, depth: int = 0):
-    """(flops, the dimensions of every operand and result, the larger input's bytes) of
-    each dot / convolution of `comp` and the fusions it calls."""
+    """`_matmul` of each dot / convolution of `comp` and the fusions it calls."""
     types = {i.name: i.type_str for i in comps.get(comp, [])}
     for ins in comps.get(comp, []):
         if ins.opcode in ("dot", "convolution"):
-            f = _dot_flops(ins, types) if ins.opcode == "dot" else _conv_flops(ins, types)
-            shapes = [_arrays(ins.type_str)] + [_arrays(types.get(o, "")) for o in _operands(ins)]
-            dims = [d for arrays in shapes for _, s in arrays for d in s]
-            yield f, dims, _larger_input(ins, types)
+            yield _matmul(ins, types)
         elif ins.opcode == "fusion" and depth < 8:
             callee = re.search(r"calls=%?([\w.\-]+)", ins.rest)
             if callee:
@@ -860,10 +865,7 @@ def op_costs(
             if ins.opcode in _FREE or ins.opcode in _OPCODES or ins.opcode.endswith("-done"):
                 continue
             if ins.opcode in ("dot", "convolution"):
-                f = _dot_flops(ins, types) if ins.opcode == "dot" else _conv_flops(ins, types)
-                dims = [d for a in [_arrays(ins.type_str)] for _, s in a for d in s]
-                dims += [d for o in _operands(ins) for _, s in _arrays(types.get(o, "")) for d in s]
-                found = [(f, dims, _larger_input(ins, types))]
+                found = [_matmul(ins, types)]
             elif ins.opcode == "fusion":
                 callee = re.search(r"calls=%?([\w.\-]+)", ins.rest)
                 found = list(_matmuls(comps, callee.group(1))) if callee else []
