@@ -658,7 +658,7 @@ def _compile_engine(a: _Abstract, functions, params, layout: str) -> list[Report
     replicas, local = continuous.replica_axes(a.mesh, layout, N, plan)
     waves = -(-(N * G) // plan.num_slots)
     key = jax.eval_shape(lambda: jax.random.key(0))
-    report, _ = _compile(
+    report, compiled = _compile(
         "sampler decode",
         continuous.engine_loop,
         cfg,
@@ -693,7 +693,7 @@ def _compile_engine(a: _Abstract, functions, params, layout: str) -> list[Report
         pool = pages[0][0] if cfg.is_hybrid else pages[0]  # (pools, DeltaNet states)
         kv = (pool, local, P, T, waves, _shared_prompts(a, pool, local, replicas))
         report.hlo_bytes = _engine_hbm_bytes(cfg, held, *kv)
-        report.ops = _engine_ops(cfg, report, held, *kv, a.B / a.chips)
+        report.ops = _engine_ops(cfg, compiled.as_text(), held, *kv, a.B / a.chips)
     reports.append(report)
     return reports
 
@@ -746,7 +746,7 @@ def _engine_hbm_bytes(cfg, params, pool, local, P: int, T: int, waves: int, shar
     return float(waves * T * (weights + context))
 
 
-def _engine_ops(cfg, report, params, pool, local, P, T, waves, shared, rows_per_chip) -> list:
+def _engine_ops(cfg, hlo, params, pool, local, P, T, waves, shared, rows_per_chip) -> list:
     """The engine loop's ops for the roofline, analytic (as `_engine_hbm_bytes`): per
     step, the weights' matmuls (the HLO's matmul FLOPs; bytes: the chip's weights once)
     and the ragged paged attention (FLOPs: q·k and p·v over each row's P + T/2
@@ -754,12 +754,17 @@ def _engine_ops(cfg, report, params, pool, local, P, T, waves, shared, rows_per_
     prompt's whole pages once with `shared`), waves x T steps. The attention is priced
     so whether it is a Pallas kernel or XLA's ragged paged attention (head dims the
     kernels refuse, `models.paged_attention_impl`): the latter's matmuls sit in block
-    loops whose trip counts are data-dependent, counted `steps` times per step here (an
-    upper bound, Qwen3.5-0.8B's 44x its model FLOPs): left out of the weights' matmuls."""
+    loops of data-dependent trip count inside the decode loop, left out of the weights'
+    matmuls (`inner_trip_count=0`; counted like the decode loop they would be an upper
+    bound, Qwen3.5-0.8B's 44x its model FLOPs), while loops of known trip count (scanned
+    layers) keep theirs."""
     steps = waves * T
     weights = float(_per_chip(params))
     context = _engine_hbm_bytes(cfg, params, pool, local, P, T, waves, shared) / steps - weights
-    matmul = sum(op.flops * op.count for op in report.ops if op.count <= steps) / steps
+    ops = hlo_stats.op_costs(
+        hlo, vocab=cfg.vocab_size, unknown_trip_count=steps, inner_trip_count=0
+    )
+    matmul = sum(op.flops * op.count for op in ops) / steps
     full = cfg.num_layers - cfg.num_linear_layers
     attention = 4 * full * cfg.num_heads * cfg.head_dim * (P + T / 2)
     attention *= rows_per_chip * T / steps
