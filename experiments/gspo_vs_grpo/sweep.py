@@ -277,15 +277,29 @@ def _pm(s: dict, key: str, fmt: str = "{:.3f}") -> str:
     return fmt.format(mean) if np.isnan(sd) else f"{fmt.format(mean)} ± {fmt.format(sd)}"
 
 
+def axis(settings: Sequence[Setting]):
+    """(the plot's axis title, a setting's tick label): the --vary fields whose values
+    differ between settings (all of them the same: the first), their values one per line
+    in the title's order."""
+    fields = [f for f, _ in settings[0]]
+    varying = [i for i in range(len(fields)) if len({s[i][1] for s in settings}) > 1] or [0]
+
+    def label(setting: Setting) -> str:
+        return "\n".join(setting[i][1] for i in varying)
+
+    return " / ".join(fields[i] for i in varying), label
+
+
 def plot(cells: list[dict], settings: Sequence[Setting], png: str) -> str:
     """Final held-out accuracy (mean, 95 % CI over seeds), training reward and the binding
-    clipped-token fraction against the swept value (the first --vary field's), per arm."""
+    clipped-token fraction against the swept values (`axis`), per arm."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    values = [s[0][1] for s in settings]
+    field, label = axis(settings)
+    values = [label(s) for s in settings]
     try:
         xs = [float(v) for v in values]
         numeric = True
@@ -294,7 +308,7 @@ def plot(cells: list[dict], settings: Sequence[Setting], png: str) -> str:
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     for key in dict.fromkeys(c["arm"].label for c in cells):
         mine = [c for c in cells if c["arm"].label == key]
-        at = [xs[values.index(c["setting"][0][1])] for c in mine]
+        at = [xs[values.index(label(c["setting"]))] for c in mine]
         acc = np.array(
             [[c["final_ci"].estimate, c["final_ci"].low, c["final_ci"].high] for c in mine]
         )
@@ -302,7 +316,6 @@ def plot(cells: list[dict], settings: Sequence[Setting], png: str) -> str:
         axes[0].errorbar(at, acc[:, 0], yerr=err, marker="o", capsize=3, label=key)
         axes[1].plot(at, [c["stats"]["reward_mean"][0] for c in mine], marker="o", label=key)
         axes[2].plot(at, [c["stats"]["clipfrac_tok"][0] for c in mine], marker="o", label=key)
-    field = settings[0][0][0]
     for ax, title in zip(
         axes,
         ("final held-out accuracy (95 % CI)", "training reward (mean over run)", "clipped tokens"),

@@ -303,6 +303,13 @@ def test_a_count_flag_below_1_is_refused_by_name(flag, tmp_path):
 def test_vary_flags_zip_value_by_value_and_bad_ones_are_named():
     from experiments.gspo_vs_grpo import sweep
 
+    # the plot's axis: the fields whose values differ, a field held fixed left off
+    held = sweep.parse_vary(["model.dtype=bfloat16,bfloat16", "rollout_correction=none,tis"])
+    title, label = sweep.axis(held)
+    assert (title, [label(s) for s in held]) == ("rollout_correction", ["none", "tis"])
+    title, label = sweep.axis(sweep.parse_vary(["clip_low=1e-4,3e-4", "clip_high=2e-4,4e-4"]))
+    assert title == "clip_low / clip_high"
+    assert label((("clip_low", "1e-4"), ("clip_high", "2e-4"))) == "1e-4\n2e-4"
     got = sweep.parse_vary(["clip_low=1e-4,3e-4", "clip_high=2e-4, 4e-4"])
     assert got == [
         (("clip_low", "1e-4"), ("clip_high", "2e-4")),
