@@ -44,10 +44,13 @@ LONG_LRS = (1e-5, 3e-5, 1e-4)
 # The long task's difficulty levels, tried in order by stage 0 until one has headroom: the
 # published scratchpad runs (level 0: teacher error 0.6, warm start to 30 %) reached ~80 %
 # held out within 10 of 40 steps, so stage 0 starts at level 1.
+# Levels 1-2 stop their warm start at WARM_CAP steps (docs/mechanism_plan.md, changes
+# after the first run: level 1's first warm start held 8-11 % from step 300 to 3,000).
+WARM_CAP = (("warm_start.steps", 600), ("warm_start.max_steps", 600))
 DIFFICULTY = (
     (("warm_start.teacher_error_rate", 0.6), ("warm_start.target_accuracy", 0.3)),
-    (("warm_start.teacher_error_rate", 0.8), ("warm_start.target_accuracy", 0.2)),
-    (("warm_start.teacher_error_rate", 0.95), ("warm_start.target_accuracy", 0.1)),
+    (("warm_start.teacher_error_rate", 0.8), ("warm_start.target_accuracy", 0.2), *WARM_CAP),
+    (("warm_start.teacher_error_rate", 0.95), ("warm_start.target_accuracy", 0.1), *WARM_CAP),
 )
 FIRST_LEVEL = 1
 HEADROOM_MAX = 0.6  # stage 0: mean training reward over steps 21-30 at most this ...
