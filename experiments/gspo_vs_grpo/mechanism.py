@@ -30,12 +30,17 @@ import numpy as np
 
 from experiments.gspo_vs_grpo import forest, mechanism_files, stats
 from experiments.gspo_vs_grpo.analysis import series
-from experiments.gspo_vs_grpo.arms import Arm, Budget, _dense, run_dir
+from experiments.gspo_vs_grpo.arms import Arm, Budget, _dense, _family, run_dir
 
 log = logging.getLogger("experiments")
 ALGOS = ("gspo", "grpo")
 MINI_BATCHES = (1, 8)
 LENGTHS = ("short", "long")
+# Cells beyond the four of the primary (issue 43 item 5, added to the plan before the long
+# length's runs): SAPO (configs/sapo.py, token-level gate) at mb 8 on the long length, at
+# the rate stage 0 chose for GSPO and GRPO; compared with both at mb 8, no verdict, outside
+# Holm's family.
+EXTRA = {"short": (), "long": (("sapo", 8),)}
 # Short: the rate both arms share within noise of their dev best in
 # docs/sweeps/optim_learning_rate_dev.md (GSPO 0.358 at 3e-5 vs 0.359 at 1e-5, GRPO's best
 # 0.379 at 3e-5). Long: no dev sweep of the scratchpad task exists: stage 0 picks it.
@@ -70,7 +75,8 @@ def arm(algo: str, mb: int, lr: float) -> Arm:
     """The dense preset of `algo` at num_mini_batches = mb and learning rate lr."""
     label = f"{algo.upper()} (dense) mb={mb} lr={lr:g}"
     overrides = (("num_mini_batches", mb), ("optim.learning_rate", lr))
-    return Arm("dense", algo, label, _dense(algo), overrides)
+    make = _dense(algo) if algo in ALGOS else _family(algo)
+    return Arm("dense", algo, label, make, overrides)
 
 
 def budget(length: str, scale: str, seeds: int, *, dev=False, level=FIRST_LEVEL, smoke=False):
@@ -113,6 +119,8 @@ def run_cells(
             for mb in mbs:
                 for algo in ALGOS:
                     run_arm(arm(algo, mb, lr), seed, b, root, warm)
+            for algo, mb in EXTRA[length]:
+                run_arm(arm(algo, mb, lr), seed, b, root, warm)
     return root
 
 
@@ -334,9 +342,10 @@ def scores(root: str, a: Arm, seeds, step: int) -> np.ndarray:
     return np.stack(rows).astype(float)
 
 
-def analyse(root: str, lr: float, seeds) -> dict:
+def analyse(root: str, lr: float, seeds, extra=()) -> dict:
     """One length's primary (interaction of training-reward areas) and secondary
-    (held-out accuracy at every evaluation) statistics."""
+    (held-out accuracy at every evaluation) statistics; `extra`'s cells (EXTRA) against
+    GSPO and GRPO at the same mb."""
     inter = interaction(root, lr, seeds)
     a = areas(root, lr, seeds)
     out = {"n": len(seeds), "I": inter, "boot": stats.one_sample(inter)}
@@ -360,6 +369,24 @@ def analyse(root: str, lr: float, seeds) -> dict:
                 *(stats.paired_difference(x, zero) for x in (d8, d1)),
                 stats.paired_difference(d8, d1),
             )
+        )
+    out["extra"] = [_extra(root, lr, seeds, a, m, arms) for a, m in extra]
+    return out
+
+
+def _extra(root, lr, seeds, algo, mb, arms) -> dict:
+    """One extra cell against GSPO and GRPO at its mb: the training-reward area per seed
+    (paired by seed) and the last evaluation's held-out accuracy (seeds × problems)."""
+    e = arm(algo, mb, lr)
+    area = np.array([auc(root, e, s) for s in seeds])
+    last = eval_steps(root, e, seeds[0])[-1]
+    mine = scores(root, e, seeds, last)
+    out = {"algo": algo, "mb": mb, "step": last, "area": stats.mean_sd(area)}
+    for other in ALGOS:
+        theirs = np.array([auc(root, arms[other, mb], s) for s in seeds])
+        out[other] = (
+            stats.one_sample(area - theirs),
+            stats.paired_difference(mine, scores(root, arms[other, mb], seeds, last)),
         )
     return out
 
@@ -440,6 +467,7 @@ def report(results: dict, command: str, meta: str) -> str:
             f"at mb 8: GSPO {clip['gspo'][0]:.2e} ± {clip['gspo'][1]:.1e}, GRPO "
             f"{clip['grpo'][0]:.2e} ± {clip['grpo'][1]:.1e}"
         )
+    lines += _extra_lines(results, lengths)
     if len(lengths) == 2:
         d, lo, hi = welch(results["long"]["I"], results["short"]["I"])
         lines.append(f"- I_long − I_short = {d:+.4f}, Welch t 95 % CI [{lo:+.4f}, {hi:+.4f}]")
@@ -454,6 +482,27 @@ def report(results: dict, command: str, meta: str) -> str:
             cells = [f"{x.estimate:+.3f} [{x.low:+.3f}, {x.high:+.3f}]" for x in (d8, d1, di)]
             lines.append(f"| {k} | {step} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _extra_lines(results: dict, lengths: list) -> list[str]:
+    """The extra cells' comparisons (EXTRA): numbers with intervals, no verdict."""
+    lines = []
+    for k in lengths:
+        for e in results[k].get("extra", []):
+            name, mb = e["algo"].upper(), e["mb"]
+            lines.append(
+                f"- {k}, {name} at mb {mb} (added for issue 43 item 5, untuned: the rate "
+                f"stage 0 chose for GSPO and GRPO; outside Holm's family, no verdict): "
+                f"training-reward area {e['area'][0]:.4f} ± {e['area'][1]:.4f}; "
+                + "; ".join(
+                    f"{name} − {o.upper()}: area {a.estimate:+.4f} ({stats.ci_text(a, '{:+.4f}')}), "
+                    f"held-out accuracy at step {e['step']} {h.estimate:+.3f} "
+                    f"({stats.ci_text(h)})"
+                    for o in ALGOS
+                    for a, h in [e[o]]
+                )
+            )
+    return lines
 
 
 FINISH = (  # the long length's commands, after a short-only run (W: the same workdir)
@@ -513,9 +562,10 @@ def seeds_of(arg: str | None, lengths: list, scale: str, smoke: bool = False) ->
     return {k: out[k] for k in lengths}
 
 
-def _cells(lr: float) -> dict:
-    """(algo, mb) -> Arm of one length's four cells."""
-    return {(g, m): arm(g, m, lr) for g in ALGOS for m in MINI_BATCHES}
+def _cells(lr: float, length: str = "short") -> dict:
+    """(algo, mb) -> Arm of one length's cells: the four of the primary, then EXTRA's."""
+    cells = {(g, m): arm(g, m, lr) for g in ALGOS for m in MINI_BATCHES}
+    return cells | {(g, m): arm(g, m, lr) for g, m in EXTRA[length]}
 
 
 def _long_meta(choice: dict, lengths: list, smoke: bool) -> str:
@@ -560,7 +610,8 @@ def main(argv=None) -> dict:
         else:
             where = (args.workdir, length, args.scale, seeds, [lr], MINI_BATCHES)
             roots[length] = run_cells(*where, level=level, smoke=args.smoke)
-        results[length] = analyse(roots[length], lr, seeds) if not args.sd_only else None
+        if not args.sd_only:
+            results[length] = analyse(roots[length], lr, seeds, EXTRA[length])
         if args.sd_only:  # the spread only: the rule never sees the interaction's mean
             sd = float(np.std(interaction(roots[length], lr, seeds), ddof=1))
             want = min(max(n, seeds_needed(sd)), MAX_SEEDS[args.scale])
@@ -578,7 +629,7 @@ def main(argv=None) -> dict:
     )
     meta += "\n\n" + mechanism_files.compute_line(roots)
     if args.publish:
-        cells = {k: _cells(SHORT_LR if k == "short" else choice["lr"]) for k in roots}
+        cells = {k: _cells(SHORT_LR if k == "short" else choice["lr"], k) for k in roots}
         meta += "\n\n" + mechanism_files.publish(
             roots, cells, {k: range(c) for k, c in counts.items()}
         )

@@ -170,3 +170,29 @@ def test_publish_exports_the_curves_and_the_per_problem_scores(tmp_path):
     np.testing.assert_array_equal(forest.per_problem_scores(str(base), "gspo_mb8", 2), [[0, 8]])
     line = mechanism_files.compute_line({"short": str(root)})
     assert "short: 1 warm starts 1.0 min, 2 RL runs 2.0 min" in line
+
+
+def test_the_long_lengths_sapo_cell_is_compared_with_both_arms_at_mb_8(tmp_path):
+    """Areas at mb 8: SAPO 0.6/0.5, GSPO 0.5/0.4, GRPO 0.3/0.4 (seeds 0/1) -> SAPO − GRPO
+    = +0.3/+0.1 (mean +0.2), SAPO − GSPO = +0.1/+0.1; held-out scores at step 2: SAPO
+    solves both problems, the others one -> +0.5 against each."""
+    areas = {("sapo", 8): (0.6, 0.5), ("gspo", 8): (0.5, 0.4), ("grpo", 8): (0.3, 0.4)}
+    areas |= {("gspo", 1): (0.2, 0.1), ("grpo", 1): (0.2, 0.2)}
+    for (algo, mb), per_seed in areas.items():
+        for seed, a in enumerate(per_seed):
+            _fake(tmp_path, algo, mb, 1e-4, seed, [a])
+            d = os.path.join(
+                run_dir(str(tmp_path), mechanism.arm(algo, mb, 1e-4), seed), "eval_problems"
+            )
+            os.makedirs(d)
+            score = [1.0, 1.0] if algo == "sapo" else [1.0, 0.0]
+            np.savez(os.path.join(d, "step2_p0.npz"), index=np.array([0, 1]), score=score)
+    assert mechanism.EXTRA["long"] == (("sapo", 8),) and mechanism.EXTRA["short"] == ()
+    out = mechanism.analyse(str(tmp_path), 1e-4, [0, 1], mechanism.EXTRA["long"])
+    (e,) = out["extra"]
+    assert e["grpo"][0].estimate == pytest.approx(0.2)
+    assert e["gspo"][0].estimate == pytest.approx(0.1)
+    assert e["grpo"][1].estimate == pytest.approx(0.5) and e["step"] == 2
+    text = "\n".join(mechanism._extra_lines({"long": out}, ["long"]))
+    assert "long, SAPO at mb 8" in text and "SAPO − GRPO: area +0.2000" in text
+    assert set(mechanism._cells(1e-4, "long")) == set(areas)
