@@ -269,11 +269,11 @@ def test_shared_prefix_decode_reads_a_resident_prompt_once():
 
     from gspo_jax import models
     from gspo_jax.sampling.pages import PagePlan
-    from tools import aot
+    from tools import aot_rollout
 
-    assert aot.resident_prompts(64, 64, 8) == 8
-    assert aot.resident_prompts(64, 16, 8) == 2
-    assert aot.resident_prompts(64, 12, 8) == pytest.approx(11 / 6)
+    assert aot_rollout.resident_prompts(64, 64, 8) == 8
+    assert aot_rollout.resident_prompts(64, 16, 8) == 2
+    assert aot_rollout.resident_prompts(64, 12, 8) == pytest.approx(11 / 6)
     cfg = types.SimpleNamespace(num_layers=28, num_linear_layers=0, linear_num_value_heads=0)
     cfg.linear_key_head_dim = cfg.linear_value_head_dim = 0
     sds = jax.ShapeDtypeStruct
@@ -281,7 +281,7 @@ def test_shared_prefix_decode_reads_a_resident_prompt_once():
     local = PagePlan(num_slots=64, page_size=128, num_pages=64 * 65, prompt_pages=8, seq_pages=65)
 
     def read(P, shared):
-        return aot._engine_hbm_bytes(cfg, {}, pool, local, P, 8192, 1, shared)
+        return aot_rollout._engine_hbm_bytes(cfg, {}, pool, local, P, 8192, 1, shared)
 
     assert read(1024, 8.0) / read(1024, 0.0) == (8 * 1024 + 64 * 4096) / (64 * 5120)
     assert read(1000, 8.0) / read(1000, 0.0) == (8 * 896 + 64 * (104 + 4096)) / (64 * 5096)
