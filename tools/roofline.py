@@ -198,13 +198,13 @@ def collective_time(chip: Chip, c, dims: tuple[int, ...]) -> tuple[float, float,
 def _qkv_arrays(types) -> list[tuple[tuple[int, ...], int]]:
     """([B, heads, L, C], bytes per element) of a kernel's floating-point operands of 3 or
     4 dimensions (a micro-batch of one row comes as [heads, L, C])."""
-    from tools import hlo_stats
+    from tools import hlo_parse
 
     out = []
     for t in types:
-        for d, s in hlo_stats._arrays(t):
+        for d, s in hlo_parse._arrays(t):
             if len(s) in (3, 4) and d in ("bf16", "f32", "f16"):
-                out.append(((1,) * (4 - len(s)) + tuple(s), hlo_stats._DTYPE_BYTES[d]))
+                out.append(((1,) * (4 - len(s)) + tuple(s), hlo_parse._DTYPE_BYTES[d]))
     return out
 
 
@@ -225,14 +225,14 @@ def kernel_cost(op) -> tuple[float, float]:
     if "splash_mha" not in name:
         return 0.0, float(op.bytes)
     from gspo_jax.models.attention import _splash_block
-    from tools import hlo_stats
+    from tools import hlo_parse
 
     kind = next((k for k in ("dkv", "dq", "fwd") if f"_{k}" in name), "fwd")
     arrays = _qkv_arrays(op.operands)
     if not arrays:
         return 0.0, float(op.bytes)
-    rank = max(len(s) for t in op.operands for _, s in hlo_stats._arrays(t))
-    if kind == "dkv" and any(len(s) > rank for _, s in hlo_stats._arrays(op.shape)):
+    rank = max(len(s) for t in op.operands for _, s in hlo_parse._arrays(t))
+    if kind == "dkv" and any(len(s) > rank for _, s in hlo_parse._arrays(op.shape)):
         kind = "fused"  # use_fused_bwd_kernel: dq partials per key block come out too
     (B, H, L, C), _ = max(arrays, key=lambda a: a[0][1])
     (_, K, _, _), kv_size = min(arrays, key=lambda a: a[0][1])

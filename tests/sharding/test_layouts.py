@@ -40,7 +40,7 @@ from gspo_jax.config import specs
 from gspo_jax.models import kv_cache, partition
 from gspo_jax.train_step import StepConfig, batch_shardings, make_logprobs_fn, make_train_step
 from gspo_jax.trainer import state as state_lib
-from tools import hlo_stats
+from tools import hlo_parse, hlo_stats
 
 DENSE = models.ModelConfig(
     arch="qwen3",
@@ -256,7 +256,7 @@ def analytic_bytes(cfg, sizes: dict[str, int], function: str) -> dict[str, int]:
 def _dims(shape: str) -> list[tuple[str, tuple[int, ...]]]:
     return [
         (d, tuple(int(x) for x in dims.split(",") if x))
-        for d, dims in hlo_stats._ARRAY.findall(shape)
+        for d, dims in hlo_parse._ARRAY.findall(shape)
     ]
 
 

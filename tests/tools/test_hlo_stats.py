@@ -12,7 +12,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from tools import hlo_stats
+from tools import hlo_flops, hlo_stats
 
 # A scan (trip count 3, annotated) nested in a loop XLA:TPU left unannotated (`i < 4` from
 # 0): the body all-gathers async, reduce-scatters and all-reduces a tuple; a conditional
@@ -464,8 +464,8 @@ def test_convolution_and_dot_flops_by_hand():
     assert ops["d"].packed_bytes == 0 and ops["f"].packed_bytes > 0
     total = 5 * (2 * 8 * 56 * 64 * 64 + 2 * 8 * 56 * 64)
     assert hlo_stats.executed_flops(CONV) == total
-    assert hlo_stats._valid_taps(4, 3, 2, 1, 0, 1, 1) == 6  # no padding: every tap counts
-    assert hlo_stats._valid_taps(1, 4, 4, 1, 3, 1, 1) == 4  # one tap per output position
+    assert hlo_flops._valid_taps(4, 3, 2, 1, 0, 1, 1) == 6  # no padding: every tap counts
+    assert hlo_flops._valid_taps(1, 4, 4, 1, 3, 1, 1) == 4  # one tap per output position
 
 
 def test_executed_flops_of_compiled_programs_match_the_matmuls():
