@@ -105,15 +105,28 @@ def root_of(workdir: str, length: str, dev: bool = False, level: int = FIRST_LEV
 
 
 def run_cells(
-    workdir, length, scale, seeds, lrs, mbs, *, dev=False, level=FIRST_LEVEL, smoke=False
+    workdir,
+    length,
+    scale,
+    seeds,
+    lrs,
+    mbs,
+    *,
+    dev=False,
+    level=FIRST_LEVEL,
+    smoke=False,
+    share=False,
 ):
-    """Every (seed, algo, mb, lr) run of one length, seeds outermost; returns the root."""
+    """Every (seed, algo, mb, lr) run of one length, seeds outermost; returns the root.
+    share: only the seeds this process claims (`claim`), then wait for the others'."""
     from experiments.gspo_vs_grpo.run import run_arm, warm_start
 
     b = budget(length, scale, len(seeds), dev=dev, level=level, smoke=smoke)
     root = root_of(workdir, length, dev, level)
     os.makedirs(root, exist_ok=True)
     for seed in seeds:
+        if share and not claim(root, seed):
+            continue
         warm = warm_start("dense", b, root, seed)
         for lr in lrs:
             for mb in mbs:
@@ -121,7 +134,52 @@ def run_cells(
                     run_arm(arm(algo, mb, lr), seed, b, root, warm)
             for algo, mb in EXTRA[length]:
                 run_arm(arm(algo, mb, lr), seed, b, root, warm)
+    if share:
+        cells = [(g, m) for g in ALGOS for m in mbs] + list(EXTRA[length])
+        wait_for_seeds(root, [arm(g, m, r) for r in lrs for g, m in cells], seeds)
     return root
+
+
+CLAIMS = "claims"  # <root>/claims/seed<k>: the process that runs seed k (--share_seeds)
+
+
+def claim(root: str, seed: int) -> bool:
+    """Claim seed `seed` of this root for this process (an exclusive create of
+    <root>/claims/seed<k>): False when another process has it. A claim outlives its process,
+    so a rerun finds the claimed seed's finished runs instead of running it."""
+    path = os.path.join(root, CLAIMS, f"seed{seed}")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{os.getpid()}\n")
+    return True
+
+
+def wait_for_seeds(root: str, arms, seeds, poll_s: float = 30.0) -> None:
+    """Block until every (arm, seed) run under root is finished (its summary.json): the
+    seeds other processes claimed. Says which it waits for, and what to do if one died."""
+    import time
+
+    def missing():
+        return sorted({s for s in seeds for a in arms if not _finished(run_dir(root, a, s))})
+
+    waiting = missing()
+    while waiting:
+        log.info(
+            "waiting for seeds %s (claimed by other processes: %s; if the one running a seed "
+            "died, delete its claim file and run the command again)",
+            waiting,
+            os.path.join(root, CLAIMS),
+        )
+        time.sleep(poll_s)
+        waiting = missing()
+
+
+def _finished(run: str) -> bool:
+    return os.path.exists(os.path.join(run, "summary.json"))
 
 
 def auc(root: str, a: Arm, seed: int) -> float:
@@ -547,6 +605,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--smoke", action="store_true", help="2 steps, 1 seed: no result")
     p.add_argument("--power", action="store_true", help="print the power analysis only")
     p.add_argument("--sd_only", action="store_true", help="the seed-adding rule's look")
+    p.add_argument(
+        "--share_seeds",
+        action="store_true",
+        help="run the same command in several processes (one per core): each runs the seeds "
+        "it claims (<root>/claims/) and waits for the others' before the results",
+    )
     return p
 
 
@@ -609,7 +673,7 @@ def main(argv=None) -> dict:
             roots[length] = root_of(args.workdir, length, False, level)
         else:
             where = (args.workdir, length, args.scale, seeds, [lr], MINI_BATCHES)
-            roots[length] = run_cells(*where, level=level, smoke=args.smoke)
+            roots[length] = run_cells(*where, level=level, smoke=args.smoke, share=args.share_seeds)
         if not args.sd_only:
             results[length] = analyse(roots[length], lr, seeds, EXTRA[length])
         if args.sd_only:  # the spread only: the rule never sees the interaction's mean

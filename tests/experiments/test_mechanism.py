@@ -196,3 +196,34 @@ def test_the_long_lengths_sapo_cell_is_compared_with_both_arms_at_mb_8(tmp_path)
     text = "\n".join(mechanism._extra_lines({"long": out}, ["long"]))
     assert "long, SAPO at mb 8" in text and "SAPO − GRPO: area +0.2000" in text
     assert set(mechanism._cells(1e-4, "long")) == set(areas)
+
+
+def test_shared_seeds_run_once_each_and_wait_for_the_others(tmp_path, monkeypatch):
+    """--share_seeds: a seed another process claimed is skipped here, and run_cells returns
+    only once that seed's runs are finished; a claim is exclusive."""
+    from experiments.gspo_vs_grpo import run
+
+    ran = []
+
+    def fake_run(a, seed, b, root, warm):
+        ran.append((a.name, a.overrides[0][1], seed))
+        d = run_dir(root, a, seed)
+        os.makedirs(d, exist_ok=True)
+        open(os.path.join(d, "summary.json"), "w").close()
+
+    monkeypatch.setattr(run, "run_arm", fake_run)
+    monkeypatch.setattr(run, "warm_start", lambda *a: "warm")
+    root = mechanism.root_of(str(tmp_path), "long")
+    assert mechanism.claim(root, 0) and not mechanism.claim(root, 0)  # "another process"
+    polls = []
+
+    def other_process_finishes(_):  # the claimant of seed 0 finishes while we wait
+        polls.append(1)
+        for g, m in [(g, m) for g in mechanism.ALGOS for m in (1, 8)] + [("sapo", 8)]:
+            fake_run(mechanism.arm(g, m, 3e-5), 0, None, root, None)
+
+    monkeypatch.setattr("time.sleep", other_process_finishes)
+    mechanism.run_cells(str(tmp_path), "long", "cpu", [0, 1], [3e-5], (1, 8), share=True)
+    mine = [r for r in ran if r[2] == 1]
+    assert len(mine) == 5 and len(polls) == 1  # seed 1's four cells and SAPO; one wait
+    assert ("sapo", 8, 1) in mine and os.path.exists(os.path.join(root, "claims", "seed1"))
