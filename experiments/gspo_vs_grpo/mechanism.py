@@ -31,6 +31,7 @@ import numpy as np
 from experiments.gspo_vs_grpo import forest, mechanism_files, stats
 from experiments.gspo_vs_grpo.analysis import series
 from experiments.gspo_vs_grpo.arms import Arm, Budget, _dense, _family, run_dir
+from experiments.gspo_vs_grpo.mechanism_power import power_table, seeds_needed
 
 log = logging.getLogger("experiments")
 ALGOS = ("gspo", "grpo")
@@ -61,14 +62,11 @@ FIRST_LEVEL = 1
 HEADROOM_MAX = 0.6  # stage 0: mean training reward over steps 21-30 at most this ...
 HEADROOM_GAIN = 0.05  # ... and at least this above its mean over steps 1-10
 CONTROL_BAND = 0.005  # the mb = 1 control's GSPO − GRPO area is expected within ±this
-DELTA = 0.02  # the smallest interaction of interest (training reward, area per step)
-POWER = 0.8
 SCALES = {  # seeds, prompts per rollout, eval problems, (short, long) steps, eval every
     "cpu": {"seeds": 10, "prompts": 8, "eval_prompts": 500, "steps": (100, 60), "eval_every": 20},
     "gpu": {"seeds": 20, "prompts": 16, "eval_prompts": 500, "steps": (100, 60), "eval_every": 20},
 }
 MAX_SEEDS = {"cpu": 20, "gpu": 40}  # the seed-adding rule's cap: what the budget affords
-PILOT = os.path.join("docs", "mechanism", "pilot_reward_family_4seeds.csv")
 
 
 def arm(algo: str, mb: int, lr: float) -> Arm:
@@ -204,92 +202,6 @@ def interaction(root: str, lr: float, seeds) -> np.ndarray:
     a = areas(root, lr, seeds)
     hi, lo = MINI_BATCHES[-1], MINI_BATCHES[0]
     return (a["gspo", hi] - a["grpo", hi]) - (a["gspo", lo] - a["grpo", lo])
-
-
-# ------------------------------------------------------------------------------ power
-
-
-def power(n: int, sd: float, delta: float = DELTA, alpha: float = stats.ALPHA / 2) -> float:
-    """Power of the two-sided one-sample t test of mean(I) = 0 at n seeds when the true
-    mean is `delta` and the per-seed sd is `sd` (noncentral t). alpha defaults to 0.025:
-    Holm's first step over the two lengths."""
-    from scipy import stats as st
-
-    df, nc = n - 1, delta * np.sqrt(n) / sd
-    q = st.t.ppf(1 - alpha / 2, df)
-    lower = np.nan_to_num(st.nct.cdf(-q, df, nc), nan=0.0)  # nan where it underflows
-    return float(st.nct.sf(q, df, nc) + lower)
-
-
-def seeds_needed(sd: float, delta: float = DELTA, target: float = POWER, cap: int = 1000) -> int:
-    """The smallest n >= 3 whose power reaches `target` (cap + 1 when none up to cap)."""
-    for n in range(3, cap + 1):
-        if power(n, sd, delta) >= target:
-            return n
-    return cap + 1
-
-
-def sd_from_interval(low: float, high: float, n: int) -> float:
-    """The per-seed sd a published percentile bootstrap interval over n seeds implies: its
-    half-width is ~1.96 · sd · sqrt((n − 1)/n) / sqrt(n) (the bootstrap's spread of a mean)."""
-    return (high - low) / (2 * forest.Z975) * np.sqrt(n) / np.sqrt((n - 1) / n)
-
-
-def pilot_sd(path: str = PILOT) -> tuple[float, int]:
-    """(sd over seeds of the GSPO − GRPO training-reward area, seeds) from the committed
-    per-step rewards of the family run (docs/findings.md: mb = 4, lr 1e-4, 50 steps)."""
-    rows = np.genfromtxt(path, delimiter=",", names=True, dtype=None, encoding="utf-8")
-    if rows.size == 0:
-        raise ValueError(f"{path}: no rows")
-    area = {}
-    for algo in ALGOS:
-        sel = rows[rows["arm"] == algo]
-        seeds = sorted(set(sel["seed"].tolist()))
-        area[algo] = np.array([sel["reward"][sel["seed"] == s].mean() for s in seeds])
-    d = area["gspo"] - area["grpo"]
-    return float(d.std(ddof=1)), d.size
-
-
-def power_table() -> str:
-    """The plan's power analysis, from the committed pilot file and published intervals."""
-    sd_pilot, n_pilot = pilot_sd()
-    sources = [
-        (f"{PILOT} (short, mb 4, lr 1e-4, {n_pilot} seeds, one warm start)", sd_pilot),
-        (
-            "docs/results.md dense training-reward Δ [-0.004, +0.004], 10 seeds (short, mb 4)",
-            sd_from_interval(-0.004, 0.004, 10),
-        ),
-        (
-            "docs/results_scratchpad.md training-reward Δ [-0.054, +0.032], 6 seeds (long, mb 4)",
-            sd_from_interval(-0.054, 0.032, 6),
-        ),
-    ]
-    lines = [
-        (
-            "| sd source | sd of I_s | n for Δ = 0.01 | n for Δ = 0.02 | n for Δ = 0.05 "
-            "| smallest Δ at 80 % power, n = 10 | n = 20 |"
-        ),
-        "|---|---|---|---|---|---|---|",
-    ]
-    for name, sd in sources:
-        ns = [seeds_needed(sd, d) for d in (0.01, 0.02, 0.05)]
-        mde = [_detectable(sd, n) for n in (10, 20)]
-        lines.append(
-            f"| {name} | {sd:.4f} | "
-            + " | ".join(map(str, ns))
-            + " | "
-            + " | ".join(f"{m:.3f}" for m in mde)
-            + " |"
-        )
-    return "\n".join(lines)
-
-
-def _detectable(sd: float, n: int) -> float:
-    """The smallest Δ (to 0.001) with power >= POWER at n seeds."""
-    for delta in np.arange(0.001, 1.0, 0.001):
-        if power(n, sd, float(delta)) >= POWER:
-            return float(delta)
-    return float("nan")
 
 
 # ------------------------------------------------------------------------------ stage 0

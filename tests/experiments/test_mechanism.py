@@ -8,14 +8,16 @@ import os
 import numpy as np
 import pytest
 
-from experiments.gspo_vs_grpo import mechanism
+from experiments.gspo_vs_grpo import mechanism, mechanism_power
 from experiments.gspo_vs_grpo.arms import run_dir
 
 
 def test_power_at_no_effect_is_the_tests_size():
     """With Δ = 0 the noncentral t is the central one: P(|T| > t_{1-α/2}) = α exactly."""
     for n in (3, 10, 40):
-        assert mechanism.power(n, 0.01, delta=0.0, alpha=0.05) == pytest.approx(0.05, abs=1e-9)
+        assert mechanism_power.power(n, 0.01, delta=0.0, alpha=0.05) == pytest.approx(
+            0.05, abs=1e-9
+        )
 
 
 def test_power_matches_a_monte_carlo_t_test():
@@ -27,33 +29,39 @@ def test_power_matches_a_monte_carlo_t_test():
     x = rng.normal(1.0, 1.0, size=(200_000, 8))
     t = x.mean(1) / (x.std(1, ddof=1) / np.sqrt(8))
     rejected = np.mean(np.abs(t) > st.t.ppf(1 - 0.0125, 7))
-    assert mechanism.power(8, 1.0, delta=1.0, alpha=0.025) == pytest.approx(rejected, abs=0.004)
+    assert mechanism_power.power(8, 1.0, delta=1.0, alpha=0.025) == pytest.approx(
+        rejected, abs=0.004
+    )
 
 
 def test_seeds_needed_is_the_smallest_n_with_the_power():
-    n = mechanism.seeds_needed(0.01, 0.01)
-    assert mechanism.power(n, 0.01, 0.01) >= mechanism.POWER > mechanism.power(n - 1, 0.01, 0.01)
-    assert mechanism.seeds_needed(1.0, 0.001, cap=50) == 51  # none up to the cap
+    n = mechanism_power.seeds_needed(0.01, 0.01)
+    assert (
+        mechanism_power.power(n, 0.01, 0.01)
+        >= mechanism_power.POWER
+        > mechanism_power.power(n - 1, 0.01, 0.01)
+    )
+    assert mechanism_power.seeds_needed(1.0, 0.001, cap=50) == 51  # none up to the cap
 
 
 def test_sd_from_interval_inverts_the_bootstraps_half_width():
     """sd 0.01 at n = 10: half-width 1.96 · 0.01 · sqrt(9/10) / sqrt(10)."""
-    z, n = mechanism.forest.Z975, 10
+    z, n = mechanism_power.forest.Z975, 10
     half = z * 0.01 * np.sqrt((n - 1) / n) / np.sqrt(n)
-    assert mechanism.sd_from_interval(-half, half, n) == pytest.approx(0.01)
+    assert mechanism_power.sd_from_interval(-half, half, n) == pytest.approx(0.01)
 
 
 def test_pilot_sd_reads_the_committed_file():
     """Recomputed here from the CSV with plain Python: per seed, the mean reward of each
     arm over its steps; the sd (ddof 1) of GSPO − GRPO over the 4 seeds."""
     sums = {}
-    with open(mechanism.PILOT) as f:
+    with open(mechanism_power.PILOT) as f:
         next(f)
         for line in f:
             algo, seed, _, reward = line.strip().split(",")
             sums.setdefault((algo, int(seed)), []).append(float(reward))
     d = [np.mean(sums["gspo", s]) - np.mean(sums["grpo", s]) for s in range(4)]
-    sd, n = mechanism.pilot_sd()
+    sd, n = mechanism_power.pilot_sd()
     assert n == 4 and sd == pytest.approx(np.std(d, ddof=1))
 
 
