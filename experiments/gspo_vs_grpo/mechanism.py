@@ -161,8 +161,10 @@ def wait_for_seeds(root: str, arms, seeds, poll_s: float = 30.0) -> None:
     seeds other processes claimed. Says which it waits for, and what to do if one died."""
     import time
 
+    from experiments.gspo_vs_grpo.run import finished
+
     def missing():
-        return sorted({s for s in seeds for a in arms if not _finished(run_dir(root, a, s))})
+        return sorted({s for s in seeds for a in arms if not finished(run_dir(root, a, s))})
 
     waiting = missing()
     while waiting:
@@ -174,10 +176,6 @@ def wait_for_seeds(root: str, arms, seeds, poll_s: float = 30.0) -> None:
         )
         time.sleep(poll_s)
         waiting = missing()
-
-
-def _finished(run: str) -> bool:
-    return os.path.exists(os.path.join(run, "summary.json"))
 
 
 def auc(root: str, a: Arm, seed: int) -> float:

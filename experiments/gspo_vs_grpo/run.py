@@ -193,6 +193,11 @@ def upcycle(
     return out_dir
 
 
+def finished(workdir: str) -> bool:
+    """Whether a run's workdir holds a finished run (the trainer writes summary.json last)."""
+    return os.path.exists(os.path.join(workdir, "summary.json"))
+
+
 def run_arm(arm: Arm, seed: int, budget: Budget, root: str, warm: str) -> dict:
     """One training run from the warm start (skipped if its workdir holds a finished run)."""
     from gspo_jax.trainer import loop
@@ -200,7 +205,7 @@ def run_arm(arm: Arm, seed: int, budget: Budget, root: str, warm: str) -> dict:
 
     workdir = run_dir(root, arm, seed)
     config = arm_config(arm, seed, budget, root, warm)
-    if os.path.exists(os.path.join(workdir, "summary.json")):
+    if finished(workdir):
         diffs, _ = workdir_lib.config_differences(config, workdir)
         # Any field, even one free on resume (num_steps): another budget's run would be
         # reported as this one's. A field the code added or removed since is no setting.
