@@ -122,6 +122,29 @@ def test_reward_norm_spellings_are_one_value(tmp_path):
     assert _record(c, tmp_path) == {}
 
 
+def test_packing_none_is_the_bool_it_resolves_to(tmp_path):
+    """A run made when packing defaulted to False (response_length 16) is the same run under
+    the default None, which is off below PACKING_MIN_RESPONSE_LENGTH; at 64 tokens None is on."""
+    c = default.get_config()
+    c.response_length = 16
+    c.packing = False
+    _record(c, tmp_path, resuming=False)
+    c.packing = None
+    assert _record(c, tmp_path) == {}
+    c.packing = True  # turning it on changes the run
+    with pytest.raises(WorkdirError, match="packing"):
+        _record(c, tmp_path)
+    c.packing, c.response_length = None, 64
+    other = tmp_path / "long"
+    other.mkdir()
+    _record(c, other, resuming=False)
+    c.packing = False
+    with pytest.raises(WorkdirError, match="packing"):
+        _record(c, other)
+    c.packing = True
+    assert _record(c, other) == {}
+
+
 def test_a_workdir_or_checkpoint_directory_that_is_a_file_is_named(tmp_path):
     """Before: "[Errno 17] File exists" for a workdir that is a file, and a five-minute hang
     (a checkpoint directory that cannot be written)."""

@@ -326,7 +326,7 @@ def config_differences(config, workdir: str) -> tuple[dict, dict]:
     diffs = {
         k: (recorded.get(k, "<absent>"), new.get(k, "<absent>"))
         for k in sorted(set(recorded) | set(new))
-        if _norm(k, recorded.get(k)) != _norm(k, new.get(k))
+        if _norm(k, recorded.get(k), recorded) != _norm(k, new.get(k), new)
     }
     changing = {k: v for k, v in diffs.items() if not _is_free(k, v, recorded, new)}
     return diffs, changing
@@ -370,9 +370,14 @@ def _is_free(key: str, diff, recorded: dict, new: dict) -> bool:
     return any(key == f or (f.endswith(".") and key.startswith(f)) for f in FREE_ON_RESUME)
 
 
-def _norm(key: str, value):
+def _norm(key: str, value, flat: dict):
+    """A field's value as the run uses it: equal values are the same setting."""
     if key == "reward_norm":
         return specs.normalize_reward_norm(value)
+    if key == "packing" and value is None and isinstance(flat.get("response_length"), int):
+        # None means "on from PACKING_MIN_RESPONSE_LENGTH tokens": the same as the bool it
+        # resolves to (a run made before None became the default recorded False).
+        return flat["response_length"] >= specs.PACKING_MIN_RESPONSE_LENGTH
     return value
 
 
