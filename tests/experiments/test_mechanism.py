@@ -152,6 +152,10 @@ def test_a_length_not_run_counts_as_p_1_in_holm_and_gets_no_verdict():
     text = mechanism.report({"short": one}, "cmd", "meta")
     assert f"| {boot.p:.3g} | {2 * boot.p:.3g} |" in text  # Holm over two: 2p
     assert "Not run in this invocation: the long length, so no verdict" in text
+    assert "GRPO above 0.35 % as at mb 4 on the default task: reached" in text  # 0.4 %
+    one["clip8"]["grpo"] = (0.0022, 0.0002)
+    text = mechanism.report({"short": one}, "cmd", "meta")
+    assert "GRPO above 0.35 % as at mb 4 on the default task: not reached" in text
 
 
 def test_publish_exports_the_curves_and_the_per_problem_scores(tmp_path):
