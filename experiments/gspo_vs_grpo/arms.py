@@ -27,14 +27,24 @@ class MoETestBed:
     top_k: int
     noise: float
     specialise_steps: int
+    # (config field, value) pairs of the dense model the MoE is upcycled from, set on its
+    # warm start (so the dense arms of such a run are that model too); () for the default
+    # task's 3-layer model.
+    dense_model: tuple[tuple[str, object], ...] = ()
+    router_aux_loss_coef: float = 0.0  # the load-balancing loss, in specialisation and RL
 
     def describe(self, steps: int | None = None) -> str:
         """In words; `steps`: the specialisation steps that ran (default: the bed's)."""
         steps = self.specialise_steps if steps is None else steps
+        shape = ", ".join(f"{k.removeprefix('model.')} {v}" for k, v in self.dense_model)
         made = (
             f"{self.num_experts} experts, top-{self.top_k}, every expert a copy of the dense "
             f"MLP times 1 + {self.noise:g}·N(0, 1) per weight, and a random router"
         )
+        if shape:
+            made += f" (the dense warm start's {shape})"
+        if self.router_aux_loss_coef:
+            made += f"; a load-balancing loss ({self.router_aux_loss_coef:g}) in every step"
         if not steps:
             return made + "; the experts stay copies"
         return (
@@ -50,6 +60,18 @@ MOE_TESTBEDS = {
     # Issue #24's bed for §5.3: >= 16 experts, top-k >= 4, trained. The noise breaks the
     # copies' symmetry enough for the router to tell them apart; training does the rest.
     "specialised": MoETestBed("specialised", 16, 4, 0.1, 600),
+    # Issue #43's bed for §5.3 (docs/results_moe_volatility.md's cpu scale): deeper, with
+    # load balancing, so that routing has more to change. The GRPO vs GRPO + Routing Replay
+    # vs GSPO comparison on it is sized for a GPU (docs/experiments.md).
+    "deep": MoETestBed(
+        "deep",
+        16,
+        4,
+        0.1,
+        400,
+        dense_model=(("model.num_layers", 8), ("model.intermediate_size", 128)),
+        router_aux_loss_coef=0.01,
+    ),
 }
 
 
@@ -185,6 +207,11 @@ def arm_config(arm: Arm, seed: int, budget: Budget, root: str, warm: str | None 
         c.data.eval_split = f"train[:{DEV_PROBLEMS}]"
     for field, value in budget.warm_overrides:
         set_field(c, field, value, "the budget's warm_overrides")
+    if warm is None:  # trained from scratch: the dense warm start (the MoE's is upcycled)
+        for field, value in budget.moe.dense_model:
+            set_field(c, field, value, f"--moe_testbed={budget.moe.name}")
+    if arm.model == "moe" and budget.moe.router_aux_loss_coef:
+        c.model.router_aux_loss_coef = budget.moe.router_aux_loss_coef
     if budget.quick:
         c.num_return_sequences_in_group = 4
         c.warm_start.steps, c.warm_start.batch_size = 3, 16

@@ -134,8 +134,8 @@ def _parser() -> argparse.ArgumentParser:
         "--moe_testbed",
         default="specialised",
         choices=sorted(MOE_TESTBEDS),
-        help=f"the MoE arms' model: specialised: {MOE_TESTBEDS['specialised'].describe()}; "
-        f"copied: {MOE_TESTBEDS['copied'].describe()}",
+        help="the MoE arms' model: "
+        + "; ".join(f"{name}: {bed.describe()}" for name, bed in MOE_TESTBEDS.items()),
     )
     p.add_argument(
         "--independent_warm_starts",

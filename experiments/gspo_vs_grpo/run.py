@@ -73,7 +73,12 @@ def warm_start(model: str, budget: Budget, root: str, seed: int | None = None) -
 
 
 def _warm_start_kind(model: str, budget: Budget) -> str:
-    return "moe_specialised" if model == "moe" and budget.moe.specialise_steps else model
+    bed = budget.moe
+    if model == "moe" and bed.specialise_steps:
+        return "moe_specialised" if bed.name == "specialised" else f"moe_{bed.name}"
+    if model == "dense" and bed.dense_model:  # another dense model: another directory
+        return f"dense_{bed.name}"
+    return model
 
 
 def warm_start_dir(model: str, budget: Budget, root: str, seed: int | None = None) -> str:

@@ -512,6 +512,34 @@ def test_moe_testbeds_and_their_flag(tmp_path):
         cli._parser().parse_args(["--moe_testbed=random"])
 
 
+def test_the_deep_moe_testbed_is_an_8_layer_model_with_load_balancing(tmp_path):
+    """--moe_testbed=deep: the dense warm start (and so the dense arms) is 8 layers of MLP
+    width 128, the MoE arms train with router_aux_loss_coef 0.01 (specialisation included:
+    it is built from the MoE arm's config), and its warm starts live in their own
+    directories, so a workdir of the 3-layer beds is never reused for it."""
+    from experiments.gspo_vs_grpo import cli, run
+
+    args = cli._parser().parse_args(["--moe_testbed=deep", f"--workdir={tmp_path}"])
+    budget = cli._budget(args)
+    dense, moe = (next(a for a in gspo_vs_grpo.ARMS if a.model == m) for m in ("dense", "moe"))
+    warm = run.arm_config(dense, 0, budget, str(tmp_path))
+    assert (warm.model.num_layers, warm.model.intermediate_size) == (8, 128)
+    rl = run.arm_config(moe, 0, budget, str(tmp_path), warm=str(tmp_path / "hf"))
+    assert rl.model.router_aux_loss_coef == 0.01
+    assert rl.model.hf_path == str(tmp_path / "hf")
+    root = str(tmp_path)
+    assert run.warm_start_dir("dense", budget, root, 3).endswith("warm_start_dense_deep_seed3")
+    assert run.warm_start_dir("moe", budget, root, 3).endswith("warm_start_moe_deep_seed3")
+    described = budget.moe.describe()
+    assert "(the dense warm start's num_layers 8, intermediate_size 128)" in described
+    assert "a load-balancing loss (0.01)" in described
+    default = cli._budget(cli._parser().parse_args([f"--workdir={tmp_path}"]))
+    assert run.arm_config(dense, 0, default, root).model.num_layers == 3  # unchanged
+    assert run.arm_config(moe, 0, default, root, warm=root).model.router_aux_loss_coef == 0
+    assert run.warm_start_dir("moe", default, root, 3).endswith("warm_start_moe_specialised_seed3")
+    assert run.warm_start_dir("dense", default, root, 3).endswith("warm_start_dense_seed3")
+
+
 def test_a_moe_sweep_reports_expert_change_and_collapses(tmp_path):
     """MoE cells: the expert change after 1 update with its interval over seeds, after 3,
     and the runs whose final accuracy fell more than 0.10 below their start."""
