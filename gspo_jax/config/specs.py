@@ -571,8 +571,12 @@ PACKING_MIN_RESPONSE_LENGTH = 64
 
 def packing_on(config) -> bool:
     """`config.packing`, or when it is None: response_length ≥ PACKING_MIN_RESPONSE_LENGTH."""
-    on = config.packing
-    return config.response_length >= PACKING_MIN_RESPONSE_LENGTH if on is None else bool(on)
+    return resolve_packing(config.packing, config.response_length)
+
+
+def resolve_packing(packing: bool | None, response_length: int) -> bool:
+    """What `packing` means at `response_length` (None: on from PACKING_MIN_RESPONSE_LENGTH)."""
+    return response_length >= PACKING_MIN_RESPONSE_LENGTH if packing is None else bool(packing)
 
 
 def pass_k_field(config) -> str:

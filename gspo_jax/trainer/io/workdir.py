@@ -374,10 +374,10 @@ def _norm(key: str, value, flat: dict):
     """A field's value as the run uses it: equal values are the same setting."""
     if key == "reward_norm":
         return specs.normalize_reward_norm(value)
-    if key == "packing" and value is None and isinstance(flat.get("response_length"), int):
-        # None means "on from PACKING_MIN_RESPONSE_LENGTH tokens": the same as the bool it
-        # resolves to (a run made before None became the default recorded False).
-        return flat["response_length"] >= specs.PACKING_MIN_RESPONSE_LENGTH
+    if key == "packing" and isinstance(flat.get("response_length"), int):
+        # None is the same setting as the bool it resolves to (a run made before None
+        # became the default recorded False).
+        return specs.resolve_packing(value, flat["response_length"])
     return value
 
 
