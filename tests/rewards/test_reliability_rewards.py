@@ -129,11 +129,16 @@ def test_a_ctrl_c_during_in_process_scoring_is_an_interrupt_not_a_verifier_error
             time.sleep(0.01)
         return 1.0
 
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    _sender(signal.SIGINT, 1, 0.3)
-    with pytest.raises(KeyboardInterrupt):
-        scoring.score_batch(slow, ["p"], ["c"], ["r"], timeout_s=None)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # Python's own Ctrl-C handler, whatever the suite inherited: a suite started in the
+    # background (nohup, `&` in a script) begins with SIGINT ignored.
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _sender(signal.SIGINT, 1, 0.3)
+        with pytest.raises(KeyboardInterrupt):
+            scoring.score_batch(slow, ["p"], ["c"], ["r"], timeout_s=None)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, inherited)
 
 
 # ------------------------------------------------------- 4. no verifier input stalls a step
